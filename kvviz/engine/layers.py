@@ -1,0 +1,87 @@
+"""Cache layers that transformers lacks, written on its `CacheLayerMixin` API."""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import CacheLayerMixin
+
+
+def rotate_keys(keys: torch.Tensor, shift: int, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Move RoPE-rotated keys by `shift` positions (negative: towards the start).
+
+    Rotations compose, R(p + shift) = R(shift) R(p), so applying the rotation of `shift` to a key
+    rotated for position p gives the key for position p + shift. Uses the rotate-half pairing of
+    transformers' `apply_rotary_pos_emb`; with partial rotary embeddings only the first
+    ``2 * len(inv_freq)`` channels rotate. Computed in float32 and cast back.
+    """
+    rotary_dim = 2 * inv_freq.numel()
+    angle = shift * inv_freq.to(device=keys.device, dtype=torch.float32)
+    cos = torch.cat((angle.cos(), angle.cos()))
+    sin = torch.cat((angle.sin(), angle.sin()))
+    rot = keys[..., :rotary_dim].float()
+    half = rotary_dim // 2
+    rotated_half = torch.cat((-rot[..., half:], rot[..., :half]), dim=-1)
+    rot = (rot * cos + rotated_half * sin).to(keys.dtype)
+    if rotary_dim == keys.shape[-1]:
+        return rot
+    return torch.cat((rot, keys[..., rotary_dim:]), dim=-1)
+
+
+class SinkLayer(CacheLayerMixin):
+    """StreamingLLM attention sinks: keep the first `sink_tokens` and the most recent `window`.
+
+    Keys and values have shape ``[batch, kv_heads, held, head_dim]`` with ``held <= sink_tokens +
+    window``. Each step attends to everything held plus the new tokens; then the oldest non-sink
+    tokens are evicted and the kept recent keys are re-rotated down by the number evicted, so
+    that positions inside the cache stay contiguous (as in the paper and transformers' former
+    `SinkCache`). `get_seq_length` is the number held, so the model numbers new tokens from there.
+    """
+
+    is_sliding = False
+    is_compileable = False
+    is_croppable = False
+
+    def __init__(self, sink_tokens: int, window: int, inv_freq: torch.Tensor):
+        super().__init__()
+        self.sink_tokens = sink_tokens
+        self.window = window
+        self.inv_freq = inv_freq
+        self.seen = 0  # tokens that went through this layer
+        self.evicted = 0  # tokens dropped so far
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        self.keys = key_states.new_empty((*key_states.shape[:2], 0, key_states.shape[-1]))
+        self.values = value_states.new_empty((*value_states.shape[:2], 0, value_states.shape[-1]))
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        full_keys = torch.cat([self.keys, key_states], dim=-2)
+        full_values = torch.cat([self.values, value_states], dim=-2)
+        self.seen += key_states.shape[-2]
+        drop = full_keys.shape[-2] - (self.sink_tokens + self.window)
+        if drop > 0:
+            start = self.sink_tokens + drop
+            recent = rotate_keys(full_keys[:, :, start:], -drop, self.inv_freq)
+            self.keys = torch.cat([full_keys[:, :, : self.sink_tokens], recent], dim=-2)
+            self.values = torch.cat([full_values[:, :, : self.sink_tokens], full_values[:, :, start:]], dim=-2)
+            self.evicted += drop
+        else:
+            self.keys, self.values = full_keys, full_values
+        return full_keys, full_values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.get_seq_length() + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[-2]
+
+    def get_max_length(self) -> int:
+        return self.sink_tokens + self.window
+
+    def reset(self) -> None:
+        self.keys = self.values = None
+        self.is_initialized = False
+        self.seen = self.evicted = 0

@@ -1,0 +1,144 @@
+"""The only code that reads cache internals. Returns plain records (ints), never tensors.
+
+Bytes are the real allocation: each tensor's `untyped_storage().nbytes()`, with storages shared
+between tensors (views) counted once. optimum-quanto's packed tensors report their dense size
+there, so tensor subclasses are walked through `__tensor_flatten__()` down to plain tensors (the
+packed payload, its scale and its shift). HQQ stores ``(W_q, meta)``: `W_q` plus the tensors in
+`meta` (scale, zero). fp8 stores ``(payload, scale)``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+import psutil
+import torch
+from transformers.cache_utils import (
+    BaseQuantizedLayer,
+    DynamicLayer,
+    DynamicSlidingWindowLayer,
+    StaticLayer,
+    StaticSlidingWindowLayer,
+)
+
+from kvviz.engine.layers import SinkLayer
+from kvviz.trace import LayerRecord, SlotState
+
+_PROCESS = psutil.Process(os.getpid())
+
+
+def plain_tensors(obj) -> Iterable[torch.Tensor]:
+    """The plain tensors that hold the data of `obj` (a tensor, tensor subclass, tuple or dict)."""
+    if obj is None:
+        return
+    if isinstance(obj, torch.Tensor):
+        if type(obj) is not torch.Tensor and hasattr(obj, "__tensor_flatten__"):
+            names, _ = obj.__tensor_flatten__()
+            for name in names:
+                yield from plain_tensors(getattr(obj, name))
+        else:
+            yield obj
+    elif isinstance(obj, (tuple, list)):
+        for item in obj:
+            yield from plain_tensors(item)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            yield from plain_tensors(item)
+
+
+class StorageCounter:
+    """Adds up storage bytes, counting each storage once across everything it is shown."""
+
+    def __init__(self) -> None:
+        self.seen: set[tuple[str, int]] = set()
+
+    def bytes_of(self, obj) -> int:
+        total = 0
+        for tensor in plain_tensors(obj):
+            storage = tensor.untyped_storage()
+            if storage.nbytes() == 0:
+                continue
+            key = (str(tensor.device), storage.data_ptr())
+            if key not in self.seen:
+                self.seen.add(key)
+                total += storage.nbytes()
+        return total
+
+
+def _spans(*runs: tuple[SlotState, int]) -> list[list[int]]:
+    return [[int(state), int(count)] for state, count in runs if count > 0]
+
+
+def measure_layer(layer, counter: StorageCounter) -> LayerRecord:
+    """Bytes, tokens and slot states of one cache layer."""
+    if isinstance(layer, BaseQuantizedLayer):
+        return _measure_quantized(layer, counter)
+    keys = counter.bytes_of(layer.keys)
+    values = counter.bytes_of(layer.values)
+    storage = {"full": keys + values}
+    if not layer.is_initialized:
+        return LayerRecord(0, 0, 0, 0, storage={"full": 0}, spans=[])
+    if isinstance(layer, StaticSlidingWindowLayer):
+        seen = layer.cumulative_length_int
+        held = min(seen, layer.max_cache_len)
+        spans = _spans(
+            (SlotState.EVICTED, seen - held),
+            (SlotState.FULL, held),
+            (SlotState.PREALLOCATED, layer.max_cache_len - held),
+        )
+        return LayerRecord(keys, values, held, layer.max_cache_len, storage=storage, spans=spans)
+    if isinstance(layer, StaticLayer):
+        seen = int(layer.cumulative_length)
+        spans = _spans((SlotState.FULL, seen), (SlotState.PREALLOCATED, layer.max_cache_len - seen))
+        return LayerRecord(keys, values, seen, layer.max_cache_len, storage=storage, spans=spans)
+    held = layer.keys.shape[-2] if layer.keys.dim() == 4 else 0
+    if isinstance(layer, SinkLayer):
+        sinks = min(layer.sink_tokens, held)
+        spans = _spans(
+            (SlotState.SINK, sinks), (SlotState.EVICTED, layer.evicted), (SlotState.FULL, held - sinks)
+        )
+        return LayerRecord(keys, values, held, held, storage=storage, spans=spans)
+    if isinstance(layer, DynamicSlidingWindowLayer):
+        seen = layer.cumulative_length
+        spans = _spans((SlotState.EVICTED, seen - held), (SlotState.FULL, held))
+        return LayerRecord(keys, values, held, held, storage=storage, spans=spans)
+    if isinstance(layer, DynamicLayer):
+        return LayerRecord(keys, values, held, held, storage=storage, spans=_spans((SlotState.FULL, held)))
+    raise TypeError(f"kvviz cannot measure cache layers of type {type(layer).__name__}")
+
+
+def _measure_quantized(layer: BaseQuantizedLayer, counter: StorageCounter) -> LayerRecord:
+    q_keys = counter.bytes_of(layer._quantized_keys)
+    q_values = counter.bytes_of(layer._quantized_values)
+    r_keys = counter.bytes_of(layer.keys)
+    r_values = counter.bytes_of(layer.values)
+    seen = layer.cumulative_length
+    residual = layer.keys.shape[-2] if layer.keys is not None and layer.keys.dim() == 4 else 0
+    spans = _spans((SlotState.QUANTIZED, seen - residual), (SlotState.RESIDUAL, residual))
+    return LayerRecord(
+        keys_bytes=q_keys + r_keys,
+        values_bytes=q_values + r_values,
+        seq_len=seen,
+        capacity=seen,
+        storage={"quantized": q_keys + q_values, "residual": r_keys + r_values},
+        spans=spans,
+    )
+
+
+def measure_cache(cache) -> list[LayerRecord]:
+    """One record per layer; an empty list when there is no cache (strategy `none`)."""
+    if cache is None:
+        return []
+    counter = StorageCounter()
+    return [measure_layer(layer, counter) for layer in cache.layers]
+
+
+def rss_bytes() -> int:
+    return _PROCESS.memory_info().rss
+
+
+def cuda_bytes(device: torch.device) -> int | None:
+    if device.type != "cuda":
+        return None
+    return torch.cuda.memory_allocated(device)
