@@ -37,6 +37,7 @@ class GenerationSettings:
     top_p: float = 1.0
     seed: int = 0
     raw: bool = False  # send the prompt as is, without the chat template
+    stop_at_eos: bool = True  # False: always generate max_new_tokens (benchmarks)
 
     def check(self) -> None:
         if self.max_new_tokens < 1:
@@ -75,11 +76,13 @@ class LayerTimer:
 
     On the CPU the layers run synchronously, so wall time around each layer is honest. On CUDA
     kernels run asynchronously, so CUDA events are recorded around each layer and read once the
-    step has synchronised.
+    step has synchronised. Inside a torch.compile'd forward hooks would be traced into the graph
+    and time nothing real, so a compiled run is created with `enabled=False` and reports no
+    layer times.
     """
 
-    def __init__(self, model, device: torch.device):
-        self.layers = decoder_layers(model)
+    def __init__(self, model, device: torch.device, enabled: bool = True):
+        self.layers = decoder_layers(model) if enabled else []
         self.cuda = device.type == "cuda"
         self.starts: list = [None] * len(self.layers)
         self.ends: list = [None] * len(self.layers)
@@ -229,7 +232,7 @@ class Decoder:
     def __iter__(self) -> Iterator[StepRecord]:
         device = self.model.device
         ids = torch.tensor([self.prompt_ids], device=device)
-        timer = LayerTimer(self.model, device)
+        timer = LayerTimer(self.model, device, enabled=not self._compile)
         compiled = None
         text = ""
         try:
@@ -263,7 +266,7 @@ class Decoder:
                     record = self._record(index, prefill, token, piece, wall_ms, fed.shape[-1], timer.collect())
                     self.trace.steps.append(record)
                     yield record
-                    if token in self.eos_ids:
+                    if self.settings.stop_at_eos and token in self.eos_ids:
                         break
         finally:
             timer.remove()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import CacheLayerMixin
+from transformers.cache_utils import CacheLayerMixin, DynamicSlidingWindowLayer
 
 
 def rotate_keys(keys: torch.Tensor, shift: int, inv_freq: torch.Tensor) -> torch.Tensor:
@@ -85,3 +85,14 @@ class SinkLayer(CacheLayerMixin):
         self.keys = self.values = None
         self.is_initialized = False
         self.seen = self.evicted = 0
+
+
+class WindowedFullAttentionLayer(DynamicSlidingWindowLayer):
+    """A full-attention layer whose cache keeps only the most recent `sliding_window` tokens.
+
+    transformers' `DynamicSlidingWindowLayer` with `is_sliding` False: the model builds one
+    attention mask per attention type from the first layer of that type, so on hybrid models the
+    windowed full-attention layers must be found as full attention to get their own mask sizes.
+    """
+
+    is_sliding = False

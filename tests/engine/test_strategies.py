@@ -1,0 +1,87 @@
+import pytest
+import torch
+
+from kvviz.engine import decode, strategies
+from kvviz.engine.strategies import OptionError
+
+
+def test_every_strategy_listed_with_description_and_options():
+    names = [s.name for s in strategies.all_strategies()]
+    assert names == ["none", "dynamic", "static", "quantized", "sliding", "sink", "offloaded", "offloaded-static"]
+    for s in strategies.all_strategies():
+        listing = s.to_dict()
+        assert listing["description"]
+        for option in listing["options"]:
+            assert option["help"] and "default" in option
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on CUDA the offloaded strategies are available")
+def test_offloaded_unavailable_on_cpu_with_reason():
+    for name in ("offloaded", "offloaded-static"):
+        ok, reason = strategies.get(name).available()
+        assert not ok and "CUDA" in reason
+
+
+@pytest.mark.parametrize(
+    "name,options,message",
+    [
+        ("bogus", {}, "unknown strategy 'bogus'; accepted: none, dynamic"),
+        ("sliding", {"windw": "3"}, "has no option 'windw'; its options: window"),
+        ("sliding", {"window": "0"}, "option 'window' of strategy 'sliding' must be an integer >= 2"),
+        ("sink", {"window": "0"}, "option 'window' of strategy 'sink' must be an integer >= 1"),
+        ("sliding", {"window": "many"}, "must be an integer >= 2, not 'many'"),
+        ("quantized", {"nbits": "3"}, "option 'nbits' of backend 'quanto' must be one of 2, 4, not 3"),
+        ("quantized", {"backend": "hqq", "nbits": "5"}, "must be one of 1, 2, 3, 4, 8, not 5"),
+        ("quantized", {"backend": "zip"}, "option 'backend' of strategy 'quantized' must be one of quanto, hqq, fp8"),
+        ("quantized", {"backend": "fp8", "nbits": "4"}, "backend 'fp8' quantizes per tensor and takes no 'nbits'"),
+        ("quantized", {"backend": "hqq", "axis_key": "-1"}, "option 'axis_key' of backend 'hqq' must be one of 0, 1"),
+        ("static", {"compile": "maybe"}, "option 'compile' of strategy 'static' must be true or false"),
+        ("dynamic", {"window": "4"}, "strategy 'dynamic' has no option 'window'; its options: none"),
+    ],
+)
+def test_bad_options_rejected_with_what_is_accepted(name, options, message):
+    with pytest.raises(OptionError) as info:
+        strategies.choose(name, options)
+    assert message in str(info.value)
+
+
+def test_options_parsed_and_defaults_filled():
+    choice = strategies.choose("quantized", {"backend": "hqq", "nbits": "2", "residual_length": "32"})
+    assert choice.options == {
+        "backend": "hqq", "nbits": 2, "residual_length": 32, "q_group_size": 64, "axis_key": 0, "axis_value": 0,
+    }
+    assert strategies.choose("static", {"compile": "true"}).options["compile"] is True
+    assert strategies.choose("quantized", {"backend": "fp8"}).options == {"backend": "fp8"}
+
+
+def test_set_pairs_parsed():
+    assert strategies.parse_assignments(["window=64", " sink_tokens = 4 "]) == {"window": "64", "sink_tokens": "4"}
+    with pytest.raises(OptionError, match="--set expects key=value"):
+        strategies.parse_assignments(["window"])
+
+
+def test_max_cache_len_too_small_rejected_before_generating(tiny_model):
+    settings = decode.GenerationSettings(max_new_tokens=50)
+    with pytest.raises(OptionError, match="'max_cache_len' of strategy 'static' is 10, smaller than"):
+        decode.Decoder(tiny_model, strategies.choose("static", {"max_cache_len": "10"}), settings, "hello")
+
+
+def test_bad_generation_settings_rejected(tiny_model):
+    for settings, message in [
+        (decode.GenerationSettings(max_new_tokens=0), "max new tokens must be at least 1"),
+        (decode.GenerationSettings(temperature=-1), "temperature must be 0"),
+        (decode.GenerationSettings(top_p=0), "top-p must be in"),
+    ]:
+        with pytest.raises(OptionError, match=message):
+            decode.Decoder(tiny_model, strategies.choose("dynamic"), settings, "hello")
+
+
+def test_static_compile_reports_compile_time_apart(tiny_model):
+    settings = decode.GenerationSettings(max_new_tokens=6, raw=True, stop_at_eos=False)
+    eager = decode.Decoder(tiny_model, strategies.choose("static"), settings, "compile me")
+    compiled = decode.Decoder(tiny_model, strategies.choose("static", {"compile": "true"}), settings, "compile me")
+    assert [s.token_id for s in compiled] == [s.token_id for s in eager]
+    assert compiled.trace.compile_ms > 0
+    assert eager.trace.compile_ms is None
+    # the compile pass was undone: the cache holds exactly what was fed
+    assert compiled.trace.steps[-1].layers[0].seq_len == compiled.prompt_tokens + 5
