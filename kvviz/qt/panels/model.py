@@ -1,0 +1,140 @@
+"""Model chooser: default, tiny, a folder, a .gguf file or a hub id; load progress; the model card."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFileDialog,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QProgressBar,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+BUILTIN = ("default", "tiny")
+
+
+class ModelPanel(QGroupBox):
+    sigLoadRequested = Signal(str)
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__("Model", parent)
+        self.spec = QComboBox()
+        self.spec.setEditable(True)
+        self.spec.addItems(BUILTIN)
+        self.spec.lineEdit().setPlaceholderText("default, tiny, a folder, a .gguf file or a hub id")
+        self.spec.setToolTip(
+            "default: SmolLM2-135M-Instruct (embedded)\ntiny: a random 4-layer Llama (instant, for trying things)\n"
+            "or a model folder, a .gguf file, or a Hugging Face hub id such as org/name"
+        )
+        self.spec.lineEdit().returnPressed.connect(self._request)
+        self.folder_button = QPushButton("Folder…")
+        self.folder_button.setToolTip("Choose a Hugging Face model folder")
+        self.folder_button.clicked.connect(self._choose_folder)
+        self.file_button = QPushButton("GGUF…")
+        self.file_button.setToolTip("Choose a .gguf file")
+        self.file_button.clicked.connect(self._choose_file)
+        self.load_button = QPushButton("Load")
+        self.load_button.clicked.connect(self._request)
+        self.progress = QProgressBar()
+        self.progress.setTextVisible(False)
+        self.progress.setMaximumHeight(8)
+        self.progress.hide()
+        self.status = QLabel("no model loaded")
+        self.status.setObjectName("muted")
+        self.status.setWordWrap(True)
+        self.card = QLabel()
+        self.card.setTextFormat(Qt.TextFormat.RichText)
+        self.card.setWordWrap(True)
+        self.card.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+
+        row = QHBoxLayout()
+        row.addWidget(self.spec, 1)
+        row.addWidget(self.load_button)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.folder_button)
+        buttons.addWidget(self.file_button)
+        buttons.addStretch(1)
+        layout = QVBoxLayout(self)
+        layout.addLayout(row)
+        layout.addLayout(buttons)
+        layout.addWidget(self.progress)
+        layout.addWidget(self.status)
+        layout.addWidget(self.card)
+
+    def current_spec(self) -> str:
+        return self.spec.currentText().strip() or "default"
+
+    def set_spec(self, spec: str) -> None:
+        if self.spec.findText(spec) < 0:
+            self.spec.addItem(spec)
+        self.spec.setCurrentText(spec)
+
+    def _request(self) -> None:
+        self.sigLoadRequested.emit(self.current_spec())
+
+    def _choose_folder(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Model folder")
+        if path:
+            self.set_spec(path)
+            self._request()
+
+    def _choose_file(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "GGUF model file", "", "GGUF files (*.gguf);;All files (*)")
+        if path:
+            self.set_spec(path)
+            self._request()
+
+    # -- state shown ---------------------------------------------------------------------------------
+
+    def set_loading(self, message: str, fraction: float | None) -> None:
+        self.progress.show()
+        if fraction is None:
+            self.progress.setRange(0, 0)  # busy indicator
+        else:
+            self.progress.setRange(0, 100)
+            self.progress.setValue(int(round(100 * max(0.0, min(1.0, fraction)))))
+        self.status.setText(message)
+        self.load_button.setEnabled(False)
+
+    def set_loaded(self, card: dict[str, Any]) -> None:
+        self.progress.hide()
+        self.load_button.setEnabled(True)
+        self.status.setText(f"loaded {card.get('name', '')}")
+        self.card.setText(card_html(card))
+
+    def set_failed(self, message: str) -> None:
+        self.progress.hide()
+        self.load_button.setEnabled(True)
+        self.status.setText("loading failed (see the message above the plots)")
+        del message
+
+
+def card_html(card: dict[str, Any]) -> str:
+    params = card.get("parameters")
+    layer_types = card.get("layer_types") or []
+    kinds: dict[str, int] = {}
+    for kind in layer_types:
+        kinds[kind] = kinds.get(kind, 0) + 1
+    per_token = card.get("kv_bytes_per_token")
+    rows = [
+        ("name", card.get("name")),
+        ("architecture", card.get("architecture")),
+        ("parameters", f"{params / 1e6:.1f} M" if isinstance(params, int | float) else params),
+        ("layers", card.get("num_layers")),
+        ("heads (query / KV)", f"{card.get('num_attention_heads')} / {card.get('num_kv_heads')}"),
+        ("head dim", card.get("head_dim")),
+        ("layer types", ", ".join(f"{n} × {k}" for k, n in kinds.items()) or "?"),
+        ("dtype / device", f"{card.get('dtype')} / {card.get('device')}"),
+        ("KV cache per token", f"{per_token / 1024:.1f} KiB" if isinstance(per_token, int | float) else "?"),
+    ]
+    if card.get("sliding_window"):
+        rows.append(("sliding window", card["sliding_window"]))
+    body = "".join(f"<tr><td style='padding-right:8px'>{k}</td><td><b>{v}</b></td></tr>" for k, v in rows)
+    return f"<table cellspacing='0'>{body}</table>"

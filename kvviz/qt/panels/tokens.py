@@ -1,0 +1,114 @@
+"""The token stream: generated text, each token shaded by its step latency; hover shows the step."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QEvent
+from PySide6.QtGui import QColor, QTextCharFormat, QTextCursor, QTextFormat
+from PySide6.QtWidgets import QTextEdit, QToolTip, QWidget
+
+from kvviz.qt import theme
+from kvviz.qt.series import MIB, RunSeries
+from kvviz.trace import StepRecord
+
+STEP_PROPERTY = QTextFormat.Property.UserProperty + 1
+
+
+class TokenView(QTextEdit):
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setReadOnly(True)
+        self.setMouseTracking(True)
+        self.setPlaceholderText("Generated tokens appear here; hover one to see its step.")
+        self.palette_ = theme.PALETTES["dark"]
+        self.series: RunSeries | None = None
+        self._shown = 0
+        self._scale_ms: float | None = None
+
+    def apply_palette(self, palette: theme.Palette) -> None:
+        self.palette_ = palette
+        if self.series is not None:
+            self.show_run(self.series)
+
+    def show_run(self, series: RunSeries | None) -> None:
+        """Show a run from its start (prompt in muted colour, then its tokens)."""
+        self.clear()
+        self.series = series
+        self._shown = 0
+        self._scale_ms = None
+        if series is None:
+            return
+        prompt = QTextCharFormat()
+        prompt.setForeground(QColor(self.palette_.muted))
+        cursor = self.textCursor()
+        cursor.movePosition(QTextCursor.MoveOperation.End)
+        cursor.insertText(series.trace.prompt, prompt)
+        self.update_tokens()
+
+    def update_tokens(self) -> None:
+        """Append the steps of the shown run that are not on screen yet."""
+        series = self.series
+        if series is None:
+            return
+        steps = series.trace.steps
+        if self._shown >= len(steps):
+            return
+        if self._scale_ms is None or self._shown < 16:
+            decode = [s.wall_ms for s in steps[: max(len(steps), 1)] if s.phase == "decode"]
+            if decode:
+                decode.sort()
+                # shade from the median (no colour) to twice the median (full colour)
+                self._scale_ms = decode[len(decode) // 2]
+        cursor = self.textCursor()
+        cursor.movePosition(QTextCursor.MoveOperation.End)
+        scroll = self.verticalScrollBar()
+        at_end = scroll.value() >= scroll.maximum() - 4
+        for i in range(self._shown, len(steps)):
+            cursor.insertText(visible(steps[i].token), self._format(i, steps[i]))
+        self._shown = len(steps)
+        if at_end:
+            scroll.setValue(scroll.maximum())
+
+    def _format(self, index: int, step: StepRecord) -> QTextCharFormat:
+        fmt = QTextCharFormat()
+        fmt.setProperty(STEP_PROPERTY, index)
+        fmt.setForeground(QColor(self.palette_.foreground))
+        if step.phase == "prefill":
+            fmt.setFontUnderline(True)
+        elif self._scale_ms:
+            strength = min(max(step.wall_ms / self._scale_ms - 1.0, 0.0), 1.0)
+            if strength > 0.05:
+                r, g, b = self.palette_.shade
+                fmt.setBackground(QColor(r, g, b, int(40 + 150 * strength)))
+        return fmt
+
+    def step_at(self, pos) -> int | None:
+        cursor = self.cursorForPosition(pos)
+        cursor.movePosition(QTextCursor.MoveOperation.Right)
+        value = cursor.charFormat().property(STEP_PROPERTY)
+        return value if isinstance(value, int) else None
+
+    def viewportEvent(self, event) -> bool:  # noqa: N802 - Qt override
+        if event.type() == QEvent.Type.ToolTip and self.series is not None:
+            index = self.step_at(event.pos())
+            if index is not None and index < len(self.series.trace.steps):
+                QToolTip.showText(event.globalPos(), step_tooltip(self.series.trace.steps[index]), self)
+            else:
+                QToolTip.hideText()
+            return True
+        return super().viewportEvent(event)
+
+
+def visible(token: str) -> str:
+    """Newlines and tabs get a visible mark so that whitespace tokens can be seen and hovered."""
+    return token.replace("\n", "\u21b5\n").replace("\t", "\u2192\t")
+
+
+def step_tooltip(step: StepRecord) -> str:
+    return (
+        f"step {step.index} ({step.phase})\n"
+        f"token {step.token!r} (id {step.token_id}) at position {step.position}\n"
+        f"{step.wall_ms:.1f} ms\n"
+        f"cache {step.cache_bytes / MIB:.3f} MiB (predicted {step.predicted_cache_bytes / MIB:.3f} MiB)\n"
+        f"RSS {step.rss_bytes / MIB:.0f} MiB\n"
+        f"strategy {step.strategy}"
+    )

@@ -1,0 +1,86 @@
+"""Shared frame of every plot: a title row (title left, hover readout right) above a PlotWidget.
+
+Plot items are created once per run and updated with `setData`; `redraw(runs, primary)` only
+touches the curves of runs whose data grew since the last call.
+"""
+
+from __future__ import annotations
+
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QVBoxLayout, QWidget
+
+from kvviz.qt import theme
+from kvviz.qt.series import RunSeries
+
+
+class IntegerAxis(pg.AxisItem):
+    """An axis of whole things (layers): ticks only at integers, never 0.5."""
+
+    def tickSpacing(self, minVal, maxVal, size):  # noqa: N802,N803 - pyqtgraph override
+        levels = super().tickSpacing(minVal, maxVal, size)
+        return [(max(1.0, round(spacing)), offset) for spacing, offset in levels[:1]]
+
+
+class PlotPanel(QWidget):
+    title = ""
+    integer_axes: tuple[str, ...] = ()
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setObjectName("plotPanel")
+        self.palette_ = theme.PALETTES["dark"]
+        self.title_label = QLabel(self.title)
+        self.title_label.setObjectName("plotTitle")
+        self.readout = QLabel("")
+        self.readout.setObjectName("plotReadout")
+        self.readout.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+        self.readout.setTextFormat(Qt.TextFormat.RichText)
+        head = QHBoxLayout()
+        head.setContentsMargins(6, 2, 6, 0)
+        head.addWidget(self.title_label)
+        head.addStretch(1)
+        head.addWidget(self.readout)
+        axes = {name: IntegerAxis(name) for name in self.integer_axes}
+        self.widget = pg.PlotWidget(axisItems=axes)
+        self.widget.setMinimumHeight(150)
+        self.plot: pg.PlotItem = self.widget.getPlotItem()
+        self.plot.setMenuEnabled(False)
+        self.plot.hideButtons()
+        for name in ("left", "bottom"):
+            self.plot.getAxis(name).enableAutoSIPrefix(False)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(0)
+        layout.addLayout(head)
+        layout.addWidget(self.widget, 1)
+        self._mouse = pg.SignalProxy(self.plot.scene().sigMouseMoved, rateLimit=30, slot=self._on_mouse)
+        self._runs: list[RunSeries] = []
+        self._primary: RunSeries | None = None
+
+    def set_labels(self, left: str, bottom: str) -> None:
+        self.plot.setLabel("left", left)
+        self.plot.setLabel("bottom", bottom)
+
+    def apply_palette(self, palette: theme.Palette) -> None:
+        self.palette_ = palette
+        self.widget.setBackground(palette.background)
+        theme.style_plot(self.plot, palette)
+
+    def redraw(self, runs: list[RunSeries], primary: RunSeries | None) -> None:
+        self._runs = runs
+        self._primary = primary
+
+    def _on_mouse(self, event) -> None:
+        pos = event[0]
+        if not self.plot.sceneBoundingRect().contains(pos):
+            return
+        point = self.plot.vb.mapSceneToView(pos)
+        self.readout.setText(self.hover_text(point.x(), point.y()))
+
+    def hover_text(self, x: float, y: float) -> str:
+        return ""
+
+    @staticmethod
+    def swatch(colour: str, text: str) -> str:
+        return f'<span style="color:{colour}">&#9632;</span>&nbsp;{text}'

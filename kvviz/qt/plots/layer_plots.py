@@ -1,0 +1,183 @@
+"""Per-layer plots: key/value bytes now, mean time per layer, and the cache map (layers x positions)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QLabel
+
+from kvviz.qt import theme
+from kvviz.qt.plots.base import PlotPanel
+from kvviz.trace import SlotState
+
+KEYS_COLOUR = "#56b4e9"
+VALUES_COLOUR = "#e69f00"
+
+
+class LayerBytesPlot(PlotPanel):
+    title = "Cache bytes per layer, now"
+    integer_axes = ("bottom",)
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.set_labels("bytes (KiB)", "layer")
+        self.keys = pg.BarGraphItem(x=[], height=[], width=0.4, brush=KEYS_COLOUR, pen=None)
+        self.values = pg.BarGraphItem(x=[], height=[], width=0.4, brush=VALUES_COLOUR, pen=None)
+        self.plot.addItem(self.keys)
+        self.plot.addItem(self.values)
+        self._drawn = (None, -1)
+        self._unit = (1024.0, "KiB")
+        self._data = (np.zeros(0), np.zeros(0))
+        self.title_label.setText(
+            f"{self.title} &nbsp; {self.swatch(KEYS_COLOUR, 'keys')} &nbsp; {self.swatch(VALUES_COLOUR, 'values')}"
+        )
+        self.title_label.setTextFormat(Qt.TextFormat.RichText)
+
+    def redraw(self, runs, primary):
+        super().redraw(runs, primary)
+        key = (primary.run_id if primary else None, primary.n if primary else -1)
+        if key == self._drawn:
+            return
+        self._drawn = key
+        keys, values = primary.layer_bytes() if primary else (np.zeros(0), np.zeros(0))
+        self._data = (keys, values)
+        peak = max(keys.max(initial=0), values.max(initial=0))
+        unit = (1024.0 * 1024.0, "MiB") if peak >= 1024 * 1024 else (1024.0, "KiB")
+        if unit != self._unit:
+            self._unit = unit
+            self.plot.setLabel("left", f"bytes ({unit[1]})")
+        layers = np.arange(len(keys), dtype=float)
+        self.keys.setOpts(x=layers - 0.2, height=keys / unit[0], width=0.4)
+        self.values.setOpts(x=layers + 0.2, height=values / unit[0], width=0.4)
+
+    def hover_text(self, x, y):
+        keys, values = self._data
+        i = int(round(x))
+        if not 0 <= i < len(keys):
+            return ""
+        scale, name = self._unit
+        return f"layer {i}: keys {keys[i] / scale:.1f} {name}, values {values[i] / scale:.1f} {name}"
+
+
+class LayerTimePlot(PlotPanel):
+    title = "Time per layer (mean over decode steps)"
+    integer_axes = ("bottom",)
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.set_labels("time (ms)", "layer")
+        self._curves: dict[int, tuple[pg.PlotDataItem, int]] = {}
+        self.note = pg.TextItem("", anchor=(0.5, 0.5))
+        self.note.setParentItem(self.plot.vb)
+        self.plot.vb.sigResized.connect(self._place_note)
+
+    def _place_note(self, *_):
+        rect = self.plot.vb.boundingRect()
+        self.note.setPos(rect.width() / 2, rect.height() / 2)
+
+    def redraw(self, runs, primary):
+        super().redraw(runs, primary)
+        shown = {r.run_id for r in runs}
+        for run_id in list(self._curves):
+            if run_id not in shown:
+                self.plot.removeItem(self._curves.pop(run_id)[0])
+        measured = 0
+        for series in runs:
+            means = series.layer_ms_mean()
+            entry = self._curves.get(series.run_id)
+            if entry is None:
+                colour = theme.run_colour(series.run_id)
+                item = pg.PlotDataItem(
+                    pen=pg.mkPen(colour, width=1.5), symbol="o", symbolSize=5, symbolBrush=colour, symbolPen=None
+                )
+                self.plot.addItem(item)
+                entry = (item, -1)
+            item, drawn = entry
+            if means is not None:
+                measured += 1
+                if drawn != series.n:
+                    item.setData(np.arange(len(means)), means)
+            self._curves[series.run_id] = (item, series.n)
+        if runs and not measured:
+            self.note.setHtml(
+                f'<div style="color:{self.palette_.muted}">per-layer time is not measured for this run</div>'
+            )
+            self._place_note()
+        else:
+            self.note.setHtml("")
+
+    def restyle(self):
+        for item, _ in self._curves.values():
+            self.plot.removeItem(item)
+        self._curves.clear()
+        if self._runs:
+            self.redraw(self._runs, self._primary)
+
+    def hover_text(self, x, y):
+        i = int(round(x))
+        parts = []
+        for series in self._runs:
+            means = series.layer_ms_mean()
+            if means is not None and 0 <= i < len(means):
+                parts.append(self.swatch(theme.run_colour(series.run_id), f"{means[i]:.2f} ms"))
+        return (f"layer {i}: " + " &nbsp; ".join(parts)) if parts else ""
+
+
+class CacheMapPlot(PlotPanel):
+    title = "Cache map: what each layer holds at each position"
+    integer_axes = ("left",)
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.set_labels("layer", "position (token)")
+        self.image = pg.ImageItem(axisOrder="row-major")
+        self.plot.addItem(self.image)
+        self.plot.invertY(True)
+        self.plot.showGrid(x=False, y=False)
+        self.legend = QLabel()
+        self.legend.setObjectName("cacheLegend")
+        self.legend.setTextFormat(Qt.TextFormat.RichText)
+        self.legend.setWordWrap(True)
+        self.layout().addWidget(self.legend)
+        self._drawn = (None, -1)
+        self._image = np.zeros((0, 0), dtype=np.uint8)
+        self._lut = theme.state_lut(self.palette_)
+
+    def apply_palette(self, palette):
+        super().apply_palette(palette)
+        self.plot.showGrid(x=False, y=False)
+        self._lut = theme.state_lut(palette)
+        self.image.setLookupTable(self._lut)
+        self.legend.setText(
+            " &nbsp;&nbsp; ".join(
+                self.swatch(theme.state_colour(state, palette), theme.STATE_LABELS[state]) for state in SlotState
+            )
+        )
+        self._drawn = (None, -1)
+
+    def redraw(self, runs, primary):
+        super().redraw(runs, primary)
+        key = (primary.run_id if primary else None, primary.latest.index if primary and primary.latest else -1)
+        if key == self._drawn:
+            return
+        self._drawn = key
+        image = primary.cache_map() if primary else np.zeros((0, 0), dtype=np.uint8)
+        self._image = image
+        if image.size == 0:
+            self.image.clear()
+            return
+        self.image.setImage(image, levels=(0, 255), lut=self._lut, autoLevels=False, autoDownsample=True)
+        # row i spans i-0.5 .. i+0.5, so that the tick "i" sits in the middle of layer i
+        self.image.setRect(0, -0.5, image.shape[1], image.shape[0])
+        self.plot.setLimits(xMin=0, xMax=max(image.shape[1], 1), yMin=-0.5, yMax=image.shape[0] - 0.5)
+        label = primary.label() if primary else ""
+        self.title_label.setText(f"{self.title} &nbsp; <i>{label}</i>")
+
+    def hover_text(self, x, y):
+        layer, position = int(np.floor(y + 0.5)), int(np.floor(x))
+        image = self._image
+        if not (0 <= layer < image.shape[0] and 0 <= position < image.shape[1]):
+            return ""
+        state = SlotState(int(image[layer, position]))
+        return f"layer {layer}, position {position}: {theme.STATE_LABELS[state]}"

@@ -1,0 +1,200 @@
+"""Plots against tokens in context: cache memory (measured and predicted) and step latency."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+
+from kvviz.qt import theme
+from kvviz.qt.plots.base import PlotPanel
+from kvviz.qt.series import CACHE_MIB, PREDICTED_MIB, WALL_MS, RunSeries, X
+
+
+class _Curves:
+    """The items one run owns in one plot."""
+
+    def __init__(self):
+        self.items: list[pg.GraphicsObject] = []
+        self.drawn_n = -1
+
+
+class _SeriesPlot(PlotPanel):
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.plot.setClipToView(True)
+        self.plot.setDownsampling(auto=True, mode="peak")
+        self.crosshair = pg.InfiniteLine(angle=90, movable=False, pen=pg.mkPen("#888888", width=1))
+        self.crosshair.setVisible(False)
+        self.plot.addItem(self.crosshair, ignoreBounds=True)
+        self._curves: dict[int, _Curves] = {}
+
+    def redraw(self, runs, primary) -> None:
+        super().redraw(runs, primary)
+        shown = {r.run_id for r in runs}
+        for run_id in list(self._curves):
+            if run_id not in shown:
+                for item in self._curves.pop(run_id).items:
+                    self.plot.removeItem(item)
+        for series in runs:
+            curves = self._curves.get(series.run_id)
+            if curves is None:
+                curves = self._curves[series.run_id] = self.make_curves(series)
+            if curves.drawn_n != series.n:
+                self.update_curves(series, curves)
+                curves.drawn_n = series.n
+        self.after_redraw(runs, primary)
+
+    def restyle(self) -> None:
+        """Recreate items with the current palette (after a theme change)."""
+        for run_id in list(self._curves):
+            for item in self._curves.pop(run_id).items:
+                self.plot.removeItem(item)
+        if self._runs:
+            self.redraw(self._runs, self._primary)
+
+    def make_curves(self, series: RunSeries) -> _Curves:
+        raise NotImplementedError
+
+    def update_curves(self, series: RunSeries, curves: _Curves) -> None:
+        raise NotImplementedError
+
+    def after_redraw(self, runs, primary) -> None:
+        pass
+
+    def curve_data(self, run_id: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(x, y) of each curve of a run, for tests and readouts."""
+        curves = self._curves.get(run_id)
+        if curves is None:
+            return []
+        return [item.getData() for item in curves.items if isinstance(item, pg.PlotDataItem)]
+
+    def _on_mouse(self, event) -> None:
+        pos = event[0]
+        inside = self.plot.sceneBoundingRect().contains(pos)
+        self.crosshair.setVisible(inside)
+        if inside:
+            self.crosshair.setPos(self.plot.vb.mapSceneToView(pos).x())
+        super()._on_mouse(event)
+
+    @staticmethod
+    def nearest(series: RunSeries, x: float) -> int | None:
+        xs = series.column(X)
+        if not len(xs):
+            return None
+        i = int(np.searchsorted(xs, x))
+        i = min(max(i, 0), len(xs) - 1)
+        if i > 0 and abs(xs[i - 1] - x) < abs(xs[i] - x):
+            i -= 1
+        return i
+
+
+class MemoryPlot(_SeriesPlot):
+    title = "Cache memory: measured (solid) and predicted (dashed)"
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.set_labels("cache memory (MiB)", "tokens in context")
+        self.prefill_line = pg.InfiniteLine(
+            angle=90,
+            movable=False,
+            pen=pg.mkPen("#999999", width=1, style=Qt.PenStyle.DotLine),
+            label="prefill",
+            labelOpts={"position": 0.92, "color": "#999999", "anchors": [(0, 0.5), (0, 0.5)]},
+        )
+        self.prefill_line.setVisible(False)
+        self.plot.addItem(self.prefill_line, ignoreBounds=True)
+
+    def make_curves(self, series):
+        colour = theme.run_colour(series.run_id)
+        dashed = pg.mkColor(colour)
+        dashed.setAlpha(self.palette_.predicted_alpha)
+        measured = pg.PlotDataItem(pen=pg.mkPen(colour, width=2), name=series.label())
+        predicted = pg.PlotDataItem(pen=pg.mkPen(dashed, width=1.5, style=Qt.PenStyle.DashLine))
+        curves = _Curves()
+        curves.items = [measured, predicted]
+        for item in curves.items:
+            self.plot.addItem(item)
+        return curves
+
+    def update_curves(self, series, curves):
+        x = series.column(X)
+        curves.items[0].setData(x, series.column(CACHE_MIB))
+        curves.items[1].setData(x, series.column(PREDICTED_MIB))
+
+    def after_redraw(self, runs, primary):
+        if primary is not None and primary.prefill_x is not None:
+            self.prefill_line.setPos(primary.prefill_x)
+            self.prefill_line.setVisible(True)
+        else:
+            self.prefill_line.setVisible(False)
+
+    def hover_text(self, x, y):
+        parts = [f"{x:.0f} tokens"]
+        for series in self._runs:
+            i = self.nearest(series, x)
+            if i is not None:
+                measured = series.column(CACHE_MIB)[i]
+                predicted = series.column(PREDICTED_MIB)[i]
+                parts.append(
+                    self.swatch(theme.run_colour(series.run_id), f"{measured:.3f} MiB (pred. {predicted:.3f})")
+                )
+        return " &nbsp; ".join(parts)
+
+
+class LatencyPlot(_SeriesPlot):
+    title = "Step latency (decode steps; prefill apart)"
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.set_labels("step latency (ms)", "tokens in context")
+        self.prefill_text = pg.TextItem("", anchor=(0, 0))
+        self.prefill_text.setParentItem(self.plot.vb)
+        self.prefill_text.setPos(8, 4)
+
+    def make_curves(self, series):
+        colour = theme.run_colour(series.run_id)
+        decode = pg.PlotDataItem(pen=pg.mkPen(colour, width=1.5), name=series.label())
+        prefill = pg.ScatterPlotItem(size=10, symbol="star", pen=pg.mkPen(colour), brush=pg.mkBrush(colour))
+        curves = _Curves()
+        curves.items = [decode, prefill]
+        self.plot.addItem(decode)
+        # The prefill often takes many times a decode step; keep it out of the auto range.
+        self.plot.addItem(prefill, ignoreBounds=True)
+        return curves
+
+    def update_curves(self, series, curves):
+        mask = series.decode_mask()
+        x = series.column(X)
+        y = series.column(WALL_MS)
+        if mask.all():
+            curves.items[0].setData(x, y)
+        else:
+            curves.items[0].setData(x[mask], y[mask])
+        if series.prefill_x is not None:
+            curves.items[1].setData([series.prefill_x], [series.prefill_ms])
+
+    def after_redraw(self, runs, primary):
+        lines = []
+        for series in runs:
+            if series.prefill_ms is None:
+                continue
+            rate = series.tokens_per_s
+            rate_text = f" &middot; decode {rate:.1f} tokens/s" if rate else ""
+            lines.append(
+                self.swatch(
+                    theme.run_colour(series.run_id),
+                    f"prefill {series.prefill_ms:.0f} ms ({series.trace.prompt_tokens} tokens){rate_text}",
+                )
+            )
+        html = "<br>".join(lines[-4:])
+        self.prefill_text.setHtml(f'<div style="color:{self.palette_.foreground}">{html}</div>')
+
+    def hover_text(self, x, y):
+        parts = [f"{x:.0f} tokens"]
+        for series in self._runs:
+            i = self.nearest(series, x)
+            if i is not None:
+                ms = series.column(WALL_MS)[i]
+                parts.append(self.swatch(theme.run_colour(series.run_id), f"{ms:.1f} ms"))
+        return " &nbsp; ".join(parts)

@@ -1,0 +1,145 @@
+"""Colours of the window: dark and light palettes, one colour per run, one colour per cache slot state.
+
+The cache-state and run colours come from the Okabe-Ito and Tableau palettes, which stay apart for
+the common kinds of colour blindness and on both dark and light backgrounds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyqtgraph as pg
+
+from kvviz.trace import SlotState
+
+THEMES = ("dark", "light")
+
+
+@dataclass(frozen=True)
+class Palette:
+    name: str
+    background: str  # plot background
+    foreground: str  # axes, labels
+    muted: str  # secondary text (the prompt in the token view)
+    grid_alpha: float
+    unseen: str  # cache slot that does not exist yet
+    preallocated: str  # cache slot allocated but not written
+    predicted_alpha: int  # alpha (0-255) of the dashed "predicted" curves
+    shade: tuple[int, int, int]  # token-latency shading colour (RGB)
+
+
+PALETTES = {
+    "dark": Palette(
+        name="dark",
+        background="#1e2127",
+        foreground="#d7dae0",
+        muted="#8a919c",
+        grid_alpha=0.18,
+        unseen="#2a2e36",
+        preallocated="#5b6472",
+        predicted_alpha=200,
+        shade=(230, 120, 40),
+    ),
+    "light": Palette(
+        name="light",
+        background="#ffffff",
+        foreground="#262a30",
+        muted="#6b7280",
+        grid_alpha=0.25,
+        unseen="#eef0f3",
+        preallocated="#b3bac5",
+        predicted_alpha=220,
+        shade=(240, 140, 40),
+    ),
+}
+
+# Slot states other than UNSEEN/PREALLOCATED keep their colour in both themes (Okabe-Ito).
+_STATE_COLOURS = {
+    SlotState.FULL: "#56b4e9",  # sky blue
+    SlotState.QUANTIZED: "#e69f00",  # orange
+    SlotState.RESIDUAL: "#009e73",  # bluish green
+    SlotState.EVICTED: "#d55e00",  # vermillion
+    SlotState.SINK: "#cc79a7",  # reddish purple
+}
+
+STATE_LABELS = {
+    SlotState.UNSEEN: "not yet used",
+    SlotState.PREALLOCATED: "allocated, empty",
+    SlotState.FULL: "full precision",
+    SlotState.QUANTIZED: "quantized",
+    SlotState.RESIDUAL: "residual buffer",
+    SlotState.EVICTED: "evicted",
+    SlotState.SINK: "attention sink",
+}
+
+# Tableau 10, reordered so that the first runs get the most distinct colours.
+RUN_COLOURS = (
+    "#4e79a7",
+    "#f28e2b",
+    "#59a14f",
+    "#e15759",
+    "#b07aa1",
+    "#76b7b2",
+    "#edc948",
+    "#ff9da7",
+    "#9c755f",
+    "#bab0ac",
+)
+
+
+def run_colour(run_id: int) -> str:
+    """The colour of run `run_id` (1-based) in every plot, table row and legend."""
+    return RUN_COLOURS[(run_id - 1) % len(RUN_COLOURS)]
+
+
+def state_colour(state: SlotState, palette: Palette) -> str:
+    if state == SlotState.UNSEEN:
+        return palette.unseen
+    if state == SlotState.PREALLOCATED:
+        return palette.preallocated
+    return _STATE_COLOURS[SlotState(state)]
+
+
+def state_lut(palette: Palette) -> np.ndarray:
+    """A 256-entry RGBA lookup table: index = SlotState value (levels 0..255 map one to one)."""
+    lut = np.zeros((256, 4), dtype=np.uint8)
+    lut[:] = _rgba(palette.unseen)
+    for state in SlotState:
+        lut[int(state)] = _rgba(state_colour(state, palette))
+    return lut
+
+
+def _rgba(colour: str) -> tuple[int, int, int, int]:
+    c = pg.mkColor(colour)
+    return c.red(), c.green(), c.blue(), 255
+
+
+def resources_dir() -> Path:
+    """The kvviz resources folder (shipped in the wheel as kvviz.resources)."""
+    try:
+        from kvviz import resources  # type: ignore[attr-defined]
+
+        return Path(resources.path())
+    except (ImportError, AttributeError, TypeError):
+        return Path(__file__).resolve().parents[2] / "resources"
+
+
+def stylesheet(name: str) -> str:
+    path = resources_dir() / "styles" / f"{name}.qss"
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError:
+        return ""
+
+
+def style_plot(plot: pg.PlotItem, palette: Palette) -> None:
+    """Axis pens, label colours and grid for one plot."""
+    for name in ("left", "bottom", "right", "top"):
+        axis = plot.getAxis(name)
+        axis.setPen(pg.mkPen(palette.foreground))
+        axis.setTextPen(pg.mkPen(palette.foreground))
+        axis.label.setDefaultTextColor(pg.mkColor(palette.foreground))
+    plot.showGrid(x=True, y=True, alpha=palette.grid_alpha)
+    plot.titleLabel.item.setDefaultTextColor(pg.mkColor(palette.foreground))

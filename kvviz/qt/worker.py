@@ -1,0 +1,170 @@
+"""The worker: the one object that talks to the engine, living in its own QThread.
+
+The GUI thread sends requests through queued signals (`load`, `adopt`, `run` are slots) and gets
+plain records back through the `sig*` signals declared below. `cancel()` and `shutdown()` may be
+called from any thread. Nothing here holds a widget; nothing in the GUI holds a tensor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import traceback
+from typing import Any
+
+from PySide6.QtCore import QObject, QThread, Signal, Slot
+
+log = logging.getLogger(__name__)
+
+
+class _Interrupted(Exception):
+    """Raised from the load progress callback when the window is closing."""
+
+
+class Worker(QObject):
+    sigReady = Signal(object)  # list of (Strategy, available: bool, reason: str)
+    sigLoadProgress = Signal(str, object)  # message, fraction in [0, 1] or None
+    sigModelLoaded = Signal(str, object)  # spec, model card (dict, plus "threads")
+    sigModelFailed = Signal(str, str)  # spec, user-facing message
+    sigRunStarted = Signal(int, object)  # run id, Trace header (no steps yet)
+    sigStep = Signal(int, object)  # run id, StepRecord
+    sigRunFinished = Signal(int, object)  # run id, the decoder's Trace
+    sigRunFailed = Signal(int, str, object)  # run id, message, partial Trace or None
+
+    def __init__(self):
+        super().__init__()
+        self.loaded = None
+        self._lock = threading.Lock()
+        self._decoder = None
+        self._run_id = 0
+        self._cancelled: set[int] = set()
+        self._stopping = False
+
+    # -- any thread ---------------------------------------------------------------------------------
+
+    def cancel(self, run_id: int | None = None) -> None:
+        """Stop run `run_id` (or the current one) after its current step."""
+        with self._lock:
+            if run_id is not None:
+                self._cancelled.add(run_id)
+            if self._decoder is not None and (run_id is None or run_id == self._run_id):
+                self._decoder.cancel()
+
+    def shutdown(self) -> None:
+        """Cancel everything and make a model load in progress give up at its next progress report."""
+        self._stopping = True
+        self.cancel()
+
+    # -- worker thread ------------------------------------------------------------------------------
+
+    @Slot()
+    def start(self) -> None:
+        """Import the engine (torch) here, off the GUI thread, and list the strategies."""
+        try:
+            from kvviz.engine import strategies
+
+            listing = []
+            for strategy in strategies.all_strategies():
+                ok, reason = strategy.available()
+                listing.append((strategy, bool(ok), reason or ""))
+        except Exception as exc:  # noqa: BLE001 - shown to the user, window stays up
+            log.exception("engine import failed")
+            self.sigModelFailed.emit("", f"the engine failed to start: {type(exc).__name__}: {exc}")
+            listing = []
+        self.sigReady.emit(listing)
+
+    @Slot(str, str, str)
+    def load(self, spec: str, dtype: str = "auto", device: str = "auto") -> None:
+        if self._stopping:
+            return
+        try:
+            from kvviz.engine import models
+
+            def progress(message: str, fraction: float | None) -> None:
+                if self._stopping:
+                    raise _Interrupted()
+                self.sigLoadProgress.emit(message, fraction)
+
+            self.sigLoadProgress.emit(f"loading {spec}", 0.0)
+            loaded = models.load_model(spec, dtype=dtype, device=device, progress=progress)
+        except _Interrupted:
+            return
+        except Exception as exc:  # noqa: BLE001
+            if self._stopping:
+                return
+            self.sigModelFailed.emit(spec, _message(exc))
+            return
+        self._set_model(spec, loaded)
+
+    @Slot(object)
+    def adopt(self, loaded) -> None:
+        """Use a model someone else loaded (the GUI bench shares one with its headless run)."""
+        self._set_model(getattr(loaded, "spec", "model"), loaded)
+
+    def _set_model(self, spec: str, loaded) -> None:
+        import torch
+
+        self.loaded = loaded
+        card = dict(loaded.card)
+        card["threads"] = torch.get_num_threads()
+        self.sigModelLoaded.emit(spec, card)
+
+    @Slot(int, object)
+    def run(self, run_id: int, request: dict[str, Any]) -> None:
+        """Decode one prompt. request: strategy, options, settings (GenerationSettings fields), prompt."""
+        decoder = None
+        try:
+            from kvviz.engine import decode, strategies
+
+            if self.loaded is None:
+                raise RuntimeError("no model is loaded yet; load one first")
+            choice = strategies.choose(request["strategy"], dict(request.get("options") or {}))
+            settings = decode.GenerationSettings(**request.get("settings", {}))
+            decoder = decode.Decoder(self.loaded, choice, settings, request["prompt"])
+            with self._lock:
+                self._decoder = decoder
+                self._run_id = run_id
+                if run_id in self._cancelled or self._stopping:
+                    decoder.cancel()
+            header = dataclasses.replace(decoder.trace, steps=[], switches=[])
+            header.prompt_tokens = decoder.prompt_tokens
+            self.sigRunStarted.emit(run_id, header)
+            for step in decoder:
+                self.sigStep.emit(run_id, step)
+            self.sigRunFinished.emit(run_id, decoder.trace)
+        except Exception as exc:  # noqa: BLE001 - any failure is reported, the worker lives on
+            log.debug("run %d failed:\n%s", run_id, traceback.format_exc())
+            trace = decoder.trace if decoder is not None else None
+            if trace is not None:
+                trace.error = _message(exc)
+            self.sigRunFailed.emit(run_id, _message(exc), trace)
+        finally:
+            with self._lock:
+                self._decoder = None
+                self._cancelled.discard(run_id)
+
+
+def _message(exc: BaseException) -> str:
+    """The engine's own errors are written for users; anything else gets its type name."""
+    name = type(exc).__name__
+    if name in {"ModelError", "OptionError"}:
+        return str(exc)
+    return f"{name}: {exc}"
+
+
+class WorkerThread(QThread):
+    """The thread the worker lives in; `stop()` ends it cooperatively within `timeout_ms`."""
+
+    def __init__(self, worker: Worker, parent: QObject | None = None):
+        super().__init__(parent)
+        self.setObjectName("kvviz-worker")
+        self.worker = worker
+        worker.moveToThread(self)
+        self.started.connect(worker.start)
+
+    def stop(self, timeout_ms: int = 1800) -> bool:
+        """Cancel, quit the event loop and wait. True if the thread ended in time."""
+        self.worker.shutdown()
+        self.quit()
+        return self.wait(timeout_ms)

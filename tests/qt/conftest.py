@@ -1,0 +1,53 @@
+"""pytest-qt fixtures: offscreen platform, no network, settings in a temporary folder."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest  # noqa: E402
+from PySide6.QtCore import QSettings  # noqa: E402
+
+
+@pytest.fixture
+def settings(tmp_path):
+    """A QSettings file of this test only, so tests never read or write the user's settings."""
+    return QSettings(str(tmp_path / "kvviz.ini"), QSettings.Format.IniFormat)
+
+
+@pytest.fixture
+def window(qtbot, settings):
+    """The real main window with no model loaded yet; shut down cleanly after the test."""
+    from kvviz.qt.main_window import MainWindow
+
+    win = MainWindow(settings=settings)
+    qtbot.addWidget(win)
+    win.show()
+    qtbot.waitUntil(lambda: win.strategy_panel.current() is not None, timeout=30000)
+    yield win
+    if not win._closing:
+        win.close()
+    assert not win.thread.isRunning()
+
+
+def load(qtbot, win, spec: str = "tiny", timeout: int = 120000) -> None:
+    with qtbot.waitSignal(win.sigModelReady, timeout=timeout) as blocker:
+        win.load_model(spec)
+    assert blocker.args == [spec, True], win.last_error
+
+
+def run(qtbot, win, strategy: str = "dynamic", options=None, tokens: int = 12, prompt: str = "Hello there",
+        timeout: int = 120000) -> int:
+    """Run through the window's own controls and wait for the run to end; returns the run id."""
+    win.prompt_panel.editor.setPlainText(prompt)
+    win.settings_panel.max_new_tokens.setValue(tokens)
+    assert win.strategy_panel.set_current(strategy), strategy
+    for name, value in (options or {}).items():
+        win.strategy_panel.set_option(name, value)
+    with qtbot.waitSignal(win.sigRunDone, timeout=timeout) as blocker:
+        run_id = win.start_run()
+        assert run_id is not None
+    assert blocker.args[0] == run_id
+    return run_id
