@@ -1,0 +1,147 @@
+"""Smoke-test the frozen bundle the way a user without Python would run it.
+
+    .venv/bin/python packaging/smoke.py [--bundle dist/kvviz] [--require-window]
+
+Each step runs dist/kvviz/kvviz in an empty environment (PATH=/usr/bin:/bin, a fresh HOME and
+model cache, no PYTHONPATH or venv, offscreen Qt, no network) from a temporary folder:
+
+1. ``--bundle-self-test --with-tokenizer``: resources, the default GGUF and its tokenizer, package
+   metadata, transformers model code decoding 4 tokens, Qt offscreen with pyqtgraph and SVG icons.
+2. ``--version``.
+3. ``run --model tiny --prompt hello --max-new-tokens 4 --json``: the real engine; tiny uses the
+   default model's tokenizer, so this also converts the packaged GGUF once (about 20 s).
+4. ``--smoke-test``: the window offscreen, 4 tokens on tiny. Skipped (reported) while the app has
+   no such flag, unless --require-window is given.
+
+Prints one line per step and writes build/packaging/smoke-report.json; exits 1 if any step failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Smoke-test the kvviz bundle")
+    ap.add_argument("--bundle", default=str(ROOT / "dist" / "kvviz"))
+    ap.add_argument("--require-window", action="store_true", help="fail when the app lacks --smoke-test")
+    ap.add_argument("--timeout", type=float, default=600, help="seconds per step")
+    args = ap.parse_args(argv)
+    exe = pathlib.Path(args.bundle) / "kvviz"
+    if not exe.is_file():
+        print(f"no bundle at {exe}: run `make package` first", file=sys.stderr)
+        return 2
+
+    home = pathlib.Path(tempfile.mkdtemp(prefix="kvviz-smoke-"))
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(home),
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "XDG_CACHE_HOME": str(home / ".cache"),
+        "XDG_CONFIG_HOME": str(home / ".config"),
+        "XDG_DATA_HOME": str(home / ".local" / "share"),
+        "XDG_RUNTIME_DIR": str(home / "runtime"),
+        "KVVIZ_CACHE_DIR": str(home / "kvviz-cache"),
+        "HF_HUB_OFFLINE": "1",
+        "QT_QPA_PLATFORM": "offscreen",
+    }
+    (home / "runtime").mkdir(mode=0o700)
+    steps: list[dict] = []
+
+    def step(name, *cmd, check=None):
+        t0 = time.perf_counter()
+        try:
+            proc = subprocess.run(
+                [str(exe), *cmd], cwd=home, env=env, capture_output=True, text=True, timeout=args.timeout
+            )
+            rc, out, err = proc.returncode, proc.stdout, proc.stderr
+        except subprocess.TimeoutExpired as exc:
+            rc, out, err = "timeout", exc.stdout or "", exc.stderr or ""
+            out, err = (x.decode() if isinstance(x, bytes) else x for x in (out, err))
+        record = {"step": name, "cmd": ["kvviz", *cmd], "rc": rc, "seconds": round(time.perf_counter() - t0, 1)}
+        problem = None if rc == 0 else f"exit status {rc}"
+        if problem is None and check is not None:
+            try:
+                problem, detail = check(out)
+                record.update(detail)
+            except Exception as exc:
+                problem = f"unreadable output: {type(exc).__name__}: {exc}"
+        record["ok"] = problem is None
+        if problem:
+            record["problem"] = problem
+            record["stdout_tail"] = out[-3000:]
+            record["stderr_tail"] = err[-3000:]
+        steps.append(record)
+        print(
+            f"{'PASS' if record['ok'] else 'FAIL'} {name} ({record['seconds']} s)" + (f": {problem}" if problem else "")
+        )
+        if problem:
+            print(out[-1500:], err[-1500:], sep="\n", file=sys.stderr)
+        return out
+
+    def self_test_ok(out):
+        report = json.loads(out)
+        bad = [f"{k}: {v.get('error')}" for k, v in report["checks"].items() if not v["ok"]]
+        if not report["frozen"]:
+            bad.append("not running frozen")
+        return ("; ".join(bad) or None), {"checks": {k: v["ok"] for k, v in report["checks"].items()}}
+
+    def run_ok(out):
+        summary = json.loads(out)
+        if summary.get("new_tokens") != 4:
+            return f"expected 4 new tokens, got {summary.get('new_tokens')}", {}
+        return None, {
+            "new_tokens": 4,
+            "peak_cache_bytes": summary.get("peak_cache_bytes"),
+            "model": summary.get("model"),
+        }
+
+    step("bundle self-test", "--bundle-self-test", "--with-tokenizer", check=self_test_ok)
+    step("version", "--version", check=lambda out: (None if out.strip() else "no version printed", {}))
+    step(
+        "headless run on tiny",
+        "run",
+        "--model",
+        "tiny",
+        "--prompt",
+        "hello",
+        "--max-new-tokens",
+        "4",
+        "--json",
+        "--no-trace",
+        "--quiet",
+        check=run_ok,
+    )
+    help_text = step("help", "--help")
+    if "--smoke-test" in help_text:
+        step("window smoke test", "--smoke-test")
+    elif args.require_window:
+        steps.append({"step": "window smoke test", "ok": False, "problem": "kvviz has no --smoke-test flag"})
+        print("FAIL window smoke test: kvviz has no --smoke-test flag")
+    else:
+        steps.append({"step": "window smoke test", "ok": True, "skipped": "kvviz has no --smoke-test flag yet"})
+        print("SKIP window smoke test: kvviz has no --smoke-test flag yet")
+
+    shutil.rmtree(home, ignore_errors=True)
+    failed = [s["step"] for s in steps if not s["ok"]]
+    passed = sum(1 for s in steps if s["ok"] and "skipped" not in s)
+    skipped = sum(1 for s in steps if "skipped" in s)
+    report_path = ROOT / "build" / "packaging" / "smoke-report.json"
+    report_path.parent.mkdir(parents=True, exist_ok=True)
+    report_path.write_text(json.dumps({"bundle": str(exe), "steps": steps, "failed": failed}, indent=1) + "\n")
+    print(f"smoke: {passed} passed, {len(failed)} failed, {skipped} skipped")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
