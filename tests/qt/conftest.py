@@ -25,11 +25,30 @@ def window(qtbot, settings):
     win = MainWindow(settings=settings)
     qtbot.addWidget(win)
     win.show()
-    qtbot.waitUntil(lambda: win.strategy_panel.current() is not None, timeout=30000)
+    qtbot.waitUntil(lambda: bool(win.strategy_panel.names()), timeout=30000)
     yield win
     if not win._closing:
         win.close()
     assert not win.thread.isRunning()
+
+
+class Driver:
+    """Drives a window as a user would: load a model, run a prompt, wait for the end."""
+
+    def __init__(self, qtbot):
+        self.qtbot = qtbot
+
+    def load(self, win, spec: str = "tiny", timeout: int = 120000) -> None:
+        load(self.qtbot, win, spec, timeout)
+
+    def run(self, win, strategy: str = "dynamic", options=None, tokens: int = 12, prompt: str = "Hello there",
+            timeout: int = 120000) -> int:
+        return run(self.qtbot, win, strategy, options, tokens, prompt, timeout)
+
+
+@pytest.fixture
+def drive(qtbot):
+    return Driver(qtbot)
 
 
 def load(qtbot, win, spec: str = "tiny", timeout: int = 120000) -> None:

@@ -67,7 +67,7 @@ class _SeriesPlot(PlotPanel):
         curves = self._curves.get(run_id)
         if curves is None:
             return []
-        return [item.getData() for item in curves.items if isinstance(item, pg.PlotDataItem)]
+        return [item.getOriginalDataset() for item in curves.items if isinstance(item, pg.PlotDataItem)]
 
     def _on_mouse(self, event) -> None:
         pos = event[0]

@@ -1,0 +1,195 @@
+"""The real window driving the real engine on the tiny model (a random 4-layer Llama)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvviz.qt import theme
+from kvviz.qt.series import MIB
+from kvviz.trace import SlotState
+
+
+def assert_plots_match(win, run_id):
+    series = win.runs[run_id]
+    steps = series.trace.steps
+    base = series.trace.prompt_tokens
+    x = np.array([base + s.index for s in steps], dtype=float)
+    (mx, my), (px, py) = win.memory_plot.curve_data(run_id)
+    np.testing.assert_allclose(mx, x)
+    np.testing.assert_allclose(my, [s.cache_bytes / MIB for s in steps])
+    np.testing.assert_allclose(px, x)
+    np.testing.assert_allclose(py, [s.predicted_cache_bytes / MIB for s in steps])
+    (lx, ly) = win.latency_plot.curve_data(run_id)[0]
+    decode = [s for s in steps if s.phase == "decode"]
+    np.testing.assert_allclose(lx, [base + s.index for s in decode])
+    np.testing.assert_allclose(ly, [s.wall_ms for s in decode])
+    assert series.prefill_ms == steps[0].wall_ms and steps[0].phase == "prefill"
+
+
+def test_tiny_run_draws_exactly_its_records(qtbot, drive, window):
+    drive.load(window, "tiny")
+    assert "tiny" in window.model_panel.card.text()
+    run_id = drive.run(window, "dynamic", tokens=12)
+    series = window.runs[run_id]
+    trace = series.trace
+    assert window.status_of[run_id] == "finished"
+    assert len(trace.steps) == 12 and trace.prompt_tokens > 0
+    assert_plots_match(window, run_id)
+
+    summary = trace.summary()
+    row = window.runs_table.row_text(run_id)
+    assert row[0] == f"#{run_id}" and row[2] == "dynamic" and row[3] == "12"
+    assert row[7] == f"{summary['decode_tokens_per_s']:,.1f}"
+    assert row[8] == f"{summary['peak_cache_bytes'] / MIB:,.3f}"
+    assert row[-1] == "finished"
+
+    last = trace.steps[-1]
+    keys, values = window.layer_bytes_plot._data
+    assert list(keys) == [layer.keys_bytes for layer in last.layers]
+    assert list(values) == [layer.values_bytes for layer in last.layers]
+    image = window.cache_map._image
+    assert image.shape == (len(last.layers), last.layers[0].seq_len)
+    assert (image == SlotState.FULL).all()
+    assert window.token_view.toPlainText().startswith(trace.prompt)
+    assert window.token_view._shown == 12
+    assert "tokens/s" in window.status_labels["rate"].text()
+    assert window.redraw_count < 12 + 10  # records are batched, not one redraw per record
+
+
+def test_stop_keeps_what_was_generated(qtbot, drive, window):
+    drive.load(window, "tiny")
+    window.prompt_panel.editor.setPlainText("Count to one hundred.")
+    window.settings_panel.max_new_tokens.setValue(400)
+    window.strategy_panel.set_current("dynamic")
+    with qtbot.waitSignal(window.sigRunDone, timeout=60000) as blocker:
+        run_id = window.start_run()
+        qtbot.waitUntil(lambda: len(window.runs[run_id].trace.steps) + len(window._pending.get(run_id, [])) >= 3)
+        window.stop_action.trigger()  # Esc
+    assert blocker.args == [run_id, "cancelled"]
+    trace = window.runs[run_id].trace
+    assert trace.cancelled and 3 <= len(trace.steps) < 400
+    assert window.runs_table.row_text(run_id)[-1] == "cancelled"
+    assert_plots_match(window, run_id)
+    assert window.run_button.isEnabled() and not window.stop_button.isEnabled()
+
+
+def test_failing_model_path_shows_error_and_window_still_works(qtbot, drive, window, tmp_path):
+    missing = str(tmp_path / "nowhere" / "model.gguf")
+    with qtbot.waitSignal(window.sigModelReady, timeout=30000) as blocker:
+        window.load_model(missing)
+    assert blocker.args == [missing, False]
+    assert window.error_bar.isVisible() and "does not exist" in window.error_label.text()
+    assert not window.run_button.isEnabled()
+    drive.load(window, "tiny")
+    assert not window.error_bar.isVisible()
+    run_id = drive.run(window, tokens=4)
+    assert window.status_of[run_id] == "finished"
+
+
+def test_engine_error_in_run_is_readable_and_next_run_works(qtbot, drive, window):
+    drive.load(window, "tiny")
+    window.prompt_panel.editor.setPlainText("A prompt that is certainly longer than four tokens, surely.")
+    window.settings_panel.max_new_tokens.setValue(8)
+    window.strategy_panel.set_current("static")
+    window.strategy_panel.set_option("max_cache_len", 4)
+    with qtbot.waitSignal(window.sigRunDone, timeout=60000) as blocker:
+        run_id = window.start_run()
+    assert blocker.args == [run_id, "failed"]
+    assert window.error_bar.isVisible() and f"Run #{run_id} failed" in window.error_label.text()
+    assert "max_cache_len" in window.error_label.text() or "max cache" in window.error_label.text()
+    assert window.runs_table.row_text(run_id)[-1] == "failed"
+    assert window.run_button.isEnabled()
+    next_id = drive.run(window, "dynamic", tokens=4)
+    assert window.status_of[next_id] == "finished"
+
+
+def test_two_runs_overlay_with_their_own_colours(qtbot, drive, window):
+    drive.load(window, "tiny")
+    first = drive.run(window, "dynamic", tokens=6)
+    second = drive.run(window, "static", tokens=6)
+    assert window.runs_table.selected_runs() == [second]
+    window.runs_table.select_runs([first, second])
+    window.redraw()
+    assert window.shown_ids == [first, second]
+    for run_id in (first, second):
+        measured = window.memory_plot._curves[run_id].items[0]
+        assert measured.opts["pen"].color().name() == theme.run_colour(run_id)
+        assert_plots_match(window, run_id)
+    assert theme.run_colour(first) != theme.run_colour(second)
+    # a static cache allocates its whole capacity: the map shows the unwritten tail
+    image = window.cache_map._image
+    assert (image == SlotState.PREALLOCATED).any()
+    window.runs_table.select_runs([first])
+    window.redraw()
+    assert list(window.memory_plot._curves) == [first]
+
+
+def test_strategy_panel_shows_options_and_unavailable_reasons(qtbot, drive, window):
+    panel = window.strategy_panel
+    combo = panel.combo
+    model = combo.model()
+    for i in range(combo.count()):
+        name = combo.itemData(i)
+        item = model.item(i)
+        ok, reason = panel._available[name]
+        assert item.isEnabled() == ok
+        if not ok:
+            assert reason and reason in item.toolTip()
+    assert panel.set_current("quantized")
+    nbits = panel._widgets["nbits"]
+    assert (nbits.minimum(), nbits.maximum()) == (1, 8)
+    assert panel._widgets["backend"].count() >= 1
+    panel.set_option("nbits", 2)
+    assert panel.values()["nbits"] == 2
+
+
+def test_settings_and_theme_persist(qtbot, drive, settings):
+    from kvviz.qt.main_window import MainWindow
+
+    first = MainWindow(settings=settings)
+    qtbot.addWidget(first)
+    qtbot.waitUntil(lambda: bool(first.strategy_panel.names()), timeout=30000)
+    first.set_theme("light")
+    first.prompt_panel.set_text("remember me")
+    first.settings_panel.max_new_tokens.setValue(77)
+    assert first.strategy_panel.set_current("sliding")
+    first.strategy_panel.set_option("window", 64)
+    first.model_panel.set_spec("tiny")
+    first.close()
+    assert not first.thread.isRunning()
+
+    second = MainWindow(settings=settings)
+    qtbot.addWidget(second)
+    qtbot.waitUntil(lambda: bool(second.strategy_panel.names()), timeout=30000)
+    try:
+        assert second.theme_name == "light"
+        assert second.prompt_panel.text() == "remember me"
+        assert second.settings_panel.max_new_tokens.value() == 77
+        assert second.strategy_panel.current() == "sliding"
+        assert second.strategy_panel.values()["window"] == 64
+        assert second.model_panel.current_spec() == "tiny"
+    finally:
+        second.close()
+
+
+def test_close_mid_run_ends_the_thread_quickly(qtbot, drive, settings):
+    import time
+
+    from kvviz.qt.main_window import MainWindow
+
+    win = MainWindow(settings=settings)
+    qtbot.addWidget(win)
+    drive.load(win, "tiny")
+    win.settings_panel.max_new_tokens.setValue(2000)
+    run_id = win.start_run()
+    qtbot.waitUntil(lambda: len(win._pending.get(run_id, [])) + win.runs[run_id].n >= 2, timeout=30000)
+    started = time.perf_counter()
+    win.close()
+    assert time.perf_counter() - started < 2.0
+    assert not win.thread.isRunning() and not win.thread_stuck
+
+
+@pytest.mark.parametrize("theme_name", theme.THEMES)
+def test_stylesheets_exist(theme_name):
+    assert "QWidget" in theme.stylesheet(theme_name)
