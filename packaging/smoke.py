@@ -6,7 +6,8 @@ Each step runs dist/kvviz/kvviz in an empty environment (PATH=/usr/bin:/bin, a f
 model cache, no PYTHONPATH or venv, offscreen Qt, no network) from a temporary folder:
 
 1. ``--bundle-self-test --with-tokenizer``: resources, the default GGUF and its tokenizer, package
-   metadata, transformers model code decoding 4 tokens, Qt offscreen with pyqtgraph and SVG icons.
+   metadata, transformers model code decoding 4 tokens, Qt offscreen with pyqtgraph and SVG icons;
+   then the self-test again on X11 (QT_QPA_PLATFORM=xcb under xvfb-run), when xvfb-run exists.
 2. ``--version``.
 3. ``run --model tiny --prompt hello --max-new-tokens 4 --json``: the real engine; tiny uses the
    default model's tokenizer, so this also converts the packaged GGUF once (about 20 s).
@@ -58,11 +59,16 @@ def main(argv: list[str] | None = None) -> int:
     (home / "runtime").mkdir(mode=0o700)
     steps: list[dict] = []
 
-    def step(name, *cmd, check=None):
+    def step(name, *cmd, check=None, wrapper=(), extra_env=None):
         t0 = time.perf_counter()
         try:
             proc = subprocess.run(
-                [str(exe), *cmd], cwd=home, env=env, capture_output=True, text=True, timeout=args.timeout
+                [*wrapper, str(exe), *cmd],
+                cwd=home,
+                env={**env, **(extra_env or {})},
+                capture_output=True,
+                text=True,
+                timeout=args.timeout,
             )
             rc, out, err = proc.returncode, proc.stdout, proc.stderr
         except subprocess.TimeoutExpired as exc:
@@ -94,7 +100,11 @@ def main(argv: list[str] | None = None) -> int:
         bad = [f"{k}: {v.get('error')}" for k, v in report["checks"].items() if not v["ok"]]
         if not report["frozen"]:
             bad.append("not running frozen")
-        return ("; ".join(bad) or None), {"checks": {k: v["ok"] for k, v in report["checks"].items()}}
+        platform = report["checks"].get("qt_offscreen", {}).get("platform")
+        return ("; ".join(bad) or None), {
+            "checks": {k: v["ok"] for k, v in report["checks"].items()},
+            "qt_platform": platform,
+        }
 
     def run_ok(out):
         summary = json.loads(out)
@@ -107,6 +117,18 @@ def main(argv: list[str] | None = None) -> int:
         }
 
     step("bundle self-test", "--bundle-self-test", "--with-tokenizer", check=self_test_ok)
+    if shutil.which("xvfb-run"):
+        # the xcb platform plugin and its bundled libraries, on a real (virtual) X server
+        step(
+            "bundle self-test on X11 (xvfb)",
+            "--bundle-self-test",
+            check=self_test_ok,
+            wrapper=("xvfb-run", "-a", "-s", "-screen 0 1280x800x24"),
+            extra_env={"QT_QPA_PLATFORM": "xcb"},
+        )
+    else:
+        steps.append({"step": "bundle self-test on X11", "ok": True, "skipped": "xvfb-run is not installed"})
+        print("SKIP bundle self-test on X11: xvfb-run is not installed (packaging/build-deps.sh)")
     step("version", "--version", check=lambda out: (None if out.strip() else "no version printed", {}))
     step(
         "headless run on tiny",
