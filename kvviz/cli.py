@@ -58,6 +58,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--set", action="append", default=[], metavar="KEY=VALUE", help="a strategy option (repeatable)"
     )
     _add_generation_args(run)
+    run.add_argument(
+        "--switch-at",
+        action="append",
+        default=[],
+        metavar="STEP:STRATEGY[,KEY=VALUE...]",
+        help="switch the live cache to another strategy before step STEP, e.g. 64:quantized,backend=hqq (repeatable)",
+    )
+    run.add_argument(
+        "--reference",
+        action="store_true",
+        help="run a full-precision DynamicCache reference in lockstep and report KL and top-1 agreement",
+    )
     run.add_argument("--trace", type=Path, help="write the trace here (default: kvviz-STRATEGY-TIME.json)")
     run.add_argument("--no-trace", action="store_true", help="do not write a trace file")
     run.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
@@ -129,15 +141,45 @@ def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x:.1f} ms"
 
 
+def parse_switches(specs: list[str]) -> dict[int, object]:
+    """``["64:quantized,backend=hqq"]`` -> {64: StrategyChoice}; validated before any work."""
+    from kvviz.engine import strategies
+
+    switches = {}
+    for spec in specs:
+        step, sep, rest = spec.partition(":")
+        if not sep or not step.strip().isdigit() or int(step) < 1 or not rest:
+            raise UsageError(f"--switch-at expects STEP:STRATEGY[,KEY=VALUE...] with STEP >= 1, got {spec!r}")
+        name, *pairs = rest.split(",")
+        switches[int(step)] = strategies.choose(name.strip(), strategies.parse_assignments(pairs))
+    return dict(sorted(switches.items()))
+
+
+def _check_switch_order(first, switches, model) -> None:
+    """Refuse, before the run, a switch that cannot convert (assuming evicting strategies evict)."""
+    from kvviz.engine.convert import refusal
+    from kvviz.engine.strategies import OptionError
+
+    current, evicted = first, False
+    for step, choice in switches.items():
+        evicted = evicted or current.name in ("sliding", "sink")
+        problem = refusal(current.name, choice, model, evicted)
+        if problem:
+            raise OptionError(f"--switch-at {step}: cannot switch from {current.name!r} to {choice.name!r}: {problem}")
+        current = choice
+
+
 def cmd_run(args) -> int:
     from kvviz.engine import decode, models, strategies
 
     prompt = _read_prompt(args)
     choice = strategies.choose(args.strategy, strategies.parse_assignments(args.set))
+    switches = parse_switches(args.switch_at)
     settings = _settings(args)
     settings.check()
     loaded = models.load_model(args.model, dtype=args.dtype, device=args.device, progress=_stderr_progress)
-    decoder = decode.Decoder(loaded, choice, settings, prompt)
+    _check_switch_order(choice, switches, loaded.model)
+    decoder = decode.Decoder(loaded, choice, settings, prompt, reference=args.reference)
     stream = not (args.json or args.quiet)
     if not args.json:
         print(f"kvviz: {loaded.card['name']}, {choice.label()}, prompt {decoder.prompt_tokens} tokens", file=sys.stderr)
@@ -145,6 +187,8 @@ def cmd_run(args) -> int:
     last_progress = time.monotonic()
     try:
         for step in decoder:
+            if step.index + 1 in switches:
+                decoder.request_switch(switches[step.index + 1])
             if stream:
                 sys.stdout.write(step.token)
                 sys.stdout.flush()
@@ -184,6 +228,16 @@ def _print_summary(trace, summary, trace_path) -> None:
         ("cache", f"{_mib(summary['final_cache_bytes'])} at the end, {_mib(summary['peak_cache_bytes'])} peak"),
         ("RSS", f"{_mib(summary['peak_rss_bytes'])} peak"),
     ]
+    if "mean_kl" in summary:
+        first = summary["first_divergence"]
+        first = "none" if first is None else f"at step {first}"
+        agreement, kl = summary["top1_agreement"], summary["mean_kl"]
+        rows.append(("fidelity", f"top-1 agreement {agreement:.3f}, mean KL {kl:.4f} nats, first divergence {first}"))
+        rows.append(("reference", f"perplexity {summary['reference_perplexity']:.2f}; "
+                     f"{_ms(summary['reference_ms_mean'])} per step, not counted above"))
+    for switch in trace.switches:
+        change = f"{switch.from_strategy} -> {switch.to_strategy} {switch.options}"
+        rows.append(("switch", f"before step {switch.step}: {change}"))
     if trace.compile_ms is not None:
         rows.append(("compile", f"{trace.compile_ms / 1000:.1f} s (not in the step times)"))
     if trace_path:
@@ -288,9 +342,13 @@ def main(argv: list[str] | None = None) -> int:
     except (ModelError, RuntimeError, OSError) as exc:
         _report(args, exc)
         return 1
+    except Exception as exc:  # a failure inside torch/transformers: still one readable paragraph
+        _report(args, f"{type(exc).__name__}: {exc} (run with --debug for the traceback)", exc)
+        return 1
 
 
-def _report(args, exc: BaseException) -> None:
+def _report(args, message, exc: BaseException | None = None) -> None:
+    exc = exc or message
     if args.debug:
         traceback.print_exception(exc)
-    print(f"kvviz: error: {exc}", file=sys.stderr)
+    print(f"kvviz: error: {message}", file=sys.stderr)

@@ -75,6 +75,11 @@ class StepRecord:
     layers: list[LayerRecord]
     cuda_bytes: int | None = None
     position: int = 0  # absolute position of the token this step produced
+    # Against a full-precision reference run in lockstep (None when no reference ran):
+    kl: float | None = None  # KL(reference || run) of the next-token distributions, in nats
+    top1_agree: bool | None = None
+    ref_logprob: float | None = None  # reference log-probability of the token chosen
+    reference_ms: float | None = None  # the reference's own step time, not in wall_ms
 
 
 @dataclass
@@ -138,7 +143,7 @@ def summarize(steps: list[StepRecord]) -> dict[str, Any]:
     decode_ms = np.array([s.wall_ms for s in steps if s.phase == "decode"], dtype=float)
     prefill = [s.wall_ms for s in steps if s.phase == "prefill"]
     mean = float(decode_ms.mean()) if decode_ms.size else None
-    return {
+    summary = {
         "new_tokens": len(steps),
         "prefill_ms": prefill[0] if prefill else None,
         "decode_ms_mean": mean,
@@ -148,6 +153,17 @@ def summarize(steps: list[StepRecord]) -> dict[str, Any]:
         "final_cache_bytes": steps[-1].cache_bytes if steps else 0,
         "peak_rss_bytes": max((s.rss_bytes for s in steps), default=0),
     }
+    compared = [s for s in steps if s.kl is not None]
+    if compared:
+        disagree = [s.index for s in compared if not s.top1_agree]
+        summary.update(
+            mean_kl=float(np.mean([s.kl for s in compared])),
+            top1_agreement=float(np.mean([s.top1_agree for s in compared])),
+            first_divergence=disagree[0] if disagree else None,
+            reference_perplexity=float(np.exp(-np.mean([s.ref_logprob for s in compared]))),
+            reference_ms_mean=float(np.mean([s.reference_ms for s in compared])),
+        )
+    return summary
 
 
 class TraceError(ValueError):
@@ -223,6 +239,10 @@ def from_dict(data: Any, source: str = "trace") -> Trace:
                 layers=layers,
                 cuda_bytes=raw_step.get("cuda_bytes"),
                 position=raw_step.get("position", 0),
+                kl=raw_step.get("kl"),
+                top1_agree=raw_step.get("top1_agree"),
+                ref_logprob=raw_step.get("ref_logprob"),
+                reference_ms=raw_step.get("reference_ms"),
             )
         )
     switches = []

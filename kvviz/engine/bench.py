@@ -47,7 +47,7 @@ def _generate_rate(loaded, choice, settings, prompt_ids, new_tokens) -> float:
     capacity = strategies.capacity_for(choice, len(prompt_ids) + new_tokens)
     cache = strategy.make_cache(model, choice.options, capacity)
     clock = _TokenClock()
-    kwargs = {"use_cache": False} if cache is None else {"past_key_values": cache}
+    kwargs = {"use_cache": False} if cache is None else {"cache": cache}
     ids = torch.tensor([prompt_ids], device=model.device)
     with torch.inference_mode():
         model.generate(

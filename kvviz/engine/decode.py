@@ -23,10 +23,12 @@ from transformers.generation.logits_process import (
 )
 
 from kvviz.engine import measure
+from kvviz.engine.convert import convert, refusal
+from kvviz.engine.fidelity import Reference
 from kvviz.engine.models import LoadedModel
 from kvviz.engine.predict import CachePredictor, Geometry
 from kvviz.engine.strategies import OptionError, StrategyChoice, capacity_for, get
-from kvviz.trace import LayerRecord, StepRecord, Trace
+from kvviz.trace import LayerRecord, StepRecord, Switch, Trace
 
 
 @dataclass
@@ -134,9 +136,18 @@ class Decoder:
 
     Raises `OptionError` at construction for anything the user asked for that cannot run
     (an unavailable strategy, an unsupported model, a too-small max_cache_len, bad settings).
+    With `reference=True` a full-precision DynamicCache reference runs in lockstep on the same
+    tokens, and each step records how far the run's next-token distribution is from it.
     """
 
-    def __init__(self, loaded: LoadedModel, choice: StrategyChoice, settings: GenerationSettings, prompt: str):
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        choice: StrategyChoice,
+        settings: GenerationSettings,
+        prompt: str,
+        reference: bool = False,
+    ):
         settings.check()
         self.loaded = loaded
         self.model = loaded.model
@@ -147,6 +158,8 @@ class Decoder:
             raise OptionError("the prompt is empty; type some text to continue")
         self.prompt_tokens = len(self.prompt_ids)
         self._cancel = threading.Event()
+        self._lock = threading.Lock()
+        self._pending: StrategyChoice | None = None
         self.trace = Trace(
             model=dict(loaded.card),
             strategy={"name": choice.name, "options": dict(choice.options)},
@@ -154,30 +167,35 @@ class Decoder:
             prompt_tokens=self.prompt_tokens,
             settings=asdict(settings),
         )
-        self._set_strategy(choice)
+        self.choice = choice
+        self.cache = self._build(choice)
+        self.position = 0  # the position the model numbers the next fed token with
+        self.seen = 0  # tokens the model has processed
+        self.evicted = False
+        parameters = inspect.signature(self.model.forward).parameters
+        self._cache_kw = "cache" if "cache" in parameters else "past_key_values"
+        self._keeps_logits = "logits_to_keep" in parameters
+        self.reference = Reference(self.model, self._cache_kw, self._keeps_logits) if reference else None
         self.eos_ids = self._eos_ids()
         self._processors = self._make_processors()
         self._generator = torch.Generator(device="cpu").manual_seed(settings.seed)
-        self._accepts_cache = "cache" in inspect.signature(self.model.forward).parameters
-        self._accepts_logits_to_keep = "logits_to_keep" in inspect.signature(self.model.forward).parameters
+        self._compile = bool(choice.options.get("compile"))
 
     # -- setup -------------------------------------------------------------------------------------
 
-    def _set_strategy(self, choice: StrategyChoice) -> None:
+    def _build(self, choice: StrategyChoice):
+        """Check `choice` against this model and run, build its empty cache and its predictor."""
         strategy = get(choice.name)
         ok, reason = strategy.available()
         if not ok:
             raise OptionError(f"strategy {choice.name!r} is not available here: {reason}")
-        problem = strategy.unsupported(self.model)
+        problem = strategy.unsupported(self.model, choice.options)
         if problem:
             raise OptionError(f"strategy {choice.name!r} {problem}")
-        needed = self.prompt_tokens + self.settings.max_new_tokens
-        self.capacity = capacity_for(choice, needed)
-        self.choice = choice
-        self.cache = strategy.make_cache(self.model, choice.options, self.capacity)
+        self.capacity = capacity_for(choice, self.prompt_tokens + self.settings.max_new_tokens)
         geometry = Geometry.of(self.model.config, self.model.dtype)
         self.predictor = CachePredictor(choice.name, choice.options, geometry, self.capacity)
-        self._compile = bool(choice.options.get("compile"))
+        return strategy.make_cache(self.model, choice.options, self.capacity)
 
     def _eos_ids(self) -> set[int]:
         eos = self.model.generation_config.eos_token_id
@@ -198,29 +216,48 @@ class Decoder:
                 processors.append(TopPLogitsWarper(s.top_p))
         return processors
 
-    # -- control -----------------------------------------------------------------------------------
+    # -- control (safe from any thread) ------------------------------------------------------------
 
     def cancel(self) -> None:
-        """Ask the loop to stop after the step in progress (safe from any thread)."""
+        """Ask the loop to stop after the step in progress."""
         self._cancel.set()
 
     @property
     def cancelled(self) -> bool:
         return self._cancel.is_set()
 
+    def request_switch(self, choice: StrategyChoice) -> None:
+        """Switch to `choice` at the next step boundary; raises OptionError if it cannot convert."""
+        if self._compile or choice.options.get("compile"):
+            raise OptionError("runs under torch.compile cannot switch strategy live; start a new run instead")
+        with self._lock:
+            problem = refusal(self.choice.name, choice, self.model, self.evicted)
+            if problem:
+                raise OptionError(f"cannot switch from {self.choice.name!r} to {choice.name!r}: {problem}")
+            self._pending = choice
+
     # -- the loop ----------------------------------------------------------------------------------
 
     def _forward(self, input_ids: torch.Tensor, forward=None) -> torch.Tensor:
-        kwargs = {}
-        if self._accepts_logits_to_keep:
-            kwargs["logits_to_keep"] = 1
+        kwargs = {"logits_to_keep": 1} if self._keeps_logits else {}
         if self.cache is None:
             kwargs["use_cache"] = False
         else:
-            kwargs["use_cache"] = True
-            kwargs["cache" if self._accepts_cache else "past_key_values"] = self.cache
+            n = input_ids.shape[-1]
+            kwargs.update(use_cache=True, **{self._cache_kw: self.cache})
+            kwargs["position_ids"] = torch.arange(self.position, self.position + n, device=input_ids.device)[None]
         out = (forward or self.model)(input_ids=input_ids, **kwargs)
         return out.logits[:, -1, :]
+
+    def _advance(self, fed: int) -> None:
+        self.seen += fed
+        if self.choice.name == "sink":  # positions inside a sink cache restart after each eviction
+            self.position = self.cache.get_seq_length()
+            self.evicted = self.evicted or self.seen > self.position
+        else:
+            self.position += fed
+            if self.choice.name == "sliding":
+                self.evicted = self.evicted or self.seen >= self.choice.options["window"]
 
     def _pick(self, ids: torch.Tensor, logits: torch.Tensor) -> int:
         if self.settings.temperature == 0:
@@ -228,6 +265,21 @@ class Decoder:
         scores = self._processors(ids, logits.float())
         probs = torch.softmax(scores, dim=-1).cpu()
         return int(torch.multinomial(probs, 1, generator=self._generator).item())
+
+    def _apply_pending_switch(self, index: int) -> None:
+        with self._lock:
+            choice, self._pending = self._pending, None
+        if choice is None:
+            return
+        old = self.choice
+        new_cache = self._build(choice)
+        moved = convert(self.cache, new_cache, self.position, self.seen)
+        self.predictor = CachePredictor(choice.name, choice.options, self.predictor.geometry, self.capacity)
+        self.predictor.after_step(moved)
+        self.cache, self.choice = new_cache, choice
+        if choice.name == "sink":
+            self.position = self.cache.get_seq_length()
+        self.trace.switches.append(Switch(index, old.name, choice.name, dict(choice.options)))
 
     def __iter__(self) -> Iterator[StepRecord]:
         device = self.model.device
@@ -242,14 +294,12 @@ class Decoder:
                         self.trace.cancelled = True
                         break
                     prefill = index == 0
-                    if self.cache is None or prefill:
-                        fed = ids
-                    else:
-                        fed = ids[:, -1:]
+                    if not prefill:
+                        self._apply_pending_switch(index)
+                    fed = ids if self.cache is None or prefill else ids[:, -1:]
                     forward = None
                     if self._compile and not prefill:
-                        if compiled is None:
-                            compiled = self._compile_decode(fed)
+                        compiled = compiled or self._compile_decode(fed)
                         forward = compiled
                     started = time.perf_counter()
                     logits = self._forward(fed, forward)
@@ -257,13 +307,19 @@ class Decoder:
                     if device.type == "cuda":
                         torch.cuda.synchronize(device)
                     wall_ms = (time.perf_counter() - started) * 1000.0
+                    layer_ms = timer.collect()
+                    self._advance(fed.shape[-1])
+                    fidelity = None
+                    if self.reference is not None:
+                        fidelity = self.reference.compare(fed if prefill else ids[:, -1:], logits, token)
+                        timer.collect()  # the reference's layer times are not the run's
                     ids = torch.cat([ids, torch.tensor([[token]], device=device)], dim=-1)
                     new_text = self.tokenizer.decode(ids[0, self.prompt_tokens :], skip_special_tokens=False)
                     if new_text.endswith("\ufffd"):  # a multi-byte character is not complete yet
                         piece = ""
                     else:
                         piece, text = new_text[len(text) :], new_text
-                    record = self._record(index, prefill, token, piece, wall_ms, fed.shape[-1], timer.collect())
+                    record = self._record(index, prefill, token, piece, wall_ms, fed.shape[-1], layer_ms, fidelity)
                     self.trace.steps.append(record)
                     yield record
                     if self.settings.stop_at_eos and token in self.eos_ids:
@@ -280,13 +336,13 @@ class Decoder:
         self.trace.compile_ms = (time.perf_counter() - started) * 1000.0
         return compiled
 
-    def _record(self, index, prefill, token, piece, wall_ms, fed_tokens, layer_ms) -> StepRecord:
+    def _record(self, index, prefill, token, piece, wall_ms, fed_tokens, layer_ms, fidelity) -> StepRecord:
         predicted = self.predictor.after_step(fed_tokens)
         # Without a cache there is nothing to measure, but the layers still take time.
-        layers = measure.measure_cache(self.cache) or [LayerRecord(0, 0, 0, 0) for _ in layer_ms]
+        layers = measure.measure_cache(self.cache, self.seen) or [LayerRecord(0, 0, 0, 0) for _ in layer_ms]
         for layer, ms in zip(layers, layer_ms, strict=False):
             layer.layer_ms = ms
-        return StepRecord(
+        record = StepRecord(
             index=index,
             phase="prefill" if prefill else "decode",
             token_id=token,
@@ -300,3 +356,6 @@ class Decoder:
             cuda_bytes=measure.cuda_bytes(self.model.device),
             position=self.prompt_tokens + index,
         )
+        if fidelity is not None:
+            record.kl, record.top1_agree, record.ref_logprob, record.reference_ms = fidelity
+        return record

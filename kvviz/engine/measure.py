@@ -126,12 +126,21 @@ def _measure_quantized(layer: BaseQuantizedLayer, counter: StorageCounter) -> La
     )
 
 
-def measure_cache(cache) -> list[LayerRecord]:
-    """One record per layer; an empty list when there is no cache (strategy `none`)."""
+def measure_cache(cache, seen: int) -> list[LayerRecord]:
+    """One record per layer; an empty list when there is no cache (strategy `none`).
+
+    `seen` is the number of tokens processed so far: positions a layer does not account for
+    were dropped before it got them (by an evicting strategy before a live switch).
+    """
     if cache is None:
         return []
     counter = StorageCounter()
-    return [measure_layer(layer, counter) for layer in cache.layers]
+    records = [measure_layer(layer, counter) for layer in cache.layers]
+    for record in records:
+        covered = sum(n for state, n in record.spans if state != SlotState.PREALLOCATED)
+        if record.spans and covered < seen:
+            record.spans.insert(0, [int(SlotState.EVICTED), seen - covered])
+    return records
 
 
 def rss_bytes() -> int:

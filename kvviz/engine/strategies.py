@@ -118,16 +118,19 @@ class Strategy:
     needs_cuda: bool = False
     # (options) -> extra validation message or None
     check: Callable[[dict], str | None] = lambda options: None
-    # (model) -> reason this model cannot use the strategy, or None
-    model_check: Callable[[Any], str | None] = lambda model: None
+    # (model, options) -> reason this model cannot use the strategy so, or None
+    model_check: Callable[[Any, dict], str | None] = lambda model, options: None
 
     def available(self) -> tuple[bool, str]:
         if self.needs_cuda and not torch.cuda.is_available():
             return False, "needs a CUDA device (it offloads cache layers from GPU memory to the CPU); none here"
         return True, ""
 
-    def unsupported(self, model) -> str | None:
-        return self.model_check(model)
+    def unsupported(self, model, options: dict | None = None) -> str | None:
+        """Why `model` cannot use this strategy with `options` (defaults if None), or None."""
+        if options is None:
+            options = {o.name: o.default for o in self.options}
+        return self.model_check(model, options)
 
     def option(self, name: str) -> Option:
         return next(o for o in self.options if o.name == name)
@@ -164,14 +167,28 @@ def rotary_inv_freq(model) -> torch.Tensor | None:
     return inv_freq if isinstance(inv_freq, torch.Tensor) else None
 
 
-def _sink_model_check(model) -> str | None:
+def _sink_model_check(model, options) -> str | None:
     if rotary_inv_freq(model) is None:
         return "needs a model with one rotary position embedding (RoPE) to re-rotate kept keys; this model has none"
     return _only_full_attention(model)
 
 
-def _quantized_model_check(model) -> str | None:
-    return _only_full_attention(model)
+def _quantized_model_check(model, options) -> str | None:
+    problem = _only_full_attention(model)
+    if problem or options["backend"] == "fp8":
+        return problem
+    # quanto and HQQ cut a layer's whole [batch, kv_heads, tokens, head_dim] tensor into groups,
+    # so a token's values must fill whole groups at every length
+    config = model.config.get_text_config(decoder=True)
+    per_token = (getattr(config, "num_key_value_heads", None) or config.num_attention_heads) * (
+        getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    )
+    if per_token % options["q_group_size"]:
+        return (
+            f"cannot use q_group_size={options['q_group_size']} with this model: each token has {per_token} key "
+            f"values per layer, which must be a multiple of the group size (try a divisor of {per_token})"
+        )
+    return None
 
 
 # -- builders --------------------------------------------------------------------------------------
