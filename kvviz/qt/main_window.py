@@ -38,11 +38,13 @@ from kvviz.qt.panels.runs import RunsTable
 from kvviz.qt.panels.strategy import StrategyPanel
 from kvviz.qt.panels.tokens import TokenView
 from kvviz.qt.plots import CacheMapPlot, LatencyPlot, LayerBytesPlot, LayerTimePlot, MemoryPlot
+from kvviz.qt.plots.base import PaintClock
 from kvviz.qt.series import MIB, RunSeries
 from kvviz.qt.worker import Worker, WorkerThread
 from kvviz.trace import Trace
 
-REDRAW_INTERVAL_MS = 1000.0 / 30.0
+REDRAW_INTERVAL_MS = 1000.0 / 30.0  # at most ~30 redraws a second
+REDRAW_BUDGET = 0.08  # and at most this share of wall time spent redrawing and painting
 DEFAULT_PROMPT = "Explain in a few sentences what the key-value cache of a transformer does."
 
 
@@ -67,10 +69,12 @@ class MainWindow(QMainWindow):
         self.last_error = ""
         self.redraw_count = 0
         self.last_redraw_ms = 0.0
+        self.redraw_cost_ms = 0.0
         self._next_run = 1
         self._pending: dict[int, list] = {}
         self._dirty_rows: set[int] = set()
         self._last_redraw = 0.0
+        self._last_table = 0.0
         self._closing = False
         self._process = psutil.Process()
         self._rss_mib = self._process.memory_info().rss / MIB
@@ -116,7 +120,7 @@ class MainWindow(QMainWindow):
         self.run_button = QPushButton("Run")
         self.run_button.setObjectName("runButton")
         self.run_button.setToolTip("Run (Ctrl+Enter)")
-        self.run_button.clicked.connect(self.start_run)
+        self.run_button.clicked.connect(lambda *_: self.start_run())
         self.stop_button = QPushButton("Stop")
         self.stop_button.setToolTip("Stop after the current step, keeping what was generated (Esc)")
         self.stop_button.clicked.connect(self.stop_run)
@@ -223,7 +227,7 @@ class MainWindow(QMainWindow):
         self.run_action = QAction("&Run", self)
         self.run_action.setShortcuts([QKeySequence("Ctrl+Return"), QKeySequence("Ctrl+Enter")])
         self.run_action.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
-        self.run_action.triggered.connect(self.start_run)
+        self.run_action.triggered.connect(lambda *_: self.start_run())
         self.stop_action = QAction("&Stop", self)
         self.stop_action.setShortcut(QKeySequence(Qt.Key.Key_Escape))
         self.stop_action.triggered.connect(self.stop_run)
@@ -347,8 +351,11 @@ class MainWindow(QMainWindow):
 
     # -- runs ----------------------------------------------------------------------------------------
 
-    def start_run(self) -> int | None:
-        """Start a run with the current controls; returns its id, or None if it cannot start."""
+    def start_run(self, extra_settings: dict[str, Any] | None = None) -> int | None:
+        """Start a run with the current controls; returns its id, or None if it cannot start.
+
+        extra_settings: further GenerationSettings fields (the bench passes stop_at_eos=False).
+        """
         if not self.run_button.isEnabled():
             return None
         prompt = self.prompt_panel.text()
@@ -357,7 +364,7 @@ class MainWindow(QMainWindow):
             return None
         strategy = self.strategy_panel.current()
         options = self.strategy_panel.values()
-        settings = self.settings_panel.settings()
+        settings = {**self.settings_panel.settings(), **(extra_settings or {})}
         run_id = self._next_run
         self._next_run += 1
         trace = Trace(
@@ -462,7 +469,8 @@ class MainWindow(QMainWindow):
         if self._closing or self._redraw_timer.isActive():
             return
         since = (time.perf_counter() - self._last_redraw) * 1000.0
-        self._redraw_timer.start(int(max(0.0, REDRAW_INTERVAL_MS - since)))
+        interval = max(REDRAW_INTERVAL_MS, self.redraw_cost_ms / REDRAW_BUDGET)
+        self._redraw_timer.start(int(max(0.0, interval - since)))
 
     def redraw(self) -> None:
         """Move pending records into the buffers and update every view that changed."""
@@ -477,12 +485,18 @@ class MainWindow(QMainWindow):
             plot.redraw(shown, primary)
         if primary is not None:
             self.token_view.update_tokens()
-        for run_id in self._dirty_rows:
-            self.runs_table.update_run(self.runs[run_id], self.status_of[run_id])
-        self._dirty_rows.clear()
+        # The row's numbers come from Trace.summary() (linear in the steps): twice a second is enough.
+        if self._dirty_rows and (started - self._last_table >= 0.5 or self.active_run is None):
+            for run_id in self._dirty_rows:
+                self.runs_table.update_run(self.runs[run_id], self.status_of[run_id])
+            self._dirty_rows.clear()
+            self._last_table = started
         self._update_status()
         self._last_redraw = time.perf_counter()
         self.last_redraw_ms = (self._last_redraw - started) * 1000.0
+        # cost of a frame: this update plus the painting of the previous one
+        cost = self.last_redraw_ms + PaintClock.take()
+        self.redraw_cost_ms = 0.7 * self.redraw_cost_ms + 0.3 * cost
         self.redraw_count += 1
 
     def _update_status(self) -> None:

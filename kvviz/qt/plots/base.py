@@ -6,6 +6,8 @@ touches the curves of runs whose data grew since the last call.
 
 from __future__ import annotations
 
+import time
+
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QVBoxLayout, QWidget
@@ -20,6 +22,24 @@ class IntegerAxis(pg.AxisItem):
     def tickSpacing(self, minVal, maxVal, size):  # noqa: N802,N803 - pyqtgraph override
         levels = super().tickSpacing(minVal, maxVal, size)
         return [(max(1.0, round(spacing)), offset) for spacing, offset in levels[:1]]
+
+
+class PaintClock:
+    """Milliseconds spent painting plots since the last `take()` (the window budgets redraws by it)."""
+
+    spent_ms = 0.0
+
+    @classmethod
+    def take(cls) -> float:
+        spent, cls.spent_ms = cls.spent_ms, 0.0
+        return spent
+
+
+class TimedPlotWidget(pg.PlotWidget):
+    def paintEvent(self, event):  # noqa: N802 - Qt override
+        started = time.perf_counter()
+        super().paintEvent(event)
+        PaintClock.spent_ms += (time.perf_counter() - started) * 1000.0
 
 
 class PlotPanel(QWidget):
@@ -42,7 +62,7 @@ class PlotPanel(QWidget):
         head.addStretch(1)
         head.addWidget(self.readout)
         axes = {name: IntegerAxis(name) for name in self.integer_axes}
-        self.widget = pg.PlotWidget(axisItems=axes)
+        self.widget = TimedPlotWidget(axisItems=axes)
         self.widget.setMinimumHeight(150)
         self.plot: pg.PlotItem = self.widget.getPlotItem()
         self.plot.setMenuEnabled(False)

@@ -89,7 +89,7 @@ class LayerTimePlot(PlotPanel):
             if entry is None:
                 colour = theme.run_colour(series.run_id)
                 item = pg.PlotDataItem(
-                    pen=pg.mkPen(colour, width=1.5), symbol="o", symbolSize=5, symbolBrush=colour, symbolPen=None
+                    pen=pg.mkPen(colour, width=1), symbol="o", symbolSize=5, symbolBrush=colour, symbolPen=None
                 )
                 self.plot.addItem(item)
                 entry = (item, -1)
@@ -172,7 +172,9 @@ class CacheMapPlot(PlotPanel):
         self.image.setRect(0, -0.5, image.shape[1], image.shape[0])
         self.plot.setLimits(xMin=0, xMax=max(image.shape[1], 1), yMin=-0.5, yMax=image.shape[0] - 0.5)
         label = primary.label() if primary else ""
-        self.title_label.setText(f"{self.title} &nbsp; <i>{label}</i>")
+        title = f"{self.title} &nbsp; <i>{label}</i>"
+        if self.title_label.text() != title:
+            self.title_label.setText(title)
 
     def hover_text(self, x, y):
         layer, position = int(np.floor(y + 0.5)), int(np.floor(x))

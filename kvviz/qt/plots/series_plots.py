@@ -17,6 +17,7 @@ class _Curves:
     def __init__(self):
         self.items: list[pg.GraphicsObject] = []
         self.drawn_n = -1
+        self.prefill: float | None = None
 
 
 class _SeriesPlot(PlotPanel):
@@ -109,8 +110,8 @@ class MemoryPlot(_SeriesPlot):
         colour = theme.run_colour(series.run_id)
         dashed = pg.mkColor(colour)
         dashed.setAlpha(self.palette_.predicted_alpha)
-        measured = pg.PlotDataItem(pen=pg.mkPen(colour, width=2), name=series.label())
-        predicted = pg.PlotDataItem(pen=pg.mkPen(dashed, width=1.5, style=Qt.PenStyle.DashLine))
+        measured = pg.PlotDataItem(pen=pg.mkPen(colour, width=1), name=series.label())
+        predicted = pg.PlotDataItem(pen=pg.mkPen(dashed, width=1, style=Qt.PenStyle.DashLine))
         curves = _Curves()
         curves.items = [measured, predicted]
         for item in curves.items:
@@ -151,10 +152,11 @@ class LatencyPlot(_SeriesPlot):
         self.prefill_text = pg.TextItem("", anchor=(0, 0))
         self.prefill_text.setParentItem(self.plot.vb)
         self.prefill_text.setPos(8, 4)
+        self._prefill_html = ""
 
     def make_curves(self, series):
         colour = theme.run_colour(series.run_id)
-        decode = pg.PlotDataItem(pen=pg.mkPen(colour, width=1.5), name=series.label())
+        decode = pg.PlotDataItem(pen=pg.mkPen(colour, width=1), name=series.label())
         prefill = pg.ScatterPlotItem(size=10, symbol="star", pen=pg.mkPen(colour), brush=pg.mkBrush(colour))
         curves = _Curves()
         curves.items = [decode, prefill]
@@ -171,7 +173,8 @@ class LatencyPlot(_SeriesPlot):
             curves.items[0].setData(x, y)
         else:
             curves.items[0].setData(x[mask], y[mask])
-        if series.prefill_x is not None:
+        if series.prefill_x is not None and curves.prefill != series.prefill_ms:
+            curves.prefill = series.prefill_ms
             curves.items[1].setData([series.prefill_x], [series.prefill_ms])
 
     def after_redraw(self, runs, primary):
@@ -180,15 +183,17 @@ class LatencyPlot(_SeriesPlot):
             if series.prefill_ms is None:
                 continue
             rate = series.tokens_per_s
-            rate_text = f" &middot; decode {rate:.1f} tokens/s" if rate else ""
+            rate_text = f" &middot; decode {rate:.0f} tokens/s" if rate else ""
             lines.append(
                 self.swatch(
                     theme.run_colour(series.run_id),
                     f"prefill {series.prefill_ms:.0f} ms ({series.trace.prompt_tokens} tokens){rate_text}",
                 )
             )
-        html = "<br>".join(lines[-4:])
-        self.prefill_text.setHtml(f'<div style="color:{self.palette_.foreground}">{html}</div>')
+        html = f'<div style="color:{self.palette_.foreground}">{"<br>".join(lines[-4:])}</div>'
+        if html != self._prefill_html:
+            self._prefill_html = html
+            self.prefill_text.setHtml(html)
 
     def hover_text(self, x, y):
         parts = [f"{x:.0f} tokens"]
