@@ -193,6 +193,7 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(central)
 
         self.token_view = TokenView()
+        self.token_view.setMinimumWidth(240)
         self.tokens_dock = self._dock("Tokens", self.token_view, Qt.DockWidgetArea.RightDockWidgetArea)
         self.runs_table = RunsTable()
         self.runs_table.sigSelectionChanged.connect(self._on_selection)

@@ -159,6 +159,11 @@ class RunSeries:
         self._map_step = step.index
         return self._map[:, :width]
 
+    def short_label(self, limit: int = 34) -> str:
+        """The label cut to `limit` characters (legends)."""
+        text = self.label()
+        return text if len(text) <= limit else text[: limit - 1].rstrip(", ") + "…)"
+
     def label(self) -> str:
         strategy = self.trace.strategy or {}
         options = strategy.get("options") or {}

@@ -26,6 +26,7 @@ class Palette:
     grid_alpha: float
     unseen: str  # cache slot that does not exist yet
     preallocated: str  # cache slot allocated but not written
+    evicted: str  # cache slot whose token was dropped (muted: what is kept matters more)
     predicted_alpha: int  # alpha (0-255) of the dashed "predicted" curves
     shade: tuple[int, int, int]  # token-latency shading colour (RGB)
 
@@ -39,6 +40,7 @@ PALETTES = {
         grid_alpha=0.18,
         unseen="#2a2e36",
         preallocated="#5b6472",
+        evicted="#7d3f2c",
         predicted_alpha=200,
         shade=(230, 120, 40),
     ),
@@ -50,17 +52,17 @@ PALETTES = {
         grid_alpha=0.25,
         unseen="#eef0f3",
         preallocated="#b3bac5",
+        evicted="#eab3a0",
         predicted_alpha=220,
         shade=(240, 140, 40),
     ),
 }
 
-# Slot states other than UNSEEN/PREALLOCATED keep their colour in both themes (Okabe-Ito).
+# Slot states that hold data keep their colour in both themes (Okabe-Ito).
 _STATE_COLOURS = {
     SlotState.FULL: "#56b4e9",  # sky blue
     SlotState.QUANTIZED: "#e69f00",  # orange
     SlotState.RESIDUAL: "#009e73",  # bluish green
-    SlotState.EVICTED: "#d55e00",  # vermillion
     SlotState.SINK: "#cc79a7",  # reddish purple
 }
 
@@ -99,6 +101,8 @@ def state_colour(state: SlotState, palette: Palette) -> str:
         return palette.unseen
     if state == SlotState.PREALLOCATED:
         return palette.preallocated
+    if state == SlotState.EVICTED:
+        return palette.evicted
     return _STATE_COLOURS[SlotState(state)]
 
 

@@ -77,6 +77,8 @@ class RunsTable(QTableWidget):
             item = QTableWidgetItem(text)
             if column >= 3 and column < len(COLUMNS) - 1:
                 item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+            if column == 2:
+                item.setToolTip(text)
             if column == 0:
                 item.setIcon(QIcon(pixmap))
                 item.setData(Qt.ItemDataRole.UserRole, series.run_id)

@@ -103,4 +103,5 @@ class PlotPanel(QWidget):
 
     @staticmethod
     def swatch(colour: str, text: str) -> str:
+        text = text.replace(" ", "&nbsp;")
         return f'<span style="color:{colour}">&#9632;</span>&nbsp;{text}'

@@ -101,21 +101,30 @@ class MemoryPlot(_SeriesPlot):
             movable=False,
             pen=pg.mkPen("#999999", width=1, style=Qt.PenStyle.DotLine),
             label="prefill",
-            labelOpts={"position": 0.92, "color": "#999999", "anchors": [(0, 0.5), (0, 0.5)]},
+            labelOpts={"position": 0.5, "color": "#999999", "anchors": [(0, 0.5), (0, 0.5)]},
         )
         self.prefill_line.setVisible(False)
         self.plot.addItem(self.prefill_line, ignoreBounds=True)
+        self.legend = self.plot.addLegend(offset=(60, 6), labelTextSize="9pt")  # top left, right of "prefill"
+
+    def apply_palette(self, palette):
+        super().apply_palette(palette)
+        self.legend.setLabelTextColor(palette.foreground)
+        background = pg.mkColor(palette.background)
+        background.setAlpha(200)
+        self.legend.setBrush(pg.mkBrush(background))
+        self.legend.setPen(pg.mkPen(palette.muted))
 
     def make_curves(self, series):
         colour = theme.run_colour(series.run_id)
         dashed = pg.mkColor(colour)
         dashed.setAlpha(self.palette_.predicted_alpha)
-        measured = pg.PlotDataItem(pen=pg.mkPen(colour, width=1), name=series.label())
+        measured = pg.PlotDataItem(pen=pg.mkPen(colour, width=1), name=series.short_label())
         predicted = pg.PlotDataItem(pen=pg.mkPen(dashed, width=1, style=Qt.PenStyle.DashLine))
         curves = _Curves()
         curves.items = [measured, predicted]
         for item in curves.items:
-            self.plot.addItem(item)
+            self.plot.addItem(item)  # the measured curve has a name: it enters the legend
         return curves
 
     def update_curves(self, series, curves):
@@ -183,11 +192,11 @@ class LatencyPlot(_SeriesPlot):
             if series.prefill_ms is None:
                 continue
             rate = series.tokens_per_s
-            rate_text = f" &middot; decode {rate:.0f} tokens/s" if rate else ""
+            rate_text = f" &middot; {rate:.0f} tokens/s" if rate else ""
             lines.append(
                 self.swatch(
                     theme.run_colour(series.run_id),
-                    f"prefill {series.prefill_ms:.0f} ms ({series.trace.prompt_tokens} tokens){rate_text}",
+                    f"prefill {series.prefill_ms:.0f} ms{rate_text}",
                 )
             )
         html = f'<div style="color:{self.palette_.foreground}">{"<br>".join(lines[-4:])}</div>'

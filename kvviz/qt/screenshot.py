@@ -1,0 +1,74 @@
+"""Make the README screenshot from real runs: `python -m kvviz.qt.screenshot docs/screenshot-window.png`.
+
+Runs the default model twice through the window (a growing dynamic cache, then an attention-sink
+cache whose window evicts the middle), overlays both, and saves `QWidget.grab()` of the window.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+PROMPT = (
+    "Write a detailed, step by step explanation of how a transformer language model generates text one "
+    "token at a time, and why it keeps a key-value cache while it does so."
+)
+
+
+def make(path: str, model: str = "default", tokens: int = 96, theme_name: str = "dark") -> str:
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    from PySide6.QtCore import QSettings
+
+    from kvviz.qt import bench
+    from kvviz.qt.main_window import MainWindow
+
+    app = bench._app()
+    ini = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"kvviz-shot-{os.getpid()}.ini")
+    window = MainWindow(settings=QSettings(ini, QSettings.Format.IniFormat))
+    window.resize(1600, 1000)
+    window.set_theme(theme_name)
+    window.show()
+    try:
+        bench._wait(app, lambda: bool(window.strategy_panel.names()), 60)
+        window.load_model(model)
+        bench._wait(app, lambda: window.card is not None or not window.loading, 300)
+        if window.card is None:
+            raise RuntimeError(window.last_error)
+        window.prompt_panel.set_text(PROMPT)
+        window.settings_panel.max_new_tokens.setValue(tokens)
+        runs = []
+        for strategy, options in (("dynamic", {}), ("sink", {"sink_tokens": 4, "window": 60})):
+            window.strategy_panel.set_current(strategy)
+            for name, value in options.items():
+                window.strategy_panel.set_option(name, value)
+            run_id = window.start_run()
+            bench._wait(app, lambda: window.active_run is None, 900)
+            runs.append(run_id)
+        window.runs_table.select_runs(runs)
+        window.redraw()
+        for _ in range(10):
+            app.processEvents()
+        window.grab().save(path)
+    finally:
+        window.close()
+        try:
+            os.remove(ini)
+        except OSError:
+            pass
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("path", nargs="?", default="docs/screenshot-window.png")
+    parser.add_argument("--model", default="default")
+    parser.add_argument("--tokens", type=int, default=96)
+    parser.add_argument("--theme", default="dark")
+    args = parser.parse_args(argv)
+    make(args.path, args.model, args.tokens, args.theme)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
