@@ -75,6 +75,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     run.add_argument("--quiet", action="store_true", help="do not stream the generated text")
 
+    compare = sub.add_parser("compare", help="run one prompt through several strategies and write a report")
+    _add_model_args(compare)
+    compare.add_argument(
+        "--strategies",
+        default="dynamic,static,quantized,sink",
+        help="comma-separated NAME or NAME:KEY=VALUE:KEY=VALUE, e.g. dynamic,quantized:backend=hqq:nbits=2",
+    )
+    _add_generation_args(compare)
+    compare.add_argument("--no-reference", action="store_true", help="skip the fidelity reference (faster)")
+    compare.add_argument("--out", type=Path, required=True, help="folder for traces, summary.csv and report.md")
+
     strategies = sub.add_parser("strategies", help="list the cache strategies and their options")
     strategies.add_argument("--json", action="store_true", help="as JSON")
 
@@ -246,6 +257,21 @@ def _print_summary(trace, summary, trace_path) -> None:
         print(f"{key:>9}  {value}")
 
 
+def cmd_compare(args) -> int:
+    from kvviz.compare import compare, parse_strategy_list
+
+    prompt = _read_prompt(args)
+    choices = parse_strategy_list([s for s in args.strategies.split(",") if s.strip()])
+    settings = _settings(args)
+    settings.check()
+    path = compare(
+        args.model, choices, settings, prompt, args.out, reference=not args.no_reference,
+        dtype=args.dtype, device=args.device, log=_stderr_progress,
+    )
+    print(f"kvviz: wrote {path}, {args.out / 'summary.csv'} and one trace per strategy", file=sys.stderr)
+    return 0
+
+
 def cmd_strategies(args) -> int:
     from kvviz.engine import strategies
 
@@ -319,7 +345,14 @@ def cmd_bench(args) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "strategies": cmd_strategies, "model": cmd_model, "trace": cmd_trace, "bench": cmd_bench}
+COMMANDS = {
+    "run": cmd_run,
+    "compare": cmd_compare,
+    "strategies": cmd_strategies,
+    "model": cmd_model,
+    "trace": cmd_trace,
+    "bench": cmd_bench,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
