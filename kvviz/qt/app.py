@@ -17,6 +17,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--model", default=None, help="model to load at start (default: the last one used)")
     parser.add_argument("--theme", choices=theme.THEMES, default=None, help="colour theme")
     parser.add_argument("--no-load", action="store_true", help="do not load a model at start")
+    parser.add_argument("--open", action="append", default=[], metavar="TRACE", help="open a trace file (repeatable)")
+    parser.add_argument(
+        "--smoke-test",
+        action="store_true",
+        help="open the window, generate 4 tokens (model tiny unless --model), close; exit status 0 if all worked",
+    )
     parser.add_argument(
         "--quit-after", type=float, default=None, metavar="SECONDS", help=argparse.SUPPRESS
     )  # smoke tests: close the window after this many seconds
@@ -34,15 +40,29 @@ def main(argv: list[str] | None = None) -> int:
 
     from kvviz.qt.main_window import MainWindow  # after QApplication: pyqtgraph reads its config
 
-    settings = QSettings("kvviz", "kvviz")
+    if args.smoke_test:
+        # never touch the user's settings; a temporary INI file instead
+        import tempfile
+
+        ini = os.path.join(tempfile.mkdtemp(prefix="kvviz-smoke-"), "kvviz.ini")
+        settings = QSettings(ini, QSettings.Format.IniFormat)
+        spec = args.model or "tiny"
+    else:
+        settings = QSettings("kvviz", "kvviz")
+        spec = args.model or str(settings.value("model/spec", "default"))
     if args.theme:
         settings.setValue("view/theme", args.theme)
-    spec = args.model or str(settings.value("model/spec", "default"))
-    window = MainWindow(settings=settings, autoload=None if args.no_load else spec)
+    window = MainWindow(settings=settings, autoload=None if args.no_load and not args.smoke_test else spec)
+    problems = _open_traces(window, args.open)
     window.show()
     if args.quit_after is not None:
         QTimer.singleShot(int(args.quit_after * 1000), window.close)
+    outcome = {"status": 0 if not problems else 1}
+    if args.smoke_test:
+        _smoke(window, outcome)
     status = app.exec()
+    if args.smoke_test:
+        status = outcome["status"]
     if window.thread_stuck:
         # A model load that cannot be interrupted (e.g. inside from_pretrained) is still running;
         # the settings are saved, so leave now rather than hang or abort in the thread's destructor.
@@ -50,6 +70,46 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.flush()
         os._exit(0)
     return int(status)
+
+
+def _open_traces(window, paths: list[str]) -> list[str]:
+    from kvviz import trace as tracefile
+
+    problems = []
+    for path in paths:
+        try:
+            window.add_trace(tracefile.load(path))
+        except tracefile.TraceError as exc:
+            problems.append(str(exc))
+            window.show_error(str(exc))
+    return problems
+
+
+def _smoke(window, outcome: dict, timeout_s: float = 300.0) -> None:
+    """Load, run 4 tokens through the window's own controls, then close (status 1 on any failure)."""
+
+    def fail(message: str) -> None:
+        print(f"kvviz smoke test failed: {message}", file=sys.stderr)
+        outcome["status"] = 1
+        window.close()
+
+    def loaded(spec: str, ok: bool) -> None:
+        if not ok:
+            fail(window.last_error)
+            return
+        window.settings_panel.max_new_tokens.setValue(4)
+        if window.start_run() is None:
+            fail(window.last_error or "the Run button was not enabled")
+
+    def done(run_id: int, status: str) -> None:
+        if status != "finished":
+            fail(f"run ended as {status}: {window.last_error}")
+            return
+        window.close()
+
+    window.sigModelReady.connect(loaded)
+    window.sigRunDone.connect(done)
+    QTimer.singleShot(int(timeout_s * 1000), lambda: fail(f"no result after {timeout_s:.0f} s"))
 
 
 if __name__ == "__main__":

@@ -132,7 +132,7 @@ def run_gui_bench(
     model: str = "default",
     strategy: str = "dynamic",
     options: dict[str, Any] | None = None,
-    tokens: int = 128,
+    new_tokens: int = 128,
     prompt: str = DEFAULT_PROMPT,
     repeats: int = 2,
     long_model: str = "tiny",
@@ -157,6 +157,7 @@ def run_gui_bench(
     strategies.choose(strategy, dict(options))  # fail early, with the engine's message
     say(f"loading {model}")
     loaded = models.load_model(model)
+    tokens = new_tokens
     settings = {"max_new_tokens": tokens, "stop_at_eos": False}
 
     ini = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"kvviz-bench-{os.getpid()}.ini")

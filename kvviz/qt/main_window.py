@@ -44,7 +44,7 @@ from kvviz.qt.worker import Worker, WorkerThread
 from kvviz.trace import Trace
 
 REDRAW_INTERVAL_MS = 1000.0 / 30.0  # at most ~30 redraws a second
-REDRAW_BUDGET = 0.08  # and at most this share of wall time spent redrawing and painting
+REDRAW_BUDGET = 0.10  # and at most this share of wall time spent redrawing and painting
 DEFAULT_PROMPT = "Explain in a few sentences what the key-value cache of a transformer does."
 
 

@@ -51,3 +51,29 @@ def test_closing_mid_run_exits_zero(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "QThread: Destroyed" not in proc.stderr
+
+
+def test_smoke_test_flag_runs_four_tokens_and_exits_zero(tmp_path):
+    rc, stderr, _ = launch(tmp_path, "--smoke-test", timeout=300)
+    assert rc == 0, stderr
+    assert "QThread: Destroyed" not in stderr
+
+
+def test_open_trace_file_adds_a_run(qtbot, window, tmp_path):
+    from kvviz.trace import LayerRecord, SlotState, StepRecord, Trace
+    from kvviz.trace import load as load_trace
+
+    layers = [LayerRecord(keys_bytes=512, values_bytes=512, seq_len=5, capacity=5, spans=[[int(SlotState.FULL), 5]])]
+    steps = [
+        StepRecord(index=i, phase="prefill" if i == 0 else "decode", token_id=1, token="a", wall_ms=10.0 + i,
+                   cache_bytes=1024 * (i + 1), predicted_cache_bytes=1024 * (i + 1), rss_bytes=1, strategy="dynamic",
+                   layers=layers)
+        for i in range(3)
+    ]
+    path = Trace(model={"name": "m"}, strategy={"name": "dynamic", "options": {}}, prompt="p", prompt_tokens=4,
+                 steps=steps).save(tmp_path / "t.json")
+    run_id = window.add_trace(load_trace(path))
+    window.redraw()
+    assert window.runs_table.row_text(run_id)[3] == "3"
+    (x, _), _ = window.memory_plot.curve_data(run_id)
+    assert list(x) == [4, 5, 6]
