@@ -1,0 +1,217 @@
+"""`kvviz attach URL`: watch a vLLM server's KV cache headlessly, optionally under a bounded load.
+
+Polls /metrics in a background thread for the whole session, sends kvviz's own timed prompt, runs
+the load (N requests at concurrency C within S seconds), keeps polling a few seconds more so usage
+is seen falling back, then prints a summary (or JSON) and optionally writes a session file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+DEFAULT_PROMPT = "Explain in three sentences what a key-value cache does in a transformer."
+
+
+def add_attach_parser(subparsers) -> argparse.ArgumentParser:
+    attach = subparsers.add_parser(
+        "attach", help="watch the KV cache of a running vLLM server (usage, prefix hits, latency)"
+    )
+    attach.add_argument("url", help="the server, e.g. http://127.0.0.1:8000")
+    attach.add_argument("--prompt", default=DEFAULT_PROMPT, help="kvviz's own timed prompt ('' to send none)")
+    attach.add_argument("--max-tokens", type=int, default=64, help="tokens for each request (default 64)")
+    attach.add_argument("--requests", type=int, default=0, help="load: this many extra requests (default 0)")
+    attach.add_argument("--concurrency", type=int, default=4, help="load: requests in flight at once (default 4)")
+    attach.add_argument("--duration", type=float, default=60.0, help="load: stop starting requests after S seconds")
+    attach.add_argument("--shared-prefix", default="", metavar="TEXT", help="load: text every load prompt starts with")
+    attach.add_argument("--interval", type=float, default=0.5, help="seconds between /metrics scrapes (default 0.5)")
+    attach.add_argument("--settle", type=float, default=3.0, help="keep polling this long after the load (default 3)")
+    attach.add_argument("--model-dir", type=Path, help="the served model's directory: predict KV bytes per token")
+    attach.add_argument("--dtype", default="auto", help="the server's --dtype, for the prediction (default auto)")
+    attach.add_argument("--out", type=Path, help="write the session to this file (kvviz-attach JSON)")
+    attach.add_argument("--json", action="store_true", help="print the summary as JSON")
+    return attach
+
+
+def _check_args(args) -> None:
+    from kvviz.attach.load import validate
+    from kvviz.cli import UsageError
+
+    try:
+        validate(args.requests, args.concurrency, args.duration)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if args.max_tokens < 1:
+        raise UsageError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    if not 0.05 <= args.interval <= 60:
+        raise UsageError(f"--interval must be between 0.05 and 60 seconds, got {args.interval}")
+    if not 0 <= args.settle <= 600:
+        raise UsageError(f"--settle must be between 0 and 600 seconds, got {args.settle}")
+    if args.model_dir is not None and not (args.model_dir / "config.json").is_file():
+        raise UsageError(f"--model-dir {args.model_dir} has no config.json")
+    if args.out is not None and not args.out.parent.is_dir():
+        raise UsageError(f"cannot write {args.out}: the folder {args.out.parent} does not exist")
+
+
+def _log(message: str) -> None:
+    print(f"kvviz: {message}", file=sys.stderr, flush=True)
+
+
+def cmd_attach(args) -> int:
+    import httpx
+
+    from kvviz.attach.client import first_model, stream_completion
+    from kvviz.attach.load import run_load
+    from kvviz.attach.poller import Poller, base_url, scrape
+    from kvviz.attach.session import Session, predict
+    from kvviz.cli import UsageError
+
+    _check_args(args)
+    url = base_url(args.url)
+    if not url.startswith(("http://", "https://")):
+        raise UsageError(f"{args.url} is not an http(s) URL")
+    with httpx.Client(timeout=10.0, trust_env=False) as client:
+        first = scrape(client, url)
+        if not first.ok:
+            raise RuntimeError(f"cannot attach to {url}: {first.error}.")
+        model = first_model(client, url)
+    session = Session(url=url, model=model, interval=args.interval, cache=dict(first.cache))
+    if first.usage is None:
+        session.errors.append(
+            [
+                time.time(),
+                "the server exposes neither vllm:kv_cache_usage_perc nor the older "
+                "vllm:gpu_cache_usage_perc: usage is not shown",
+            ]
+        )
+    if args.model_dir is not None:
+        session.prediction = predict(args.model_dir, first.cache, args.dtype)
+    _log(f"attached to {url} (model {model}); polling /metrics every {args.interval:g} s")
+
+    poller = Poller(url, interval=args.interval).start()
+    cancel = threading.Event()
+    try:
+        with httpx.Client(timeout=30.0, trust_env=False) as client:
+            if args.prompt:
+                record = stream_completion(client, url, model, args.prompt, max_tokens=args.max_tokens)
+                session.requests.append(record)
+                if record.error:
+                    session.errors.append([time.time(), f"kvviz's own request: {record.error}"])
+                else:
+                    _log(f"own request: {len(record.tokens)} tokens, first after {record.ttft:.3f} s")
+        if args.requests:
+            _log(f"load: {args.requests} requests at concurrency {args.concurrency}, at most {args.duration:g} s")
+            result = run_load(
+                url,
+                model,
+                args.requests,
+                args.concurrency,
+                args.duration,
+                args.shared_prefix,
+                max_tokens=args.max_tokens,
+                cancel=cancel,
+            )
+            session.load = result.summary()
+            session.requests.extend(result.records)
+        time.sleep(args.settle)
+    except KeyboardInterrupt:
+        cancel.set()
+        _log("interrupted; keeping what was collected")
+    finally:
+        poller.stop(timeout=max(5.0, 2 * args.interval))
+        session.finished = time.time()
+        session.snapshots = list(poller.snapshots)
+        session.errors.extend([list(e) for e in poller.errors])
+    if args.out is not None:
+        session.save(args.out)
+        _log(f"wrote {args.out}")
+    summary = session.summary()
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "url": url,
+                    "model": model,
+                    "cache": session.cache,
+                    "prediction": session.prediction,
+                    "summary": summary,
+                    "load": session.load,
+                    "errors": session.errors,
+                },
+                indent=2,
+            )
+        )
+    else:
+        _print_summary(session, summary)
+    return 0
+
+
+def _fmt(value, spec: str = ",.0f", unit: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{unit}"
+
+
+def _ms(seconds) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.1f} ms"
+
+
+def _print_summary(session, s: dict) -> None:
+    cache = session.cache
+    rows = [
+        ("server", f"{session.url}  model {session.model}"),
+        (
+            "cache",
+            f"{_fmt(cache.get('kv_cache_size_tokens'))} tokens in blocks of {cache.get('block_size', '-')}, "
+            f"{_fmt(cache.get('kv_cache_memory_bytes'))} bytes, dtype {cache.get('cache_dtype', '-')}, "
+            f"prefix caching {cache.get('enable_prefix_caching', '-')}",
+        ),
+        ("scrapes", f"{s['snapshots']} ({s['failed_scrapes']} failed), restarts seen {s['restarts']}"),
+        (
+            "usage peak",
+            f"{_fmt(s['usage_peak'], '.2%')} = {_fmt(s['usage_peak_tokens'])} tokens = "
+            f"{_fmt(s['usage_peak_bytes'])} bytes; final {_fmt(s['usage_final'], '.2%')}",
+        ),
+        ("requests", f"running peak {_fmt(s['running_peak'])}, waiting peak {_fmt(s['waiting_peak'])}"),
+        (
+            "prefix",
+            f"{_fmt(s['prefix_hits'])} hits of {_fmt(s['prefix_queries'])} queried tokens "
+            f"({_fmt(s['prefix_hit_rate'], '.1%')})",
+        ),
+        (
+            "server tok/s",
+            f"peak {_fmt(s['tokens_per_s_peak'], '.1f')}, {_fmt(s['generation_tokens'])} tokens generated",
+        ),
+        ("TTFT", "  ".join(f"{k} {_ms(v)}" for k, v in s["ttft"].items()) or "-"),
+        ("ITL", "  ".join(f"{k} {_ms(v)}" for k, v in s["itl"].items()) or "-"),
+        (
+            "own request",
+            f"{s['own_tokens']} tokens, TTFT {_ms(s['own_ttft_s'])}, "
+            f"median gap {_fmt(s['own_itl_ms_median'], '.1f', ' ms')}",
+        ),
+    ]
+    if session.load:
+        load = session.load
+        rows.append(
+            (
+                "load",
+                f"{load['completed']}/{load['requested']} done, {load['failed']} failed, "
+                f"{load['not_started']} not started, {load['wall_s']:.1f} s",
+            )
+        )
+    if session.prediction:
+        p = session.prediction
+        ratio = f" (allocated / predicted = {p['ratio']:.4f})" if p.get("ratio") else ""
+        rows.append(
+            (
+                "KV / token",
+                f"predicted {p['predicted_bytes_per_token']:,} bytes ({p['dtype']}), "
+                f"allocated {_fmt(p['allocated_bytes_per_token'], ',.1f')}{ratio}",
+            )
+        )
+    for key, value in rows:
+        print(f"{key:>12}  {value}")
+    for _, message in session.errors:
+        print(f"{'note':>12}  {message}")
