@@ -11,6 +11,7 @@ model cache, no PYTHONPATH or venv, offscreen Qt, no network) from a temporary f
 2. ``--version``.
 3. ``run --model tiny --prompt hello --max-new-tokens 4 --json``: the real engine; tiny uses the
    default model's tokenizer, so this also converts the packaged GGUF once (about 20 s).
+   Then ``run --model default ... --ignore-eos``: SmolLM2-135M itself, from that converted copy.
 4. ``--smoke-test``: the window offscreen, 4 tokens on tiny. Skipped (reported) while the app has
    no such flag, unless --require-window is given; meanwhile `kvviz` with no arguments must open
    the window offscreen and still be running, without a traceback, after 30 s.
@@ -175,6 +176,22 @@ def main(argv: list[str] | None = None) -> int:
         "hello",
         "--max-new-tokens",
         "4",
+        "--json",
+        "--no-trace",
+        "--quiet",
+        check=run_ok,
+    )
+    # the default model itself (SmolLM2-135M from the bundled GGUF; converted by the tiny step above)
+    step(
+        "headless run on the default model",
+        "run",
+        "--model",
+        "default",
+        "--prompt",
+        "Name a colour.",
+        "--max-new-tokens",
+        "4",
+        "--ignore-eos",
         "--json",
         "--no-trace",
         "--quiet",
