@@ -4,7 +4,7 @@
     .venv/bin/python packaging/build.py --clean    # also drop PyInstaller's cache first
 
 Steps:
-1. Stage: build a wheel of this checkout (pip wheel --no-deps, no network) and unpack it into
+1. Stage: build a wheel of this checkout (pip wheel --no-deps, in an isolated build env) and unpack it into
    build/packaging/stage/, so the bundle holds kvviz exactly as `pip install .` lays it out,
    kvviz.resources included, with its dist-info (version). If the wheel lacks kvviz/resources
    (pyproject not mapping it), the repository's resources/ is copied in and a warning printed.
@@ -43,8 +43,6 @@ def stage() -> pathlib.Path:
             "pip",
             "wheel",
             "--no-deps",
-            "--no-build-isolation",
-            "--no-index",
             "-q",
             "-w",
             str(wheel_dir),
