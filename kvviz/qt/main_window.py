@@ -75,6 +75,7 @@ class MainWindow(QMainWindow):
         self._dirty_rows: set[int] = set()
         self._last_redraw = 0.0
         self._last_table = 0.0
+        self._last_layer_redraw = 0.0
         self._closing = False
         self._process = psutil.Process()
         self._rss_mib = self._process.memory_info().rss / MIB
@@ -482,8 +483,13 @@ class MainWindow(QMainWindow):
             self._flush(run_id)
         shown = [self.runs[r] for r in self.shown_ids]
         primary = self.primary()
-        for plot in self.plots:
+        # The per-layer views change little from one token to the next: 4 times a second is enough
+        # while generating (each costs a full repaint of its plot).
+        full = self.active_run is None or started - self._last_layer_redraw >= 0.25
+        for plot in self.plots if full else self.plots[:2]:
             plot.redraw(shown, primary)
+        if full:
+            self._last_layer_redraw = started
         if primary is not None:
             self.token_view.update_tokens()
         # The row's numbers come from Trace.summary() (linear in the steps): twice a second is enough.

@@ -29,6 +29,40 @@ class _SeriesPlot(PlotPanel):
         self.crosshair.setVisible(False)
         self.plot.addItem(self.crosshair, ignoreBounds=True)
         self._curves: dict[int, _Curves] = {}
+        # The x range grows in steps of 25 %, not with every token: a range change makes pyqtgraph
+        # rebuild both axes, the largest part of a live frame. Zooming or panning by hand stops it.
+        self.plot.enableAutoRange(x=False)
+        self._follow = True
+        self._x_range: tuple[float, float] | None = None
+        self._shown: tuple[int, ...] = ()
+        self.plot.vb.sigRangeChangedManually.connect(self._manual)
+
+    def _manual(self, *_):
+        self._follow = False
+
+    def follow(self) -> None:
+        """Let the x range follow the data again (after a manual zoom)."""
+        self._follow = True
+        self._x_range = None
+
+    def _fit_x(self, runs) -> None:
+        shown = tuple(r.run_id for r in runs)
+        if shown != self._shown:
+            self._shown = shown
+            self.follow()
+        if not self._follow:
+            return
+        spans = [(r.column(X)[0], r.column(X)[-1]) for r in runs if r.n]
+        if not spans:
+            return
+        lo = min(a for a, _ in spans)
+        hi = max(b for _, b in spans)
+        current = self._x_range
+        if current is not None and current[0] == lo and hi <= current[1]:
+            return
+        width = max(hi - lo, 8.0)
+        self._x_range = (lo, lo + width * 1.25)
+        self.plot.setXRange(*self._x_range, padding=0.02)
 
     def redraw(self, runs, primary) -> None:
         super().redraw(runs, primary)
@@ -44,6 +78,7 @@ class _SeriesPlot(PlotPanel):
             if curves.drawn_n != series.n:
                 self.update_curves(series, curves)
                 curves.drawn_n = series.n
+        self._fit_x(runs)
         self.after_redraw(runs, primary)
 
     def restyle(self) -> None:
