@@ -143,3 +143,11 @@ def test_png_icons_match_svg():
         env={**os.environ, "QT_QPA_PLATFORM": "offscreen"},
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_metainfo_screenshot_size_matches_docs():
+    shot = ROOT / "docs" / "screenshot-window.png"
+    if not shot.is_file():
+        pytest.skip("docs/screenshot-window.png is not there yet")
+    image = next(_metainfo().iter("image"))
+    assert (int(image.get("width")), int(image.get("height"))) == _png_size(shot)
