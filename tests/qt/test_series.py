@@ -1,0 +1,64 @@
+"""RunSeries buffers and the plots' hover readouts, on hand-made records (no engine needed)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvviz.qt.series import CACHE_MIB, MIB, WALL_MS, RunSeries, X
+from kvviz.trace import LayerRecord, SlotState, StepRecord, Trace
+
+
+def make_step(i: int, layers: int = 3, sink: int = 2, window: int = 4, prompt: int = 10) -> StepRecord:
+    held = prompt + i
+    evicted = max(held - sink - window, 0)
+    full = held - sink - evicted
+    spans = [[int(SlotState.SINK), sink], [int(SlotState.EVICTED), evicted], [int(SlotState.FULL), full]]
+    return StepRecord(
+        index=i, phase="prefill" if i == 0 else "decode", token_id=i, token=f"t{i}", wall_ms=5.0 + i,
+        cache_bytes=1000 * (i + 1), predicted_cache_bytes=1000 * (i + 1), rss_bytes=10, strategy="sink",
+        layers=[LayerRecord(keys_bytes=100 + j, values_bytes=200 + j, seq_len=held, capacity=held,
+                            layer_ms=1.0 + j, spans=spans) for j in range(layers)],
+    )
+
+
+def test_buffers_double_and_keep_every_step():
+    series = RunSeries(1, Trace(model={}, strategy={"name": "sink", "options": {}}, prompt_tokens=10), capacity=16)
+    for i in range(100):
+        series.extend([make_step(i)])
+    assert series.n == 100 and len(series.trace.steps) == 100
+    assert len(series._data) == 128  # 16 -> 32 -> 64 -> 128
+    np.testing.assert_allclose(series.column(X), 10 + np.arange(100))
+    np.testing.assert_allclose(series.column(CACHE_MIB), 1000 * (np.arange(100) + 1) / MIB)
+    np.testing.assert_allclose(series.column(WALL_MS), 5.0 + np.arange(100))
+    assert series.prefill_ms == 5.0 and not series.decode_mask()[0] and series.decode_mask()[1:].all()
+    np.testing.assert_allclose(series.layer_ms_mean(), [1.0, 2.0, 3.0])
+    assert series.tokens_per_s == 1000.0 * 99 / sum(5.0 + i for i in range(1, 100))
+
+
+def test_cache_map_follows_the_spans():
+    series = RunSeries(1, Trace(model={}, strategy={"name": "sink", "options": {}}, prompt_tokens=10))
+    series.extend([make_step(i) for i in range(5)])
+    image = series.cache_map()
+    assert image.shape == (3, 14)
+    assert (image[:, :2] == SlotState.SINK).all()
+    assert (image[:, 2:10] == SlotState.EVICTED).all()
+    assert (image[:, 10:] == SlotState.FULL).all()
+
+
+def test_from_trace_and_hover_readouts(qtbot):
+    from kvviz.qt.plots import CacheMapPlot, MemoryPlot
+
+    trace = Trace(model={}, strategy={"name": "sink", "options": {"window": 4}}, prompt_tokens=10,
+                  steps=[make_step(i) for i in range(6)])
+    series = RunSeries.from_trace(3, trace)
+    assert series.finished and series.n == 6 and series.label() == "#3 sink (window=4)"
+    cache_map = CacheMapPlot()
+    qtbot.addWidget(cache_map)
+    cache_map.redraw([series], series)
+    assert cache_map.hover_text(0.5, 0.0) == "layer 0, position 0: attention sink"
+    assert cache_map.hover_text(5.5, 2.2) == "layer 2, position 5: evicted"
+    assert cache_map.hover_text(99, 0) == ""
+    memory = MemoryPlot()
+    qtbot.addWidget(memory)
+    memory.redraw([series], series)
+    assert "12 tokens" in memory.hover_text(12.2, 0) and "MiB" in memory.hover_text(12.2, 0)
