@@ -16,6 +16,18 @@ from pathlib import Path
 import httpx
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: on Linux, get SIGTERM when the process that started us dies,
+    so a test runner killed by a timeout does not leave a server behind. (Linux ties this to the
+    thread that started the child: start the server from a thread that outlives it.)"""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -72,8 +84,15 @@ class VllmServer:
         log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         t0 = time.monotonic()
         self.proc = subprocess.Popen(
-            self.args, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            self.args,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
+        if self.log_path:
+            log.close()  # the child holds its own copy
         try:
             self._wait_healthy(t0, timeout)
         except BaseException:  # failed, timed out or interrupted while starting: leave nothing running

@@ -1,0 +1,174 @@
+"""Against a real vLLM server on loopback: attach, load with a shared prefix, check what kvviz saw.
+
+Skipped unless KVVIZ_VLLM_PYTHON names the python of a venv with vLLM (packaging/vllm/build-venv.sh
+makes one; `make test-vllm` builds it and runs this). The server starts in its own process group
+with a 1 GiB KV cache and one thread, is stopped afterwards, and listens on 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+VLLM_PYTHON = os.environ.get("KVVIZ_VLLM_PYTHON")
+
+pytestmark = pytest.mark.skipif(
+    not VLLM_PYTHON or not Path(VLLM_PYTHON).is_file(),
+    reason="needs a real vLLM: set KVVIZ_VLLM_PYTHON to the python of the vLLM venv "
+    "(packaging/vllm/build-venv.sh, or run `make test-vllm`)",
+)
+
+# More than two 128-token blocks: vLLM caches and matches prefixes in whole blocks.
+SHARED_PREFIX = (
+    "You are a careful assistant working for a small public library. Visitors ask about books, opening "
+    "hours, events and local history. Answer in plain English, briefly and precisely, and say so when you "
+    "do not know. "
+) * 8
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    from kvviz.attach.server import VllmServer
+    from kvviz.engine.models import ensure_default_model
+
+    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    model_dir = ensure_default_model()
+    srv = VllmServer(VLLM_PYTHON, str(model_dir), log_path=log)
+    try:
+        srv.start(timeout=400)
+    except RuntimeError as exc:
+        tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
+        pytest.fail(f"{exc}\n--- server log tail ---\n{tail}")
+    print(f"\nvLLM answered /health after {srv.start_s:.0f} s", flush=True)
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def test_attach_under_load(server):
+    from kvviz.attach.client import first_model, stream_completion
+    from kvviz.attach.load import run_load
+    from kvviz.attach.poller import Poller
+    from kvviz.attach.session import Session, predict
+
+    poller = Poller(server.url, interval=0.2).start()
+    try:
+        with httpx.Client(timeout=60, trust_env=False) as client:
+            model = first_model(client, server.url)
+            own = stream_completion(client, server.url, model, "The capital of France is", max_tokens=32)
+        load = run_load(
+            server.url,
+            model,
+            requests=8,
+            concurrency=4,
+            duration=120,
+            shared_prefix=SHARED_PREFIX,
+            max_tokens=96,
+            ignore_eos=True,
+        )
+        deadline = time.monotonic() + 30  # usage falls back once the requests are done
+        while time.monotonic() < deadline:
+            _, point = poller.latest()
+            if point is not None and point.usage == 0 and point.running == 0 and poller.deriver.usage_peak > 0:
+                break
+            time.sleep(0.2)
+        time.sleep(0.5)
+    finally:
+        assert poller.stop(timeout=5)
+
+    points = poller.points
+    assert not [e for e in poller.errors], poller.errors
+    assert load.summary()["completed"] == 8, load.summary()
+    peak = max(p.usage for p in points)
+    assert peak > 0, "usage never rose above zero during the load"
+    assert points[-1].usage == 0, "usage did not fall back after the load"
+    assert max(p.running for p in points) >= 2
+    hits = poller.deriver.totals["prefix_hits"]
+    assert hits > 0, "no prefix-cache hits counted"
+    assert any(p.tokens_per_s and p.tokens_per_s > 0 for p in points)
+    assert points[-1].ttft["p50"] is not None and points[-1].itl["p50"] is not None
+
+    assert own.error is None and len(own.tokens) >= 2, own
+    assert all(b.t >= a.t for a, b in zip(own.tokens, own.tokens[1:], strict=False))
+    assert own.ttft > 0 and len(own.gaps_ms) == len(own.tokens) - 1
+
+    cache = points[-1] and poller.snapshots[-1].cache
+    prediction = predict(server.model_dir, cache, "bfloat16")
+    assert prediction["ratio"] == pytest.approx(1, rel=0.01), prediction
+
+    session = Session(
+        url=server.url,
+        model=model,
+        cache=cache,
+        prediction=prediction,
+        snapshots=poller.snapshots,
+        requests=[own, *load.records],
+        load=load.summary(),
+    )
+    figures = {
+        "server_start_s": server.start_s,
+        "usage_peak": peak,
+        "usage_peak_tokens": max(p.usage_tokens for p in points),
+        "prefix_hits": hits,
+        "prefix_queries": poller.deriver.totals["prefix_queries"],
+        "own_tokens": len(own.tokens),
+        "own_ttft_s": own.ttft,
+        "predicted_bytes_per_token": prediction["predicted_bytes_per_token"],
+        "allocated_bytes_per_token": prediction["allocated_bytes_per_token"],
+        "load_wall_s": load.wall_s,
+        "snapshots": len(poller.snapshots),
+    }
+    print("\nattach figures: " + json.dumps(figures), flush=True)
+    assert session.summary()["prefix_hits"] == hits
+
+
+def test_cli_against_the_real_server(server, tmp_path, capsys):
+    import argparse
+
+    from kvviz.attach import session as session_mod
+    from kvviz.attach_cli import add_attach_parser, cmd_attach
+    from kvviz.engine.models import ensure_default_model
+
+    parser = argparse.ArgumentParser()
+    add_attach_parser(parser.add_subparsers(dest="command"))
+    out = tmp_path / "attach.json"
+    args = parser.parse_args(
+        [
+            "attach",
+            server.url,
+            "--prompt",
+            "Once upon a time",
+            "--max-tokens",
+            "24",
+            "--requests",
+            "4",
+            "--concurrency",
+            "2",
+            "--duration",
+            "60",
+            "--shared-prefix",
+            SHARED_PREFIX,
+            "--interval",
+            "0.25",
+            "--settle",
+            "2",
+            "--model-dir",
+            str(ensure_default_model()),
+            "--dtype",
+            "bfloat16",
+            "--out",
+            str(out),
+        ]
+    )
+    assert cmd_attach(args) == 0
+    text = capsys.readouterr().out
+    assert "usage peak" in text and "KV / token" in text
+    summary = session_mod.load(out).summary()
+    assert summary["own_tokens"] >= 2 and summary["snapshots"] >= 4
+    assert summary["predicted_bytes_per_token"] == 23040
