@@ -21,7 +21,7 @@ def add_attach_parser(subparsers) -> argparse.ArgumentParser:
     attach = subparsers.add_parser(
         "attach", help="watch the KV cache of a running vLLM server (usage, prefix hits, latency)"
     )
-    attach.add_argument("url", help="the server, e.g. http://127.0.0.1:8000")
+    attach.add_argument("url", help="the server, e.g. http://127.0.0.1:8000, or a saved session file to open")
     attach.add_argument("--prompt", default=DEFAULT_PROMPT, help="kvviz's own timed prompt ('' to send none)")
     attach.add_argument("--max-tokens", type=int, default=64, help="tokens for each request (default 64)")
     attach.add_argument("--requests", type=int, default=0, help="load: this many extra requests (default 0)")
@@ -51,6 +51,12 @@ def _check_args(args) -> None:
         raise UsageError(f"--interval must be between 0.05 and 60 seconds, got {args.interval}")
     if not 0 <= args.settle <= 600:
         raise UsageError(f"--settle must be between 0 and 600 seconds, got {args.settle}")
+    from kvviz.attach.session import kv_dtype_name
+
+    try:
+        kv_dtype_name(None, args.dtype, None)
+    except ValueError as exc:
+        raise UsageError(f"--dtype: {exc}") from None
     if args.model_dir is not None and not (args.model_dir / "config.json").is_file():
         raise UsageError(f"--model-dir {args.model_dir} has no config.json")
     if args.out is not None and not args.out.parent.is_dir():
@@ -70,6 +76,8 @@ def cmd_attach(args) -> int:
     from kvviz.attach.session import Session, predict
     from kvviz.cli import UsageError
 
+    if args.url.endswith(".json") or Path(args.url).is_file():
+        return _open_session(args)
     _check_args(args)
     url = base_url(args.url)
     if not url.startswith(("http://", "https://")):
@@ -94,6 +102,7 @@ def cmd_attach(args) -> int:
 
     poller = Poller(url, interval=args.interval).start()
     cancel = threading.Event()
+    interrupted = False
     try:
         with httpx.Client(timeout=30.0, trust_env=False) as client:
             if args.prompt:
@@ -120,6 +129,7 @@ def cmd_attach(args) -> int:
         time.sleep(args.settle)
     except KeyboardInterrupt:
         cancel.set()
+        interrupted = True
         _log("interrupted; keeping what was collected")
     finally:
         poller.stop(timeout=max(5.0, 2 * args.interval))
@@ -136,6 +146,36 @@ def cmd_attach(args) -> int:
                 {
                     "url": url,
                     "model": model,
+                    "cache": session.cache,
+                    "prediction": session.prediction,
+                    "summary": summary,
+                    "load": session.load,
+                    "errors": session.errors,
+                },
+                indent=2,
+            )
+        )
+    else:
+        _print_summary(session, summary)
+    return 130 if interrupted else 0
+
+
+def _open_session(args) -> int:
+    """`kvviz attach SESSION.json`: check a saved session and print its summary again."""
+    from kvviz.attach import session as session_mod
+    from kvviz.cli import UsageError
+
+    try:
+        session = session_mod.load(args.url)
+    except session_mod.SessionError as exc:
+        raise UsageError(str(exc)) from None
+    summary = session.summary()
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "url": session.url,
+                    "model": session.model,
                     "cache": session.cache,
                     "prediction": session.prediction,
                     "summary": summary,

@@ -54,6 +54,13 @@ class RequestRecord:
         """Inter-token latency of every token after the first, in milliseconds."""
         return [1000.0 * (b.t - a.t) for a, b in zip(self.tokens, self.tokens[1:], strict=False)]
 
+    def steps(self) -> list[tuple[str, float]]:
+        """(phase, milliseconds) per token, shaped like a local run's steps for the same latency plot:
+        the first token's wait is the "prefill" step, every later gap a "decode" step."""
+        if not self.tokens:
+            return []
+        return [("prefill", 1000.0 * self.tokens[0].t)] + [("decode", ms) for ms in self.gaps_ms]
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -54,3 +54,13 @@ def test_free_port_is_loopback_and_usable():
     assert server.url == f"http://127.0.0.1:{port}"
     assert server.args[server.args.index("--host") + 1] == "127.0.0.1"
     assert "--enable-prefix-caching" in server.args
+
+
+def test_attach_imports_neither_qt_nor_torch():
+    code = (
+        "import sys, kvviz.attach.metrics, kvviz.attach.poller, kvviz.attach.client, kvviz.attach.load, "
+        "kvviz.attach.session, kvviz.attach.server, kvviz.attach_cli; "
+        "print(sorted(m for m in ('torch', 'PySide6', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]"

@@ -119,6 +119,14 @@ def test_cli_on_a_replay(replay_server, tmp_path, capsys):
     assert report["prediction"]["ratio"] == pytest.approx(1, rel=0.01)
     loaded = session_mod.load(out)
     assert len(loaded.requests) == 4 and loaded.summary()["snapshots"] == summary["snapshots"]
+    own = loaded.requests[0]
+    assert [phase for phase, _ in own.steps()] == ["prefill"] + ["decode"] * 11
+    # and it opens again from the command line
+    assert cmd_attach(parse_args(str(out), "--json")) == 0
+    assert json.loads(capsys.readouterr().out)["summary"] == loaded.summary()
+    (tmp_path / "bad.json").write_text('{"format": "kvviz-trace", "version": 1}')
+    with pytest.raises(UsageError, match="local-run trace"):
+        cmd_attach(parse_args(str(tmp_path / "bad.json")))
 
 
 def test_cli_text_summary(replay_server, capsys):
@@ -155,6 +163,7 @@ def test_cli_not_vllm():
         ["--max-tokens", "0"],
         ["--model-dir", "/nonexistent"],
         ["--out", "/nonexistent/dir/x.json"],
+        ["--dtype", "int4"],
     ],
 )
 def test_cli_usage_errors(dead_url, argv):
