@@ -88,14 +88,6 @@ def cmd_attach(args) -> int:
             raise RuntimeError(f"cannot attach to {url}: {first.error}.")
         model = first_model(client, url)
     session = Session(url=url, model=model, interval=args.interval, cache=dict(first.cache))
-    if first.usage is None:
-        session.errors.append(
-            [
-                time.time(),
-                "the server exposes neither vllm:kv_cache_usage_perc nor the older "
-                "vllm:gpu_cache_usage_perc: usage is not shown",
-            ]
-        )
     if args.model_dir is not None:
         session.prediction = predict(args.model_dir, first.cache, args.dtype)
     _log(f"attached to {url} (model {model}); polling /metrics every {args.interval:g} s")
@@ -136,6 +128,7 @@ def cmd_attach(args) -> int:
         session.finished = time.time()
         session.snapshots = list(poller.snapshots)
         session.errors.extend([list(e) for e in poller.errors])
+        session.events.extend([list(e) for e in poller.events])
     if args.out is not None:
         session.save(args.out)
         _log(f"wrote {args.out}")
@@ -151,6 +144,7 @@ def cmd_attach(args) -> int:
                     "summary": summary,
                     "load": session.load,
                     "errors": session.errors,
+                    "events": session.events,
                 },
                 indent=2,
             )
@@ -181,6 +175,7 @@ def _open_session(args) -> int:
                     "summary": summary,
                     "load": session.load,
                     "errors": session.errors,
+                    "events": session.events,
                 },
                 indent=2,
             )
@@ -253,5 +248,7 @@ def _print_summary(session, s: dict) -> None:
         )
     for key, value in rows:
         print(f"{key:>12}  {value}")
-    for _, message in session.errors:
+    for _, message in session.events:
         print(f"{'note':>12}  {message}")
+    for _, message in session.errors:
+        print(f"{'error':>12}  {message}")

@@ -246,6 +246,7 @@ class Deriver:
         self.histograms: dict[str, Histogram] = {}  # observations since attach, across restarts
         self.restarts = 0
         self.usage_peak = 0.0
+        self.events: list[tuple[float, str]] = []  # (time, message) worth telling the user, in order
 
     def add(self, snap: Snapshot) -> Point | None:
         if not snap.ok:
@@ -256,6 +257,16 @@ class Deriver:
         restart = prev is not None and _restarted(prev, snap)
         if restart:
             self.restarts += 1
+            self.events.append(
+                (
+                    snap.t,
+                    "the server restarted (its counters went back down): rates and totals continue from its new counts",
+                )
+            )
+        if snap.usage_metric == USAGE_OLD and (prev is None or prev.usage_metric != USAGE_OLD):
+            self.events.append((snap.t, f"the server reports KV-cache usage under the older name {USAGE_OLD}"))
+        if snap.usage is None and (prev is None or prev.usage is not None):
+            self.events.append((snap.t, f"the server exposes neither {USAGE} nor {USAGE_OLD}: no usage to show"))
         base = None if restart else prev
         point = Point(t=snap.t, elapsed=snap.t - self.first_t, restart=restart)
         point.usage = snap.usage

@@ -69,7 +69,9 @@ class Poller:
         self.snapshots: list[Snapshot] = []
         self.points: list[Point] = []
         self.errors: list[tuple[float, str]] = []  # (time, message); repeated messages kept once in a row
+        self.events: list[tuple[float, str]] = []  # notices: restarts, the old metric name, recoveries
         self.deriver = Deriver()
+        self._events_seen = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -102,11 +104,16 @@ class Poller:
         snap = scrape(client, self.url)
         with self._lock:
             self.snapshots.append(snap)
+            failing = len(self.snapshots) >= 2 and not self.snapshots[-2].ok
             point = self.deriver.add(snap)
             if point is not None:
                 self.points.append(point)
             if snap.error and (not self.errors or self.errors[-1][1] != snap.error):
                 self.errors.append((snap.t, snap.error))
+            if snap.ok and failing:
+                self.events.append((snap.t, f"{self.url} answers again; nothing collected before was lost"))
+            self.events.extend(self.deriver.events[self._events_seen :])
+            self._events_seen = len(self.deriver.events)
         if self.callback is not None:
             try:
                 self.callback(snap, point)

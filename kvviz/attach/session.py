@@ -5,7 +5,7 @@ File layout (``"format": "kvviz-attach"``, ``"version": 1``)::
     {"format", "version", "url", "model", "started", "finished", "interval",
      "cache": {labels of vllm:cache_config_info}, "prediction": {...} | null,
      "snapshots": [Snapshot...], "requests": [RequestRecord...], "load": {...} | null,
-     "errors": [[t, message]...], "summary": {...}}
+     "errors": [[t, message]...], "events": [[t, message]...], "summary": {...}}
 
 Points (usage in tokens and bytes, rates, percentiles) are derived again from the snapshots on
 load, so the file keeps raw measurements only and a later kvviz can derive more from them.
@@ -104,7 +104,8 @@ class Session:
     snapshots: list[Snapshot] = field(default_factory=list)
     requests: list[RequestRecord] = field(default_factory=list)
     load: dict[str, Any] | None = None
-    errors: list[list[Any]] = field(default_factory=list)
+    errors: list[list[Any]] = field(default_factory=list)  # [time, message]: what failed
+    events: list[list[Any]] = field(default_factory=list)  # [time, message]: restarts, old names, recoveries
 
     def points(self) -> list[Point]:
         deriver = Deriver()
@@ -158,6 +159,7 @@ class Session:
             "requests": [r.to_dict() for r in self.requests],
             "load": self.load,
             "errors": [list(e) for e in self.errors],
+            "events": [list(e) for e in self.events],
             "summary": self.summary(),
         }
 
@@ -243,4 +245,5 @@ def from_dict(data: Any, source: str = "session") -> Session:
         requests=requests,
         load=data.get("load"),
         errors=[list(e) for e in data.get("errors") or []],
+        events=[list(e) for e in data.get("events") or []],
     )

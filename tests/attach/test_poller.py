@@ -39,6 +39,9 @@ def test_polls_derives_and_sees_a_restart(replay_server):
     assert all(p.tokens_per_s is None or p.tokens_per_s >= 0 for p in points)
     assert len(seen) == len(poller.snapshots)  # the callback saw every scrape
     assert not poller.errors
+    assert [m for _, m in poller.events] == [
+        "the server restarted (its counters went back down): rates and totals continue from its new counts"
+    ]
 
 
 def test_steady_rate(replay_server):
@@ -86,8 +89,24 @@ def test_server_going_away_keeps_what_was_collected(replay_server):
     assert wait_for(lambda: len(poller.points) >= 2)
     poller.url = "http://127.0.0.1:9"  # as if the server vanished: the discard port, nothing listens
     assert wait_for(lambda: any(not s.ok for s in poller.snapshots))
+    poller.url = replay_server.url  # and back
+    assert wait_for(lambda: poller.snapshots[-1].ok)
     poller.stop(timeout=2)
-    assert len(poller.points) >= 2 and poller.points[0].usage > 0
+    assert len(poller.points) >= 3 and poller.points[0].usage > 0
+    assert any("answers again" in m for _, m in poller.events)
+
+
+def test_old_metric_name_is_noted(replay_server):
+    from tests.attach.test_metrics import old_name
+
+    replay_server.metrics = [old_name(recorded("metrics_load.txt"))]
+    poller = Poller(replay_server.url, interval=0.05).start()
+    assert wait_for(lambda: len(poller.points) >= 3)
+    poller.stop(timeout=2)
+    assert all(p.usage > 0 for p in poller.points)
+    assert [m for _, m in poller.events] == [
+        "the server reports KV-cache usage under the older name vllm:gpu_cache_usage_perc"
+    ]
 
 
 def test_non_vllm_server(tmp_path):
