@@ -24,6 +24,9 @@ class IntegerAxis(pg.AxisItem):
         return [(max(1.0, round(spacing)), offset) for spacing, offset in levels[:1]]
 
 
+HINT = '<span style="color:#8a919c">drag: pan &middot; wheel: zoom &middot; double-click: fit</span>'
+
+
 class PaintClock:
     """Milliseconds spent painting plots since the last `take()` (the window budgets redraws by it)."""
 
@@ -75,6 +78,8 @@ class PlotPanel(QWidget):
         layout.addLayout(head)
         layout.addWidget(self.widget, 1)
         self._mouse = pg.SignalProxy(self.plot.scene().sigMouseMoved, rateLimit=30, slot=self._on_mouse)
+        self.plot.scene().sigMouseClicked.connect(self._on_click)
+        self.readout.setText(HINT)
         self._runs: list[RunSeries] = []
         self._primary: RunSeries | None = None
 
@@ -96,10 +101,18 @@ class PlotPanel(QWidget):
         if not self.plot.sceneBoundingRect().contains(pos):
             return
         point = self.plot.vb.mapSceneToView(pos)
-        self.readout.setText(self.hover_text(point.x(), point.y()))
+        self.readout.setText(self.hover_text(point.x(), point.y()) or HINT)
 
     def hover_text(self, x: float, y: float) -> str:
         return ""
+
+    def _on_click(self, event) -> None:
+        if event.double():
+            self.reset_view()
+
+    def reset_view(self) -> None:
+        """Fit the data again after a manual zoom or pan."""
+        self.plot.enableAutoRange()
 
     @staticmethod
     def swatch(colour: str, text: str) -> str:

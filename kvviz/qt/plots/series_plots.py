@@ -40,6 +40,11 @@ class _SeriesPlot(PlotPanel):
     def _manual(self, *_):
         self._follow = False
 
+    def reset_view(self) -> None:
+        self.plot.enableAutoRange(y=True)
+        self.follow()
+        self._fit_x(self._runs)
+
     def follow(self) -> None:
         """Let the x range follow the data again (after a manual zoom)."""
         self._follow = True
