@@ -60,7 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     outcome = {"status": 0 if not problems else 1}
     if args.smoke_test:
         _smoke(window, outcome)
-    status = app.exec()
+    try:
+        status = app.exec()
+    finally:
+        if not window._closing:  # the loop ended some other way (an exception): still stop the worker
+            window.save_settings()
+            window.shutdown()
     if args.smoke_test:
         status = outcome["status"]
     if window.thread_stuck:

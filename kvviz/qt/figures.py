@@ -1,0 +1,55 @@
+"""Figures for reports, drawn offscreen by the window's own plot widgets.
+
+Used by `kvviz compare`: the same MemoryPlot, LatencyPlot and CacheMapPlot the window shows,
+filled from finished traces and saved with `QWidget.grab()`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from kvviz.trace import Trace
+
+SIZE = (1000, 420)
+
+
+def _application():
+    if not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
+        os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    from PySide6.QtWidgets import QApplication
+
+    return QApplication.instance() or QApplication(["kvviz-figures"])
+
+
+def _save(panel, runs, primary, path: Path) -> Path:
+    from kvviz.qt import theme
+
+    panel.apply_palette(theme.PALETTES["light"])
+    panel.resize(*SIZE)
+    panel.redraw(runs, primary)
+    if hasattr(panel, "reset_view"):
+        panel.reset_view()
+    panel.show()
+    _application().processEvents()
+    panel.grab().save(str(path))
+    panel.close()
+    return path
+
+
+def render_comparison(traces: list[Trace], out: Path) -> dict[str, Path]:
+    """Overlaid memory and latency plots and one cache map per run; returns {title: PNG path}."""
+    _application()
+    from kvviz.qt.plots.layer_plots import CacheMapPlot
+    from kvviz.qt.plots.series_plots import LatencyPlot, MemoryPlot
+    from kvviz.qt.series import RunSeries
+
+    runs = [RunSeries.from_trace(i + 1, t) for i, t in enumerate(traces)]
+    figures = {
+        "Cache memory against tokens": _save(MemoryPlot(), runs, runs[0], out / "memory.png"),
+        "Step latency against tokens": _save(LatencyPlot(), runs, runs[0], out / "latency.png"),
+    }
+    for run in runs:
+        name = f"Cache map of run #{run.run_id}: {run.label()}"
+        figures[name] = _save(CacheMapPlot(), runs, run, out / f"cache-map-{run.run_id}.png")
+    return figures
