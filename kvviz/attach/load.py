@@ -1,9 +1,11 @@
 """A bounded load: N streaming requests at concurrency C, within S seconds, optionally with a shared prefix.
 
 Bounded both ways: at most `requests` requests are sent (capped at MAX_REQUESTS), none starts after
-the deadline, and each in-flight request is given only the time left, so `run_load` returns within
-about `duration` seconds plus one connect timeout. With a shared prefix every prompt begins with
-the same text, so a server with prefix caching reuses its blocks and counts hits.
+the deadline, and each in-flight request is given only the time left (checked on every streamed
+line, and as the read timeout), so `run_load` returns within `duration` seconds while the server
+streams, and within twice that if it stalls mid-stream without a byte. With a shared prefix every
+prompt begins with the same text, so a server with prefix caching reuses its blocks and counts hits
+(vLLM matches whole blocks: the prefix must be longer than one block, 128 tokens by default).
 """
 
 from __future__ import annotations
