@@ -62,3 +62,21 @@ def test_from_trace_and_hover_readouts(qtbot):
     qtbot.addWidget(memory)
     memory.redraw([series], series)
     assert "12 tokens" in memory.hover_text(12.2, 0) and "MiB" in memory.hover_text(12.2, 0)
+
+
+def test_token_view_shades_and_finds_the_step_under_the_mouse(qtbot):
+    from kvviz.qt.panels.tokens import TokenView, step_tooltip
+
+    trace = Trace(model={}, strategy={"name": "sink", "options": {}}, prompt="Prompt: ", prompt_tokens=10,
+                  steps=[make_step(i) for i in range(6)])
+    view = TokenView()
+    qtbot.addWidget(view)
+    view.resize(400, 200)
+    view.show()
+    view.show_run(RunSeries.from_trace(1, trace))
+    assert view.toPlainText() == "Prompt: t0t1t2t3t4t5"
+    cursor = view.textCursor()
+    cursor.setPosition(len("Prompt: t0t1t2") + 1)  # inside "t3"
+    rect = view.cursorRect(cursor)
+    assert view.step_at(rect.center()) == 3
+    assert "step 3 (decode)" in step_tooltip(trace.steps[3])
