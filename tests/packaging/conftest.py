@@ -21,5 +21,5 @@ def pytest_collection_modifyitems(config, items):
         return
     skip = pytest.mark.skip(reason="slow install test: run `make test-install` (KVVIZ_TEST_INSTALL=1)")
     for item in items:
-        if "install" in item.keywords:
+        if item.get_closest_marker("install") is not None:
             item.add_marker(skip)
