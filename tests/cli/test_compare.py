@@ -1,0 +1,36 @@
+import csv
+import subprocess
+import sys
+
+from kvviz import trace
+
+
+def test_compare_writes_traces_csv_report_and_figures(tmp_path):
+    out = tmp_path / "cmp"
+    result = subprocess.run(
+        [sys.executable, "-m", "kvviz", "compare", "--model", "tiny", "--strategies",
+         "dynamic,quantized:backend=hqq:nbits=2:q_group_size=32,sink:window=8", "--prompt", "compare these",
+         "--max-new-tokens", "12", "--ignore-eos", "--out", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stderr
+    traces = sorted(out.glob("trace-*.json"))
+    assert [trace.load(p).strategy["name"] for p in traces] == ["dynamic", "quantized", "sink"]
+    rows = list(csv.DictReader((out / "summary.csv").open()))
+    assert [r["strategy"] for r in rows] == ["dynamic", "quantized", "sink"]
+    assert rows[0]["top-1 agreement"] == "1" and rows[0]["mean KL (nats)"] == "0"
+    assert float(rows[1]["peak cache MiB"]) < float(rows[0]["peak cache MiB"])
+    report = (out / "report.md").read_text()
+    for name in ("memory.png", "latency.png", "cache-map-1.png", "cache-map-3.png"):
+        assert f"]({name})" in report
+        assert (out / name).stat().st_size > 5000  # a real picture, not an empty grab
+
+
+def test_compare_rejects_bad_strategy_before_running(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "kvviz", "compare", "--model", "tiny", "--strategies", "dynamic,sliding:window=0",
+         "--prompt", "x", "--out", str(tmp_path / "o")],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 2 and "option 'window' of strategy 'sliding'" in result.stderr
+    assert not (tmp_path / "o").exists()
