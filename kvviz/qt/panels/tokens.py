@@ -11,6 +11,7 @@ from kvviz.qt.series import MIB, RunSeries
 from kvviz.trace import StepRecord
 
 STEP_PROPERTY = QTextFormat.Property.UserProperty + 1
+MAX_PARAGRAPH = 1500  # characters
 
 
 class TokenView(QTextEdit):
@@ -58,12 +59,20 @@ class TokenView(QTextEdit):
                 decode.sort()
                 # shade from the median (no colour) to twice the median (full colour)
                 self._scale_ms = decode[len(decode) // 2]
-        cursor = self.textCursor()
+        cursor = QTextCursor(self.document())
         cursor.movePosition(QTextCursor.MoveOperation.End)
         scroll = self.verticalScrollBar()
         at_end = scroll.value() >= scroll.maximum() - 4
+        cursor.beginEditBlock()  # one layout pass for the whole batch
         for i in range(self._shown, len(steps)):
-            cursor.insertText(visible(steps[i].token), self._format(i, steps[i]))
+            text = visible(steps[i].token)
+            # Qt lays out a whole paragraph again after each insertion, so one paragraph of
+            # thousands of tokens makes every update slower; start a new one at a word boundary.
+            if cursor.block().length() > MAX_PARAGRAPH and text[:1].isspace():
+                cursor.insertBlock()
+                text = text[1:]
+            cursor.insertText(text, self._format(i, steps[i]))
+        cursor.endEditBlock()
         self._shown = len(steps)
         if at_end:
             scroll.setValue(scroll.maximum())
