@@ -172,3 +172,35 @@ def test_cli_against_the_real_server(server, tmp_path, capsys):
     summary = session_mod.load(out).summary()
     assert summary["own_tokens"] >= 2 and summary["snapshots"] >= 4
     assert summary["predicted_bytes_per_token"] == 23040
+
+
+def test_restart_mid_session(server):
+    """Last in this module: stops the server and starts it again on the same port while kvviz polls."""
+    from kvviz.attach.client import first_model, stream_completion
+    from kvviz.attach.poller import Poller
+
+    poller = Poller(server.url, interval=0.5).start()
+    try:
+        with httpx.Client(timeout=60, trust_env=False) as client:
+            model = first_model(client, server.url)
+            before = stream_completion(client, server.url, model, "One, two, three,", max_tokens=16)
+            time.sleep(1.5)
+            collected = len(poller.points)
+            server.stop()
+            time.sleep(1.5)
+            assert any(not s.ok for s in poller.snapshots[-3:]), "the poller did not notice the server going away"
+            server.start(timeout=400)
+            print(f"\nvLLM restarted in {server.start_s:.0f} s", flush=True)
+            after = stream_completion(client, server.url, model, "One, two, three,", max_tokens=16)
+            time.sleep(1.5)
+    finally:
+        assert poller.stop(timeout=5)
+    assert before.error is None and after.error is None
+    assert len(poller.points) > collected  # nothing collected before the restart was lost, and it goes on
+    assert poller.deriver.restarts == 1
+    messages = [m for _, m in poller.events]
+    assert any("restarted" in m for m in messages) and any("answers again" in m for m in messages), messages
+    assert any("cannot connect" in m for _, m in poller.errors), poller.errors
+    # generation tokens counted across the restart: both requests' tokens, never a negative rate
+    assert poller.deriver.totals["generation_tokens"] >= len(before.tokens) + len(after.tokens) - 2
+    assert all(p.tokens_per_s is None or p.tokens_per_s >= 0 for p in poller.points)
