@@ -194,7 +194,8 @@ def test_headless_run_on_tiny(installed):
 
 
 def test_window_smoke_test(installed):
-    kvviz = str(installed.venv / "bin" / "kvviz")
-    if "--smoke-test" not in installed.run(kvviz, "--help").stdout:
-        pytest.skip("kvviz has no --smoke-test flag yet")
-    installed.run(kvviz, "--smoke-test", timeout=600)
+    """The window offscreen: 4 tokens on tiny through its own controls, then exit 0."""
+    proc = installed.run(str(installed.venv / "bin" / "kvviz"), "--smoke-test", timeout=600, check=False)
+    if proc.returncode == 2 and "unrecognized arguments: --smoke-test" in proc.stderr:
+        pytest.skip("this kvviz has no --smoke-test flag")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
