@@ -30,12 +30,27 @@ def _app():
 
 
 def _headless(loaded, strategy: str, options: dict, settings: dict, prompt: str) -> dict[str, Any]:
+    """The same decode without the window, on a plain thread (as the window's worker runs it)."""
+    import threading
+
     from kvviz.engine import decode, strategies
 
     decoder = decode.Decoder(loaded, strategies.choose(strategy, dict(options)), decode.GenerationSettings(**settings),
                              prompt)
-    for _ in decoder:
-        pass
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            for _ in decoder:
+                pass
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the calling thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=work, name="kvviz-bench-headless")
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
     return decoder.trace.summary()
 
 
