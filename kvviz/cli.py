@@ -14,6 +14,7 @@ import traceback
 from pathlib import Path
 
 from kvviz import __version__
+from kvviz.attach_cli import add_attach_parser, cmd_attach
 
 
 class UsageError(Exception):
@@ -85,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generation_args(compare)
     compare.add_argument("--no-reference", action="store_true", help="skip the fidelity reference (faster)")
     compare.add_argument("--out", type=Path, required=True, help="folder for traces, summary.csv and report.md")
+
+    add_attach_parser(sub)
 
     strategies = sub.add_parser("strategies", help="list the cache strategies and their options")
     strategies.add_argument("--json", action="store_true", help="as JSON")
@@ -352,6 +355,7 @@ COMMANDS = {
     "model": cmd_model,
     "trace": cmd_trace,
     "bench": cmd_bench,
+    "attach": cmd_attach,
 }
 
 
