@@ -10,7 +10,7 @@ import time
 
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 from kvviz.qt import theme
 from kvviz.qt.series import RunSeries
@@ -24,7 +24,7 @@ class IntegerAxis(pg.AxisItem):
         return [(max(1.0, round(spacing)), offset) for spacing, offset in levels[:1]]
 
 
-HINT = '<span style="color:#8a919c">drag: pan &middot; wheel: zoom &middot; double-click: fit</span>'
+HINT_TEXT = "Drag to pan, mouse wheel to zoom, double-click to fit the data again."
 
 
 class PaintClock:
@@ -61,9 +61,8 @@ class PlotPanel(QWidget):
         self.readout.setTextFormat(Qt.TextFormat.RichText)
         head = QHBoxLayout()
         head.setContentsMargins(6, 2, 6, 0)
-        head.addWidget(self.title_label)
-        head.addStretch(1)
-        head.addWidget(self.readout)
+        head.addWidget(self.title_label, 0)
+        head.addWidget(self.readout, 1)
         axes = {name: IntegerAxis(name) for name in self.integer_axes}
         self.widget = TimedPlotWidget(axisItems=axes)
         self.widget.setMinimumHeight(150)
@@ -79,7 +78,11 @@ class PlotPanel(QWidget):
         layout.addWidget(self.widget, 1)
         self._mouse = pg.SignalProxy(self.plot.scene().sigMouseMoved, rateLimit=30, slot=self._on_mouse)
         self.plot.scene().sigMouseClicked.connect(self._on_click)
-        self.readout.setText(HINT)
+        self.title_label.setToolTip(HINT_TEXT)
+        self.widget.viewport().setToolTip("")
+        # long readouts must never widen the window: they may be cut, the plot keeps its size
+        self.readout.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.title_label.setMinimumWidth(1)  # its full width when there is room, cut when not
         self._runs: list[RunSeries] = []
         self._primary: RunSeries | None = None
 
@@ -101,7 +104,7 @@ class PlotPanel(QWidget):
         if not self.plot.sceneBoundingRect().contains(pos):
             return
         point = self.plot.vb.mapSceneToView(pos)
-        self.readout.setText(self.hover_text(point.x(), point.y()) or HINT)
+        self.readout.setText(self.hover_text(point.x(), point.y()))
 
     def hover_text(self, x: float, y: float) -> str:
         return ""

@@ -62,11 +62,15 @@ class _SeriesPlot(PlotPanel):
             return
         lo = min(a for a, _ in spans)
         hi = max(b for _, b in spans)
+        live = any(not r.finished for r in runs)
         current = self._x_range
-        if current is not None and current[0] == lo and hi <= current[1]:
+        if live and current is not None and current[0] == lo and hi <= current[1]:
             return
         width = max(hi - lo, 8.0)
-        self._x_range = (lo, lo + width * 1.25)
+        target = (lo, lo + width * (1.25 if live else 1.0))  # finished: fit the data exactly
+        if target == current:
+            return
+        self._x_range = target
         self.plot.setXRange(*self._x_range, padding=0.02)
 
     def redraw(self, runs, primary) -> None:
