@@ -7,7 +7,7 @@ import sys
 from kvviz import cli
 
 # Arguments that belong to the window rather than to a command.
-WINDOW_FLAGS = ("--open", "--smoke-test", "--model", "--theme")
+WINDOW_FLAGS = ("--open", "--smoke-test", "--model", "--theme", "--no-load")
 
 
 def main(argv: list[str] | None = None) -> int:
