@@ -287,6 +287,12 @@ def _load_gguf(path: Path, dtype: torch.dtype, progress: Progress):
     return model, tokenizer
 
 
+# The shape of the `tiny` model; tests build other families with it too.
+TINY_SHAPE = dict(
+    hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2
+)
+
+
 def _load_tiny(dtype: torch.dtype, progress: Progress):
     """A 4-layer Llama with random weights and the default model's tokenizer."""
     tokenizer_dir = ensure_default_model(progress)
@@ -294,11 +300,7 @@ def _load_tiny(dtype: torch.dtype, progress: Progress):
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     config = transformers.LlamaConfig(
         vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        **TINY_SHAPE,
         max_position_embeddings=4096,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,

@@ -2,15 +2,11 @@
 
 import transformers
 
-from kvviz.engine.models import LoadedModel, build_random_model, model_card
+from kvviz.engine.models import TINY_SHAPE, LoadedModel, build_random_model, model_card
 
 COMMON = dict(
     vocab_size=49152,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
+    **TINY_SHAPE,
     max_position_embeddings=512,
     eos_token_id=2,
     bos_token_id=1,
