@@ -47,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kvviz",
         description="See the key-value cache of a transformer language model while it generates. "
         "Without a command, opens the window.",
+        epilog="window: kvviz [--model SPEC] [--theme dark|light] [--no-load] [--open TRACE ...] [--smoke-test]  "
+        "(--smoke-test opens the window, runs 4 tokens on the tiny model and exits 0 on success)",
     )
     parser.add_argument("--version", action="version", version=f"kvviz {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")

@@ -7,8 +7,10 @@ import os
 import sys
 
 from PySide6.QtCore import QSettings, QTimer
+from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication
 
+from kvviz import resources
 from kvviz.qt import theme
 
 
@@ -34,9 +36,21 @@ def main(argv: list[str] | None = None) -> int:
     """Create the application, show the window (the model loads in the background), run the loop."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parse(argv)
+    if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY") or os.environ.get("QT_QPA_PLATFORM")):
+        if not args.smoke_test:
+            print(
+                "kvviz: error: no display to open the window on (neither DISPLAY nor WAYLAND_DISPLAY is set). "
+                "Run it in a desktop session, under Xvfb (xvfb-run kvviz), or offscreen with "
+                "QT_QPA_PLATFORM=offscreen; `kvviz run ...` works without a display.",
+                file=sys.stderr,
+            )
+            return 1
+        os.environ["QT_QPA_PLATFORM"] = "offscreen"  # a smoke test needs no screen
     app = QApplication.instance() or QApplication([sys.argv[0] if sys.argv else "kvviz", *argv])
     app.setApplicationName("kvviz")
     app.setOrganizationName("kvviz")
+    app.setDesktopFileName(resources.APP_ID)  # lets Wayland match the window to its launcher entry
+    app.setWindowIcon(QIcon(str(resources.icon_path(256))))
 
     from kvviz.qt.main_window import MainWindow  # after QApplication: pyqtgraph reads its config
 

@@ -122,12 +122,9 @@ def _rgba(colour: str) -> tuple[int, int, int, int]:
 
 def resources_dir() -> Path:
     """The kvviz resources folder (shipped in the wheel as kvviz.resources)."""
-    try:
-        from kvviz import resources  # type: ignore[attr-defined]
+    from kvviz import resources
 
-        return Path(resources.path())
-    except (ImportError, AttributeError, TypeError):
-        return Path(__file__).resolve().parents[2] / "resources"
+    return Path(resources.path())
 
 
 def stylesheet(name: str) -> str:

@@ -84,16 +84,14 @@ def test_ctrl_c_writes_partial_trace(tmp_path):
     path = tmp_path / "partial.json"
     proc = subprocess.Popen(
         [sys.executable, "-m", "kvviz", "run", "--model", "default", "--prompt", "Tell me a long story.",
-         "--max-new-tokens", "2000", "--ignore-eos", "--trace", str(path), "--quiet"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+         "--max-new-tokens", "2000", "--ignore-eos", "--trace", str(path)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )
-    deadline = time.monotonic() + 120
-    # wait until the model is loaded and generating, then interrupt as a terminal would
-    while "prompt" not in (line := proc.stderr.readline()) and time.monotonic() < deadline:
-        assert line or proc.poll() is None, "kvviz exited before generating"
-    time.sleep(2)
+    # the first streamed character means a step has been recorded; then interrupt as a terminal would
+    assert proc.stdout.read(1), "kvviz exited before generating"
+    time.sleep(1)
     os.kill(proc.pid, signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
+    proc.communicate(timeout=120)
+    assert proc.returncode == 130
     partial = trace.load(path)
     assert partial.cancelled and 0 < len(partial.steps) < 2000
