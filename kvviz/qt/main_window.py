@@ -109,6 +109,9 @@ class MainWindow(QMainWindow):
         self._update_controls()
         if autoload:
             self.load_model(autoload)
+        from kvviz.qt.file_actions import install_file_actions  # noqa: I001 - File menu, drops, Record
+
+        install_file_actions(self)
 
     # -- building ------------------------------------------------------------------------------------
 
