@@ -17,6 +17,7 @@ from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 from PySide6.QtWidgets import (
     QApplication,
+    QCheckBox,
     QDockWidget,
     QFileDialog,
     QFrame,
@@ -37,7 +38,7 @@ from kvviz.qt.panels.model import ModelPanel
 from kvviz.qt.panels.runs import RunsTable
 from kvviz.qt.panels.strategy import StrategyPanel
 from kvviz.qt.panels.tokens import TokenView
-from kvviz.qt.plots import CacheMapPlot, LatencyPlot, LayerBytesPlot, LayerTimePlot, MemoryPlot
+from kvviz.qt.plots import CacheMapPlot, FidelityPlot, LatencyPlot, LayerBytesPlot, LayerTimePlot, MemoryPlot
 from kvviz.qt.plots.base import PaintClock
 from kvviz.qt.series import MIB, RunSeries
 from kvviz.qt.worker import Worker, WorkerThread
@@ -128,8 +129,19 @@ class MainWindow(QMainWindow):
         self.stop_button = QPushButton("Stop")
         self.stop_button.setToolTip("Stop after the current step, keeping what was generated (Esc)")
         self.stop_button.clicked.connect(self.stop_run)
+        self.switch_button = QPushButton("Switch")
+        self.switch_button.setToolTip(
+            "Convert the running generation's cache to the strategy chosen above, at the next step"
+        )
+        self.switch_button.clicked.connect(lambda *_: self.switch_strategy())
+        self.reference_box = QCheckBox("Compare with the exact cache (fidelity)")
+        self.reference_box.setToolTip(
+            "Run a full-precision DynamicCache reference in lockstep on the same tokens and plot KL divergence; "
+            "its time is measured apart and not counted in tokens/s"
+        )
         buttons = QHBoxLayout()
         buttons.addWidget(self.run_button, 2)
+        buttons.addWidget(self.switch_button, 1)
         buttons.addWidget(self.stop_button, 1)
 
         controls = QWidget()
@@ -149,6 +161,7 @@ class MainWindow(QMainWindow):
         dock_layout = QVBoxLayout(dock_body)
         dock_layout.setContentsMargins(0, 0, 0, 6)
         dock_layout.addWidget(scroll, 1)
+        dock_layout.addWidget(self.reference_box)
         dock_layout.addLayout(buttons)
         buttons.setContentsMargins(9, 0, 9, 0)
         self.controls_dock = self._dock("Controls", dock_body, Qt.DockWidgetArea.LeftDockWidgetArea)
@@ -158,12 +171,25 @@ class MainWindow(QMainWindow):
         self.cache_map = CacheMapPlot()
         self.layer_bytes_plot = LayerBytesPlot()
         self.layer_time_plot = LayerTimePlot()
-        self.plots = [self.memory_plot, self.latency_plot, self.cache_map, self.layer_bytes_plot, self.layer_time_plot]
+        self.fidelity_plot = FidelityPlot()
+        self.fidelity_plot.hide()  # shown while a run with a reference is on screen
+        self.plots = [
+            self.memory_plot,
+            self.latency_plot,
+            self.fidelity_plot,
+            self.cache_map,
+            self.layer_bytes_plot,
+            self.layer_time_plot,
+        ]
         self.latency_plot.plot.setXLink(self.memory_plot.plot)
+        self.fidelity_plot.plot.setXLink(self.memory_plot.plot)
 
+        right = QSplitter(Qt.Orientation.Vertical)
+        right.addWidget(self.latency_plot)
+        right.addWidget(self.fidelity_plot)
         top = QSplitter(Qt.Orientation.Horizontal)
         top.addWidget(self.memory_plot)
-        top.addWidget(self.latency_plot)
+        top.addWidget(right)
         bottom = QSplitter(Qt.Orientation.Horizontal)
         bottom.addWidget(self.layer_bytes_plot)
         bottom.addWidget(self.layer_time_plot)
@@ -172,7 +198,7 @@ class MainWindow(QMainWindow):
         self.splitter.addWidget(self.cache_map)
         self.splitter.addWidget(bottom)
         self.splitter.setChildrenCollapsible(False)
-        self._splitters = {"main": self.splitter, "top": top, "bottom": bottom}
+        self._splitters = {"main": self.splitter, "top": top, "bottom": bottom, "right": right}
 
         self.error_bar = QFrame()
         self.error_bar.setObjectName("errorBar")
@@ -385,10 +411,22 @@ class MainWindow(QMainWindow):
         self.error_bar.hide()
         self.runs_table.add_run(series, "starting", select=True)
         self._update_controls()
-        self.sigRequestRun.emit(
-            run_id, {"strategy": strategy, "options": options, "settings": settings, "prompt": prompt}
-        )
+        request = {"strategy": strategy, "options": options, "settings": settings, "prompt": prompt}
+        request["reference"] = self.reference_box.isChecked()
+        self.sigRequestRun.emit(run_id, request)
         return run_id
+
+    def switch_strategy(self) -> bool:
+        """Switch the running generation to the strategy and options chosen in the picker."""
+        if self.active_run is None:
+            return False
+        strategy = self.strategy_panel.current()
+        problem = self.worker.switch(strategy, self.strategy_panel.values())
+        if problem:
+            self.show_error(f"Cannot switch: {problem}")
+            return False
+        self.status_labels["state"].setText(f"switching to {strategy} at the next step…")
+        return True
 
     def stop_run(self) -> None:
         if self.active_run is not None:
@@ -489,7 +527,8 @@ class MainWindow(QMainWindow):
         # The per-layer views change little from one token to the next: 4 times a second is enough
         # while generating (each costs a full repaint of its plot).
         full = self.active_run is None or started - self._last_layer_redraw >= 0.25
-        for plot in self.plots if full else self.plots[:2]:
+        self.fidelity_plot.setVisible(any(r.has_reference for r in shown))
+        for plot in self.plots if full else self.plots[:3]:  # memory, latency, fidelity are live
             plot.redraw(shown, primary)
         if full:
             self._last_layer_redraw = started
@@ -545,6 +584,8 @@ class MainWindow(QMainWindow):
         self.run_action.setEnabled(can_run)
         self.stop_button.setEnabled(not idle)
         self.stop_action.setEnabled(not idle)
+        self.switch_button.setEnabled(not idle)
+        self.reference_box.setEnabled(idle)
         self.model_panel.load_button.setEnabled(idle and not self.loading)
         self._update_status()
 

@@ -15,8 +15,8 @@ from kvviz.trace import SlotState, StepRecord, Trace
 MIB = 1024.0 * 1024.0
 
 # Columns of the per-step table.
-X, WALL_MS, CACHE_MIB, PREDICTED_MIB, RSS_MIB = range(5)
-_NCOLS = 5
+X, WALL_MS, CACHE_MIB, PREDICTED_MIB, RSS_MIB, KL = range(6)  # KL is NaN where no reference ran
+_NCOLS = 6
 
 
 class RunSeries:
@@ -36,6 +36,8 @@ class RunSeries:
         self._map = np.zeros((0, 0), dtype=np.uint8)
         self._map_width = 0
         self._map_step = -1
+        self.switches: list[tuple[float, str]] = []  # (x, strategy switched to), from the steps
+        self.has_reference = False
 
     @classmethod
     def from_trace(cls, run_id: int, trace: Trace) -> RunSeries:
@@ -70,6 +72,12 @@ class RunSeries:
             row[CACHE_MIB] = step.cache_bytes / MIB
             row[PREDICTED_MIB] = step.predicted_cache_bytes / MIB
             row[RSS_MIB] = step.rss_bytes / MIB
+            row[KL] = np.nan if step.kl is None else step.kl
+            self.has_reference = self.has_reference or step.kl is not None
+            previous = self.latest.strategy if self.latest is not None else None
+            if previous is not None and step.strategy != previous:
+                self.switches.append((x, step.strategy))
+            self.latest = step
             if step.phase == "prefill":
                 self.prefill_ms = step.wall_ms
                 self.prefill_x = x
@@ -85,7 +93,6 @@ class RunSeries:
                     self._layer_ms_sum += arr
                     self._layer_ms_count += 1
         self.n = need
-        self.latest = steps[-1]
 
     def finish(self, trace: Trace) -> None:
         """The worker's final trace replaces ours (same steps, plus cancelled/error flags)."""

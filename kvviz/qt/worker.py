@@ -58,6 +58,20 @@ class Worker(QObject):
             if self._decoder is not None and (run_id is None or run_id == self._run_id):
                 self._decoder.cancel()
 
+    def switch(self, strategy: str, options: dict[str, Any]) -> str | None:
+        """Switch the running generation's cache at its next step; returns why not, or None."""
+        from kvviz.engine import strategies
+
+        with self._lock:
+            decoder = self._decoder
+        if decoder is None:
+            return "no generation is running; the strategy applies to the next run"
+        try:
+            decoder.request_switch(strategies.choose(strategy, options))
+        except strategies.OptionError as exc:
+            return str(exc)
+        return None
+
     def shutdown(self) -> None:
         """Cancel everything and make a model load in progress give up at its next progress report."""
         self._stopping = True
@@ -119,7 +133,8 @@ class Worker(QObject):
 
     @Slot(int, object)
     def run(self, run_id: int, request: dict[str, Any]) -> None:
-        """Decode one prompt. request: strategy, options, settings (GenerationSettings fields), prompt."""
+        """Decode one prompt. request: strategy, options, settings (GenerationSettings fields), prompt,
+        reference (run a full-precision reference in lockstep)."""
         decoder = None
         try:
             from kvviz.engine import decode, strategies
@@ -128,7 +143,9 @@ class Worker(QObject):
                 raise RuntimeError("no model is loaded yet; load one first")
             choice = strategies.choose(request["strategy"], dict(request.get("options") or {}))
             settings = decode.GenerationSettings(**request.get("settings", {}))
-            decoder = decode.Decoder(self.loaded, choice, settings, request["prompt"])
+            decoder = decode.Decoder(
+                self.loaded, choice, settings, request["prompt"], reference=bool(request.get("reference"))
+            )
             with self._lock:
                 self._decoder = decoder
                 self._run_id = run_id

@@ -1,4 +1,4 @@
-"""Plots against tokens in context: cache memory (measured and predicted) and step latency."""
+"""Plots against tokens in context: cache memory (measured and predicted), step latency, fidelity."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from PySide6.QtCore import Qt
 
 from kvviz.qt import theme
 from kvviz.qt.plots.base import PlotPanel
-from kvviz.qt.series import CACHE_MIB, PREDICTED_MIB, WALL_MS, RunSeries, X
+from kvviz.qt.series import CACHE_MIB, KL, PREDICTED_MIB, WALL_MS, RunSeries, X
 
 
 class _Curves:
@@ -18,6 +18,7 @@ class _Curves:
         self.items: list[pg.GraphicsObject] = []
         self.drawn_n = -1
         self.prefill: float | None = None
+        self.switch_lines: list[pg.InfiniteLine] = []
 
 
 class _SeriesPlot(PlotPanel):
@@ -78,7 +79,8 @@ class _SeriesPlot(PlotPanel):
         shown = {r.run_id for r in runs}
         for run_id in list(self._curves):
             if run_id not in shown:
-                for item in self._curves.pop(run_id).items:
+                curves = self._curves.pop(run_id)
+                for item in curves.items + curves.switch_lines:
                     self.plot.removeItem(item)
         for series in runs:
             curves = self._curves.get(series.run_id)
@@ -87,13 +89,35 @@ class _SeriesPlot(PlotPanel):
             if curves.drawn_n != series.n:
                 self.update_curves(series, curves)
                 curves.drawn_n = series.n
+            self._mark_switches(series, curves)
         self._fit_x(runs)
         self.after_redraw(runs, primary)
+
+    def _mark_switches(self, series: RunSeries, curves: _Curves) -> None:
+        """A labelled vertical line, in the run's colour, where the run switched strategy."""
+        colour = theme.run_colour(series.run_id)
+        for x, strategy in series.switches[len(curves.switch_lines) :]:
+            line = pg.InfiniteLine(
+                pos=x,
+                angle=90,
+                movable=False,
+                pen=pg.mkPen(colour, width=1, style=Qt.PenStyle.DashDotLine),
+                label=f"→ {strategy}",
+                labelOpts={"position": 0.92, "color": colour, "anchors": [(0, 0.5), (0, 0.5)]},
+            )
+            self.plot.addItem(line, ignoreBounds=True)
+            curves.switch_lines.append(line)
+
+    def switch_positions(self, run_id: int) -> list[float]:
+        """x of each switch marker drawn for a run (tests)."""
+        curves = self._curves.get(run_id)
+        return [line.value() for line in curves.switch_lines] if curves else []
 
     def restyle(self) -> None:
         """Recreate items with the current palette (after a theme change)."""
         for run_id in list(self._curves):
-            for item in self._curves.pop(run_id).items:
+            curves = self._curves.pop(run_id)
+            for item in curves.items + curves.switch_lines:
                 self.plot.removeItem(item)
         if self._runs:
             self.redraw(self._runs, self._primary)
@@ -255,4 +279,32 @@ class LatencyPlot(_SeriesPlot):
             if i is not None:
                 ms = series.column(WALL_MS)[i]
                 parts.append(self.swatch(theme.run_colour(series.run_id), f"{ms:.1f} ms"))
+        return " &nbsp; ".join(parts)
+
+
+class FidelityPlot(_SeriesPlot):
+    """KL(reference || run) per step, for runs that ran a full-precision reference in lockstep."""
+
+    title = "Fidelity: KL divergence from the exact cache"
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.set_labels("KL (nats)", "tokens in context")
+
+    def make_curves(self, series):
+        curve = pg.PlotDataItem(pen=pg.mkPen(theme.run_colour(series.run_id), width=1), connect="finite")
+        curves = _Curves()
+        curves.items = [curve]
+        self.plot.addItem(curve)
+        return curves
+
+    def update_curves(self, series, curves):
+        curves.items[0].setData(series.column(X), series.column(KL))
+
+    def hover_text(self, x, y):
+        parts = [f"{x:.0f} tokens"]
+        for series in self._runs:
+            i = self.nearest(series, x)
+            if i is not None and series.has_reference:
+                parts.append(self.swatch(theme.run_colour(series.run_id), f"KL {series.column(KL)[i]:.4f}"))
         return " &nbsp; ".join(parts)
