@@ -58,3 +58,7 @@ def test_reference_run_plots_kl(qtbot, drive, window):
     x, kl = window.fidelity_plot.curve_data(run_id)[0]
     np.testing.assert_allclose(kl, [s.kl for s in steps])
     assert max(kl) > 0  # a 4-token window on a 16-token run does lose information
+    summary = window.runs[run_id].trace.summary()
+    row = window.runs_table.row_text(run_id)
+    assert row[-4:-1] == [f"{summary['top1_agreement']:,.3f}", f"{summary['mean_kl']:,.4f}",
+                          "none" if summary["first_divergence"] is None else f"step {summary['first_divergence']}"]

@@ -20,6 +20,9 @@ COLUMNS = (
     "tokens/s",
     "peak cache MiB",
     "peak RSS MiB",
+    "top-1 agree",
+    "mean KL",
+    "first diverge",
     "status",
 )
 
@@ -45,6 +48,11 @@ def row_values(series: RunSeries, status: str) -> list[str]:
         _number(summary["decode_tokens_per_s"]),
         _number(summary["peak_cache_bytes"] / MIB, 3),
         _number(summary["peak_rss_bytes"] / MIB, 0),
+        # fidelity against the lockstep reference, when the run had one
+        _number(summary.get("top1_agreement"), 3),
+        _number(summary.get("mean_kl"), 4),
+        "–" if "mean_kl" not in summary else "none" if summary["first_divergence"] is None
+        else f"step {summary['first_divergence']}",
         status,
     ]
 
