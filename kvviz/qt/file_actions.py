@@ -229,4 +229,7 @@ def install_file_actions(window: QMainWindow) -> FileActions:
         menu.insertSeparator(before)
     window.setAcceptDrops(True)
     window.installEventFilter(actions)
+    from kvviz.qt.recorder import install_recorder
+
+    install_recorder(window)
     return actions

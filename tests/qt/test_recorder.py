@@ -1,0 +1,64 @@
+"""Recording the window while a run happens: read the frames back and check they show it changing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvviz.qt.recorder import have_ffmpeg, qimage_to_array
+
+
+def _record(window, drive, qtbot, path, tokens=48):
+    control = window.recorder
+    drive.load(window, "tiny")
+    written = control.start(path, fps=10)
+    assert control.recorder.recording and control.label.isVisible()
+    assert control.label.text().startswith("● REC")
+    qtbot.wait(400)
+    drive.run(window, "dynamic", tokens=tokens)
+    qtbot.wait(600)
+    control.stop()
+    assert not control.recorder.recording
+    return written, control.recorder.stats()
+
+
+@pytest.mark.parametrize("suffix", ["mp4", "gif"])
+def test_record_window_during_run(window, drive, qtbot, tmp_path, suffix):
+    if suffix == "mp4" and not have_ffmpeg():
+        pytest.skip("imageio-ffmpeg not installed")
+    iio = pytest.importorskip("imageio.v3")
+    if suffix == "gif":
+        window.resize(900, 600)
+        qtbot.wait(50)
+    path, stats = _record(window, drive, qtbot, tmp_path / f"clip.{suffix}")
+    assert path.suffix == f".{suffix}" and path.stat().st_size > 1000
+    frames = [np.asarray(f) for f in iio.imiter(path)]
+    seconds = stats["seconds"]
+    if suffix == "mp4":
+        assert len(frames) >= 8
+        # steady clock: frames written match wall time at 10 fps (late ticks repeat the last picture)
+        assert abs(len(frames) - seconds * 10) <= 3, (len(frames), seconds)
+    else:  # Pillow merges identical consecutive frames into one longer frame: check the clip's length
+        from PIL import Image
+
+        with Image.open(path) as gif:
+            durations = []
+            for index in range(gif.n_frames):
+                gif.seek(index)
+                durations.append(gif.info["duration"])
+        assert len(frames) >= 4
+        assert abs(sum(durations) / 1000.0 - seconds) <= 0.4, (sum(durations), seconds)
+    grab = qimage_to_array(window.grab().toImage())
+    height, width = frames[0].shape[:2]
+    if suffix == "mp4":
+        assert (width, height) == (grab.shape[1] // 2 * 2, grab.shape[0] // 2 * 2)
+    else:
+        assert (width, height) == (grab.shape[1], grab.shape[0]) or (width, height) == stats["size"]
+    # frames differ over time
+    first, last = frames[0][..., :3].astype(int), frames[-1][..., :3].astype(int)
+    assert np.abs(first - last).mean() > 0.5
+    distinct = {hash(f[..., :3].tobytes()) for f in frames}
+    assert len(distinct) >= 3
+    # and they show the window: the last frame is close to a grab of the window now
+    now = grab[:height, :width].astype(int)
+    assert np.abs(last - now).mean() < 12, np.abs(last - now).mean()
