@@ -62,3 +62,20 @@ def test_record_window_during_run(window, drive, qtbot, tmp_path, suffix):
     # and they show the window: the last frame is close to a grab of the window now
     now = grab[:height, :width].astype(int)
     assert np.abs(last - now).mean() < 12, np.abs(last - now).mean()
+
+
+def test_recorded_demo(qapp, tmp_path):
+    if not have_ffmpeg():
+        pytest.skip("imageio-ffmpeg not installed")
+    iio = pytest.importorskip("imageio.v3")
+    from kvviz.qt.demo import SIZE, run_demo
+
+    path = tmp_path / "demo.mp4"
+    assert run_demo(path, model="tiny", tokens=16, pause=0.3) == 0
+    frames = [np.asarray(f) for f in iio.imiter(path)]
+    assert len(frames) >= 20
+    height, width = frames[0].shape[:2]
+    assert (width, height) == SIZE
+    means = [f.mean() for f in frames]
+    assert max(means) - min(means) > 0.5 or np.abs(frames[0].astype(int) - frames[-1].astype(int)).mean() > 1
+    assert len({hash(f.tobytes()) for f in frames[:: max(1, len(frames) // 10)]}) >= 5
