@@ -43,6 +43,11 @@ class FileActions(QObject):
             return None
         return self.window.add_trace(trace)
 
+    def open_paths(self, paths) -> list[int]:
+        """Open several trace files (e.g. `kvviz --open A.json B.json`); the ids of those that opened."""
+        opened = [self.open_trace(path) for path in paths]
+        return [run_id for run_id in opened if run_id is not None]
+
     def save_selected_trace(self, path: str | os.PathLike) -> Path | None:
         primary = self.window.primary()
         if primary is None:

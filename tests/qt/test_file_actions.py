@@ -54,6 +54,8 @@ def test_save_open_drop_and_exports(window, drive, qtbot, tmp_path):
         box.close()
         assert _rows(window) == before
 
+    assert len(actions.open_paths([saved, bad])) == 1
+    assert window.runs_table.rowCount() == 3
     # drag and drop of a trace file onto the window
     mime = QMimeData()
     mime.setUrls([QUrl.fromLocalFile(str(saved))])
@@ -61,7 +63,7 @@ def test_save_open_drop_and_exports(window, drive, qtbot, tmp_path):
                       Qt.KeyboardModifier.NoModifier)
     # (Qt delivers only real, spontaneous drag events through notify; call the window's filter as Qt would)
     assert actions.eventFilter(window, drop) is True
-    assert window.runs_table.rowCount() == 3
+    assert window.runs_table.rowCount() == 4
 
     # the CSV has the table's runs, in order, with the same numbers
     csv_path = actions.export_runs_csv(tmp_path / "runs.csv")
