@@ -91,6 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_attach_parser(sub)
 
+    demo = sub.add_parser("demo", help="a scripted tour of the window, sized for a 1080p screen recording")
+    demo.add_argument("--record", type=Path, default=None, help="record it to this MP4 (or GIF) file")
+    demo.add_argument("--model", default="default", help="model for the tour (default: default)")
+    demo.add_argument("--tokens", type=int, default=64, help="tokens per step of the tour (default 64)")
+
     strategies = sub.add_parser("strategies", help="list the cache strategies and their options")
     strategies.add_argument("--json", action="store_true", help="as JSON")
 
@@ -277,6 +282,14 @@ def cmd_compare(args) -> int:
     return 0
 
 
+def cmd_demo(args) -> int:
+    from kvviz.qt.demo import run_demo
+
+    if args.record is not None and args.record.suffix.lower() not in (".mp4", ".gif"):
+        raise UsageError(f"--record writes .mp4 or .gif files, not {args.record.name!r}")
+    return run_demo(args.record, model=args.model, tokens=args.tokens)
+
+
 def cmd_strategies(args) -> int:
     from kvviz.engine import strategies
 
@@ -358,6 +371,7 @@ COMMANDS = {
     "trace": cmd_trace,
     "bench": cmd_bench,
     "attach": cmd_attach,
+    "demo": cmd_demo,
 }
 
 

@@ -43,11 +43,6 @@ class FileActions(QObject):
             return None
         return self.window.add_trace(trace)
 
-    def open_paths(self, paths) -> list[int]:
-        """Open several trace files (e.g. `kvviz --open A.json B.json`); the ids of those that opened."""
-        opened = [self.open_trace(path) for path in paths]
-        return [run_id for run_id in opened if run_id is not None]
-
     def save_selected_trace(self, path: str | os.PathLike) -> Path | None:
         primary = self.window.primary()
         if primary is None:
@@ -209,12 +204,6 @@ def install_file_actions(window: QMainWindow) -> FileActions:
     actions = FileActions(window)
     window.file_actions = actions
     menu = _file_menu(window)
-    existing = list(menu.actions())
-    # The window's own "Save selected run as trace…" is replaced by this one (same shortcut).
-    for action in existing:
-        if action.text().replace("&", "").startswith("Save selected run"):
-            menu.removeAction(action)
-            action.setShortcut(QKeySequence())
     before = next((a for a in menu.actions() if a.text().replace("&", "") == "Quit"), None)
     entries = [
         ("open", "&Open trace…", QKeySequence.StandardKey.Open, actions._ask_open),

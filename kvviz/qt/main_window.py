@@ -19,7 +19,6 @@ from PySide6.QtWidgets import (
     QApplication,
     QCheckBox,
     QDockWidget,
-    QFileDialog,
     QFrame,
     QHBoxLayout,
     QLabel,
@@ -244,11 +243,7 @@ class MainWindow(QMainWindow):
         return dock
 
     def _build_menus(self) -> None:
-        file_menu = self.menuBar().addMenu("&File")
-        save = QAction("&Save selected run as trace…", self)
-        save.setShortcut(QKeySequence.StandardKey.Save)
-        save.triggered.connect(self._save_trace)
-        file_menu.addAction(save)
+        file_menu = self.menuBar().addMenu("&File")  # open, save and export: kvviz.qt.file_actions
         quit_action = QAction("&Quit", self)
         quit_action.setShortcut(QKeySequence("Ctrl+Q"))
         quit_action.triggered.connect(self.close)
@@ -593,20 +588,6 @@ class MainWindow(QMainWindow):
         self.last_error = message
         self.error_label.setText(message)
         self.error_bar.show()
-
-    def _save_trace(self) -> None:
-        primary = self.primary()
-        if primary is None:
-            self.show_error("Select a run in the Runs table first.")
-            return
-        path, _ = QFileDialog.getSaveFileName(
-            self, "Save trace", f"run-{primary.run_id}.kvviz.json", "kvviz traces (*.json)"
-        )
-        if path:
-            try:
-                primary.trace.save(path)
-            except OSError as exc:
-                self.show_error(f"Could not save {path}: {exc}")
 
     # -- closing -------------------------------------------------------------------------------------
 

@@ -54,7 +54,7 @@ def test_save_open_drop_and_exports(window, drive, qtbot, tmp_path):
         box.close()
         assert _rows(window) == before
 
-    assert len(actions.open_paths([saved, bad])) == 1
+    assert actions.open_trace(saved) is not None and actions.open_trace(bad) is None
     assert window.runs_table.rowCount() == 3
     # drag and drop of a trace file onto the window
     mime = QMimeData()
