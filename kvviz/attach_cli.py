@@ -132,25 +132,7 @@ def cmd_attach(args) -> int:
     if args.out is not None:
         session.save(args.out)
         _log(f"wrote {args.out}")
-    summary = session.summary()
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "url": url,
-                    "model": model,
-                    "cache": session.cache,
-                    "prediction": session.prediction,
-                    "summary": summary,
-                    "load": session.load,
-                    "errors": session.errors,
-                    "events": session.events,
-                },
-                indent=2,
-            )
-        )
-    else:
-        _print_summary(session, summary)
+    _show(session, url, model, args.json)
     return 130 if interrupted else 0
 
 
@@ -163,26 +145,19 @@ def _open_session(args) -> int:
         session = session_mod.load(args.url)
     except session_mod.SessionError as exc:
         raise UsageError(str(exc)) from None
-    summary = session.summary()
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "url": session.url,
-                    "model": session.model,
-                    "cache": session.cache,
-                    "prediction": session.prediction,
-                    "summary": summary,
-                    "load": session.load,
-                    "errors": session.errors,
-                    "events": session.events,
-                },
-                indent=2,
-            )
-        )
-    else:
-        _print_summary(session, summary)
+    _show(session, session.url, session.model, args.json)
     return 0
+
+
+def _show(session, url, model, as_json: bool) -> None:
+    """The session's summary, as JSON on stdout or as lines for a person."""
+    summary = session.summary()
+    if not as_json:
+        _print_summary(session, summary)
+        return
+    fields = {"url": url, "model": model, "cache": session.cache, "prediction": session.prediction}
+    fields.update(summary=summary, load=session.load, errors=session.errors, events=session.events)
+    print(json.dumps(fields, indent=2))
 
 
 def _fmt(value, spec: str = ",.0f", unit: str = "") -> str:
