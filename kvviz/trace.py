@@ -184,18 +184,22 @@ _STEP_KEYS = {
 _LAYER_KEYS = {"keys_bytes": int, "values_bytes": int, "seq_len": int, "capacity": int}
 
 
-def load(path: str | os.PathLike) -> Trace:
-    """Read and validate a trace file. Raises TraceError naming the first problem found."""
+def read_json(path: str | os.PathLike, kind: str = "kvviz trace", error: type[ValueError] = TraceError) -> Any:
+    """A kept file's JSON; `error` names what is wrong (unreadable, not UTF-8 JSON text)."""
     path = Path(path)
     try:
         raw = path.read_bytes()
     except OSError as exc:
-        raise TraceError(f"cannot read {path}: {exc.strerror or exc}") from None
+        raise error(f"cannot read {path}: {exc.strerror or exc}") from None
     try:
-        data = json.loads(raw.decode("utf-8"))
+        return json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TraceError(f"{path} is not a kvviz trace: it is not JSON text ({exc})") from None
-    return from_dict(data, source=str(path))
+        raise error(f"{path} is not a {kind}: it is not JSON text ({exc})") from None
+
+
+def load(path: str | os.PathLike) -> Trace:
+    """Read and validate a trace file. Raises TraceError naming the first problem found."""
+    return from_dict(read_json(path), source=str(path))
 
 
 def from_dict(data: Any, source: str = "trace") -> Trace:

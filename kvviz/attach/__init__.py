@@ -11,6 +11,6 @@ From a window (the callback runs on the poller's thread: forward it through a qu
     ...  # point.usage, .usage_tokens, .usage_bytes, .running, .waiting, .prefix_hit_rate,
     ...  # .tokens_per_s, .ttft / .itl ({"p50", "p90", "p99"} seconds); snap.error for a failed scrape
     poller.cancel()  # returns at once; poller.join(timeout) to wait; poller.events for notices
-    record = stream_completion(client, url, model, prompt)  # in a worker; record.steps() for the latency plot
+    record = stream_completion(client, url, model, prompt)  # in a thread; on_token=... for each token
     Session(url=url, snapshots=poller.snapshots, requests=[record], ...).save(path); session.load(path)
 """

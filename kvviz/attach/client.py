@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -54,13 +55,6 @@ class RequestRecord:
         """Inter-token latency of every token after the first, in milliseconds."""
         return [1000.0 * (b.t - a.t) for a, b in zip(self.tokens, self.tokens[1:], strict=False)]
 
-    def steps(self) -> list[tuple[str, float]]:
-        """(phase, milliseconds) per token, shaped like a local run's steps for the same latency plot:
-        the first token's wait is the "prefill" step, every later gap a "decode" step."""
-        if not self.tokens:
-            return []
-        return [("prefill", 1000.0 * self.tokens[0].t)] + [("decode", ms) for ms in self.gaps_ms]
-
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -69,6 +63,16 @@ class RequestRecord:
         data = dict(data)
         data["tokens"] = [TokenTiming.from_dict(t) for t in data.get("tokens") or []]
         return cls(**data)
+
+
+def count_prompt_tokens(client: httpx.Client, url: str, model: str, prompt: str) -> int | None:
+    """How many tokens the server makes of a prompt (vLLM's POST /tokenize), or None if it cannot say."""
+    try:
+        response = client.post(base_url(url) + "/tokenize", json={"model": model, "prompt": prompt})
+        response.raise_for_status()
+        return int(response.json()["count"])
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return None
 
 
 def first_model(client: httpx.Client, url: str) -> str:
@@ -95,8 +99,13 @@ def stream_completion(
     timeout: float = 120.0,
     ignore_eos: bool = False,
     tag: str = "own",
+    on_token: Callable[[TokenTiming], None] | None = None,
 ) -> RequestRecord:
-    """Send one streaming completion and time each chunk. Never raises: failures go to `error`."""
+    """Send one streaming completion and time each chunk. Never raises: failures go to `error`.
+
+    on_token(timing) is called on this thread as each token arrives (a window forwards it through a
+    queued signal to draw the request live).
+    """
     record = RequestRecord(prompt=prompt, max_tokens=max_tokens, started=time.time(), tag=tag)
     body: dict[str, Any] = {
         "model": model,
@@ -134,7 +143,10 @@ def stream_completion(
                 for choice in chunk.get("choices") or []:
                     text = choice.get("text") or ""
                     if text or choice.get("finish_reason") is None:
-                        record.tokens.append(TokenTiming(index=len(record.tokens), text=text, t=now - t0))
+                        timing = TokenTiming(index=len(record.tokens), text=text, t=now - t0)
+                        record.tokens.append(timing)
+                        if on_token is not None:
+                            on_token(timing)
                     if choice.get("finish_reason"):
                         record.finish_reason = choice["finish_reason"]
     except httpx.HTTPError as exc:

@@ -22,6 +22,7 @@ from typing import Any
 
 from kvviz.attach.client import RequestRecord
 from kvviz.attach.metrics import Deriver, Point, Snapshot, allocated_bytes_per_token
+from kvviz.trace import read_json
 
 FORMAT = "kvviz-attach"
 VERSION = 1
@@ -173,16 +174,7 @@ class Session:
 
 
 def load(path: str | os.PathLike) -> Session:
-    path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise SessionError(f"cannot read {path}: {exc.strerror or exc}") from None
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SessionError(f"{path} is not a kvviz attach session: it is not JSON text ({exc})") from None
-    return from_dict(data, source=str(path))
+    return from_dict(read_json(path, "kvviz attach session", SessionError), source=str(path))
 
 
 def _need(data: dict, key: str, kind, source: str, optional: bool = False):

@@ -9,6 +9,7 @@ import pytest
 
 from kvviz.attach import session as session_mod
 from kvviz.attach.metrics import parse
+from kvviz.attach.request_trace import is_served, record_trace
 from kvviz.attach.session import Session, SessionError, kv_dtype_name, predict
 from kvviz.attach_cli import add_attach_parser, cmd_attach
 from kvviz.cli import UsageError
@@ -120,7 +121,10 @@ def test_cli_on_a_replay(replay_server, tmp_path, capsys):
     loaded = session_mod.load(out)
     assert len(loaded.requests) == 4 and loaded.summary()["snapshots"] == summary["snapshots"]
     own = loaded.requests[0]
-    assert [phase for phase, _ in own.steps()] == ["prefill"] + ["decode"] * 11
+    run = record_trace(loaded.url, loaded.model, own)
+    assert [step.phase for step in run.steps] == ["prefill"] + ["decode"] * 11
+    assert run.text == own.text and is_served(run)
+    assert sum(step.wall_ms for step in run.steps) == pytest.approx(1000 * own.tokens[-1].t)
     # and it opens again from the command line
     assert cmd_attach(parse_args(str(out), "--json")) == 0
     assert json.loads(capsys.readouterr().out)["summary"] == loaded.summary()
