@@ -19,6 +19,21 @@ X, WALL_MS, CACHE_MIB, PREDICTED_MIB, RSS_MIB, KL = range(6)  # KL is NaN where 
 _NCOLS = 6
 
 
+def grown(data: np.ndarray, need: int) -> np.ndarray:
+    """`data` if it has room for `need` rows, else a copy with its capacity doubled until it does.
+
+    The copy keeps every row of `data` (callers only read the first n); new rows are zero.
+    """
+    if need <= len(data):
+        return data
+    capacity = max(len(data), 1)
+    while capacity < need:
+        capacity *= 2
+    bigger = np.zeros((capacity, *data.shape[1:]), dtype=data.dtype)
+    bigger[: len(data)] = data
+    return bigger
+
+
 class RunSeries:
     def __init__(self, run_id: int, trace: Trace, capacity: int = 256):
         self.run_id = run_id
@@ -56,13 +71,7 @@ class RunSeries:
         if record:
             self.trace.steps.extend(steps)
         need = self.n + len(steps)
-        if need > len(self._data):
-            capacity = len(self._data)
-            while capacity < need:
-                capacity *= 2
-            grown = np.zeros((capacity, _NCOLS), dtype=np.float64)
-            grown[: self.n] = self._data[: self.n]
-            self._data = grown
+        self._data = grown(self._data, need)
         base = self.trace.prompt_tokens
         rows = self._data[self.n : need]
         for row, step in zip(rows, steps, strict=True):

@@ -59,10 +59,10 @@ class PlotPanel(QWidget):
         self.readout.setObjectName("plotReadout")
         self.readout.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         self.readout.setTextFormat(Qt.TextFormat.RichText)
-        head = QHBoxLayout()
-        head.setContentsMargins(6, 2, 6, 0)
-        head.addWidget(self.title_label, 0)
-        head.addWidget(self.readout, 1)
+        self.head = QHBoxLayout()  # the title row; a subclass may add a widget to it (a unit chooser)
+        self.head.setContentsMargins(6, 2, 6, 0)
+        self.head.addWidget(self.title_label, 0)
+        self.head.addWidget(self.readout, 1)
         axes = {name: IntegerAxis(name) for name in self.integer_axes}
         self.widget = TimedPlotWidget(axisItems=axes)
         self.widget.setMinimumHeight(150)
@@ -74,7 +74,7 @@ class PlotPanel(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(0)
-        layout.addLayout(head)
+        layout.addLayout(self.head)
         layout.addWidget(self.widget, 1)
         self._mouse = pg.SignalProxy(self.plot.scene().sigMouseMoved, rateLimit=30, slot=self._on_mouse)
         self.plot.scene().sigMouseClicked.connect(self._on_click)
@@ -85,6 +85,25 @@ class PlotPanel(QWidget):
         self.title_label.setMinimumWidth(1)  # its full width when there is room, cut when not
         self._runs: list[RunSeries] = []
         self._primary: RunSeries | None = None
+        self._legend_item: pg.LegendItem | None = None  # not "legend": CacheMapPlot has a QLabel by that name
+
+    def add_legend(self, offset: tuple[float, float] = (60, 6), **options) -> pg.LegendItem:
+        """The plot's legend (named items enter it), styled by `apply_palette` for the current theme."""
+        options.setdefault("labelTextSize", "9pt")
+        self._legend_item = self.plot.addLegend(offset=offset, **options)
+        self._style_legend()
+        return self._legend_item
+
+    def _style_legend(self) -> None:
+        legend = self._legend_item
+        if legend is None:
+            return
+        palette = self.palette_
+        legend.setLabelTextColor(palette.foreground)
+        background = pg.mkColor(palette.background)
+        background.setAlpha(200)
+        legend.setBrush(pg.mkBrush(background))
+        legend.setPen(pg.mkPen(palette.muted))
 
     def set_labels(self, left: str, bottom: str) -> None:
         self.plot.setLabel("left", left)
@@ -94,6 +113,7 @@ class PlotPanel(QWidget):
         self.palette_ = palette
         self.widget.setBackground(palette.background)
         theme.style_plot(self.plot, palette)
+        self._style_legend()
 
     def redraw(self, runs: list[RunSeries], primary: RunSeries | None) -> None:
         self._runs = runs

@@ -173,15 +173,7 @@ class MemoryPlot(_SeriesPlot):
         )
         self.prefill_line.setVisible(False)
         self.plot.addItem(self.prefill_line, ignoreBounds=True)
-        self.legend = self.plot.addLegend(offset=(60, 6), labelTextSize="9pt")  # top left, right of "prefill"
-
-    def apply_palette(self, palette):
-        super().apply_palette(palette)
-        self.legend.setLabelTextColor(palette.foreground)
-        background = pg.mkColor(palette.background)
-        background.setAlpha(200)
-        self.legend.setBrush(pg.mkBrush(background))
-        self.legend.setPen(pg.mkPen(palette.muted))
+        self.legend = self.add_legend(offset=(60, 6))  # top left, right of "prefill"
 
     def make_curves(self, series):
         colour = theme.run_colour(series.run_id)
