@@ -62,4 +62,4 @@ VLLM_VENV := .venv-vllm
 
 test-vllm: $(STAMP)
 	packaging/vllm/build-venv.sh $(VLLM_VENV)
-	HF_HUB_OFFLINE=1 KVVIZ_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(PY) -m pytest -q -s tests/attach/test_vllm_integration.py
+	HF_HUB_OFFLINE=1 QT_QPA_PLATFORM=offscreen KVVIZ_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(PY) -m pytest -q -s tests/attach/test_vllm_integration.py

@@ -92,13 +92,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _open_traces(window, paths: list[str]) -> list[str]:
-    from kvviz import trace as tracefile
+    from kvviz.attach.session import SessionError
+    from kvviz.qt.file_actions import read_kept
+    from kvviz.trace import TraceError
 
     problems = []
     for path in paths:
         try:
-            window.add_trace(tracefile.load(path))
-        except tracefile.TraceError as exc:
+            window.show_kept(read_kept(path))
+        except (TraceError, SessionError) as exc:
             problems.append(str(exc))
             window.show_error(str(exc))
     return problems

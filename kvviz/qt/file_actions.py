@@ -17,9 +17,11 @@ from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QFileDialog, QMainWindow, QMenu, QMessageBox
 
 from kvviz import report
-from kvviz.trace import TraceError, load
+from kvviz.attach import session as session_file
+from kvviz.trace import Trace, TraceError, read_json
+from kvviz.trace import from_dict as trace_from_dict
 
-TRACE_FILTER = "kvviz traces (*.json);;All files (*)"
+TRACE_FILTER = "kvviz traces and server sessions (*.json);;All files (*)"
 
 
 class FileActions(QObject):
@@ -34,14 +36,27 @@ class FileActions(QObject):
 
     # -- the functions behind the actions ---------------------------------------------------------
 
-    def open_trace(self, path: str | os.PathLike) -> int | None:
-        """Open a trace file into the Runs table; on a bad file show a message and change nothing."""
+    def open_trace(self, path: str | os.PathLike):
+        """Open a trace (into the Runs table) or a server session (into the server view).
+
+        Returns the new run's id or the Session; on a bad file shows a message, changes nothing, returns None.
+        """
         try:
-            trace = load(path)
-        except (TraceError, OSError, UnicodeDecodeError) as exc:
-            self.show_message("Could not open trace", f"Could not open {Path(path).name}: {exc}")
+            kept = read_kept(path)
+        except (TraceError, session_file.SessionError) as exc:
+            self.show_message("Could not open", f"Could not open {Path(path).name}: {exc}")
             return None
-        return self.window.add_trace(trace)
+        return self.window.show_kept(kept)
+
+    def save_server_session(self, path: str | os.PathLike) -> Path | None:
+        try:
+            saved = self.window.server.save_session(path)
+        except OSError as exc:
+            self.show_message("Could not save session", f"Could not save {path}: {exc}")
+            return None
+        if saved is None:
+            self.show_message("Nothing to save", "Connect to a vLLM server first (Controls ▸ vLLM server).")
+        return saved
 
     def save_selected_trace(self, path: str | os.PathLike) -> Path | None:
         primary = self.window.primary()
@@ -67,13 +82,13 @@ class FileActions(QObject):
         return report.write_csv(rows, path)
 
     def export_plots(self, folder: str | os.PathLike, formats: tuple[str, ...] = ("png", "svg")) -> list[Path]:
-        """Each plot panel as <name>.png and <name>.svg in folder (created if needed)."""
+        """Each plot of the view on screen (local or server) as <name>.png and <name>.svg in folder."""
         import pyqtgraph.exporters as exporters
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         written = []
-        for panel in self.window.plots:
+        for panel in self.window.visible_plots():
             name = _snake(type(panel).__name__)
             item = panel.plot
             if "png" in formats:
@@ -109,7 +124,7 @@ class FileActions(QObject):
     # -- dialogs ------------------------------------------------------------------------------------
 
     def _ask_open(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self.window, "Open trace", "", TRACE_FILTER)
+        path, _ = QFileDialog.getOpenFileName(self.window, "Open trace or server session", "", TRACE_FILTER)
         if path:
             self.open_trace(path)
 
@@ -123,6 +138,13 @@ class FileActions(QObject):
         )
         if path:
             self.save_selected_trace(path)
+
+    def _ask_session(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(
+            self.window, "Save server session", "server.kvviz-attach.json", "kvviz sessions (*.json)"
+        )
+        if path:
+            self.save_server_session(path)
 
     def _ask_csv(self) -> None:
         path, _ = QFileDialog.getSaveFileName(self.window, "Export runs table", "runs.csv", "CSV (*.csv)")
@@ -161,6 +183,14 @@ class FileActions(QObject):
                 event.acceptProposedAction()
                 return True
         return False
+
+
+def read_kept(path: str | os.PathLike) -> Trace | session_file.Session:
+    """A trace or a server session, told apart by the file's "format" field."""
+    data = read_json(path)
+    if isinstance(data, dict) and data.get("format") == session_file.FORMAT:
+        return session_file.from_dict(data, source=str(path))
+    return trace_from_dict(data, source=str(path))
 
 
 def _render_svg(widget, path: Path) -> None:
@@ -206,8 +236,9 @@ def install_file_actions(window: QMainWindow) -> FileActions:
     menu = _file_menu(window)
     before = next((a for a in menu.actions() if a.text().replace("&", "") == "Quit"), None)
     entries = [
-        ("open", "&Open trace…", QKeySequence.StandardKey.Open, actions._ask_open),
+        ("open", "&Open trace or session…", QKeySequence.StandardKey.Open, actions._ask_open),
         ("save", "&Save selected run as trace…", QKeySequence.StandardKey.Save, actions._ask_save),
+        ("session", "Save se&rver session…", None, actions._ask_session),
         ("csv", "Export runs table as &CSV…", None, actions._ask_csv),
         ("plots", "Export &plots as PNG/SVG…", None, actions._ask_plots),
         ("window", "Save &window as PNG…", None, actions._ask_window),

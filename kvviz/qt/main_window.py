@@ -26,11 +26,15 @@ from PySide6.QtWidgets import (
     QPushButton,
     QScrollArea,
     QSplitter,
+    QStackedWidget,
+    QTabBar,
+    QTabWidget,
     QToolButton,
     QVBoxLayout,
     QWidget,
 )
 
+from kvviz.attach.request_trace import is_served
 from kvviz.qt import theme
 from kvviz.qt.panels.generation import PromptPanel, SettingsPanel
 from kvviz.qt.panels.model import ModelPanel
@@ -40,6 +44,7 @@ from kvviz.qt.panels.tokens import TokenView
 from kvviz.qt.plots import CacheMapPlot, FidelityPlot, LatencyPlot, LayerBytesPlot, LayerTimePlot, MemoryPlot
 from kvviz.qt.plots.base import PaintClock
 from kvviz.qt.series import MIB, RunSeries
+from kvviz.qt.server_mode import ServerMode
 from kvviz.qt.worker import Worker, WorkerThread
 from kvviz.trace import Trace
 
@@ -90,7 +95,6 @@ class MainWindow(QMainWindow):
         self._build_widgets()
         self._build_menus()
         self._restore_settings()
-
 
         self.worker = Worker()
         self.thread = WorkerThread(self.worker)
@@ -143,13 +147,29 @@ class MainWindow(QMainWindow):
         buttons.addWidget(self.switch_button, 1)
         buttons.addWidget(self.stop_button, 1)
 
+        # Local model or vLLM server: the prompt and settings are shared, the rest swaps with the mode.
+        self.server = ServerMode(self)
+        self.model_panel.sigServerRequested.connect(self._server_requested)
+        self.source_tabs = QTabBar()
+        self.source_tabs.addTab("Local model")
+        self.source_tabs.addTab("vLLM server")
+        self.source_tabs.setExpanding(True)
+        self.source_tabs.setToolTip("Run a model here, or attach to a vLLM server and watch its cache")
+        self._stacks = [QStackedWidget() for _ in range(3)]
+        for stack, pages in zip(
+            self._stacks,
+            [(self.model_panel, self.server.panel), (self.strategy_panel, self.server.load_panel)],
+            strict=False,
+        ):
+            for page in pages:
+                stack.addWidget(page)
         controls = QWidget()
         controls.setObjectName("controls")
         column = QVBoxLayout(controls)
-        column.addWidget(self.model_panel)
+        column.addWidget(self._stacks[0])
         column.addWidget(self.prompt_panel)
         column.addWidget(self.settings_panel)
-        column.addWidget(self.strategy_panel)
+        column.addWidget(self._stacks[1])
         column.addStretch(0)
         scroll = QScrollArea()
         scroll.setWidgetResizable(True)
@@ -159,13 +179,20 @@ class MainWindow(QMainWindow):
         dock_body = QWidget()
         dock_layout = QVBoxLayout(dock_body)
         dock_layout.setContentsMargins(0, 0, 0, 6)
+        dock_layout.addWidget(self.source_tabs)
         dock_layout.addWidget(scroll, 1)
+        local_buttons = QWidget()
+        local_column = QVBoxLayout(local_buttons)
+        local_column.setContentsMargins(0, 0, 0, 0)
         reference_row = QHBoxLayout()
         reference_row.setContentsMargins(12, 0, 9, 0)
         reference_row.addWidget(self.reference_box)
-        dock_layout.addLayout(reference_row)
-        dock_layout.addLayout(buttons)
+        local_column.addLayout(reference_row)
+        local_column.addLayout(buttons)
         buttons.setContentsMargins(9, 0, 9, 0)
+        self._stacks[2].addWidget(local_buttons)
+        self._stacks[2].addWidget(self.server.buttons)
+        dock_layout.addWidget(self._stacks[2])
         self.controls_dock = self._dock("Controls", dock_body, Qt.DockWidgetArea.LeftDockWidgetArea)
 
         self.memory_plot = MemoryPlot()
@@ -221,8 +248,14 @@ class MainWindow(QMainWindow):
         layout = QVBoxLayout(central)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addWidget(self.error_bar)
-        layout.addWidget(self.splitter, 1)
+        self.views = QTabWidget()
+        self.views.setDocumentMode(True)
+        self.views.addTab(self.splitter, "Local run")
+        self.views.addTab(self.server.view, "vLLM server")
+        layout.addWidget(self.views, 1)
         self.setCentralWidget(central)
+        self.source_tabs.currentChanged.connect(self.set_mode)
+        self.views.currentChanged.connect(self.set_mode)
 
         self.token_view = TokenView()
         self.token_view.setMinimumWidth(240)
@@ -287,6 +320,9 @@ class MainWindow(QMainWindow):
         self.settings_panel.set_state(_json(s.value("generation/state"), {}))
         self.strategy_panel.set_all_values(_json(s.value("strategy/values"), {}))
         self.strategy_panel._current = str(s.value("strategy/name", "dynamic"))
+        self.server.panel.set_url(str(s.value("server/url", "")))
+        self.server.panel.model_dir.setText(str(s.value("server/model_dir", "")))
+        self.server.load_panel.set_values(_json(s.value("server/load"), {}))
         self.set_theme(str(s.value("view/theme", "dark")))
         geometry = s.value("window/geometry")
         if isinstance(geometry, QByteArray) and not geometry.isEmpty():
@@ -313,6 +349,9 @@ class MainWindow(QMainWindow):
         s.setValue("strategy/values", json.dumps(self.strategy_panel.all_values()))
         if self.strategy_panel.current():
             s.setValue("strategy/name", self.strategy_panel.current())
+        s.setValue("server/url", self.server.panel.current_url())
+        s.setValue("server/model_dir", self.server.panel.model_dir.text())
+        s.setValue("server/load", json.dumps(self.server.load_panel.values()))
         s.setValue("view/theme", self.theme_name)
         s.setValue("window/geometry", self.saveGeometry())
         s.setValue("window/state", self.saveState())
@@ -328,7 +367,7 @@ class MainWindow(QMainWindow):
         app = QApplication.instance()
         if app is not None:
             app.setStyleSheet(theme.stylesheet(name))
-        for plot in self.plots:
+        for plot in self.plots + self.server.view.plots:
             plot.apply_palette(palette)
             if hasattr(plot, "restyle"):
                 plot.restyle()
@@ -339,6 +378,27 @@ class MainWindow(QMainWindow):
         self._schedule()
 
     # -- model ---------------------------------------------------------------------------------------
+
+    def set_mode(self, index: int) -> None:
+        """0: a local model; 1: a vLLM server. The controls and the central view follow together."""
+        for widget in (self.source_tabs, self.views, *self._stacks):
+            if widget.currentIndex() != index:
+                widget.blockSignals(True)
+                widget.setCurrentIndex(index)
+                widget.blockSignals(False)
+        self._schedule()
+
+    def visible_plots(self) -> list:
+        """The plots of the central view on screen: the local run's or the server's."""
+        return self.server.view.plots if self.views.currentIndex() == 1 else self.plots
+
+    def _server_requested(self, url: str) -> None:
+        """The model chooser's "Connect to a server": a URL typed there connects at once."""
+        self.set_mode(1)
+        if url:
+            self.server.connect_to(url)
+        else:
+            self.server.panel.url.setFocus()
 
     def load_model(self, spec: str) -> None:
         if self.active_run is not None or self._closing:
@@ -356,6 +416,7 @@ class MainWindow(QMainWindow):
         self.sigRequestAdopt.emit(loaded)
 
     def _on_ready(self, listing) -> None:
+        self.server.connection.engine_ready.set()
         self.strategy_panel.set_strategies(listing)
         self._update_controls()
 
@@ -440,6 +501,25 @@ class MainWindow(QMainWindow):
         self.runs_table.add_run(self.runs[run_id], self.status_of[run_id], select=True)
         return run_id
 
+    def add_live_run(self, trace: Trace, status: str = "streaming") -> int:
+        """A run filled from outside the worker (kvviz's own request to a server), added to the overlay."""
+        run_id = self._next_run
+        self._next_run += 1
+        self.runs[run_id] = RunSeries(run_id, trace)
+        self.status_of[run_id] = status
+        self.runs_table.add_run(self.runs[run_id], status, select=False)
+        self.runs_table.select_runs([*self.shown_ids, run_id])
+        return run_id
+
+    def show_kept(self, kept):
+        """A trace opened from a file into the Runs table (returns its run id), or a server session into
+        the server view (returns it)."""
+        if isinstance(kept, Trace):
+            return self.add_trace(kept)
+        self.server.open_session(kept)
+        self.set_mode(1)
+        return kept
+
     def _on_run_started(self, run_id: int, header: Trace) -> None:
         series = self.runs.get(run_id)
         if series is None:
@@ -522,14 +602,11 @@ class MainWindow(QMainWindow):
             self._flush(run_id)
         shown = [self.runs[r] for r in self.shown_ids]
         primary = self.primary()
-        # The per-layer views change little from one token to the next: 4 times a second is enough
-        # while generating (each costs a full repaint of its plot).
-        full = self.active_run is None or started - self._last_layer_redraw >= 0.25
-        self.fidelity_plot.setVisible(any(r.has_reference for r in shown))
-        for plot in self.plots if full else self.plots[:3]:  # memory, latency, fidelity are live
-            plot.redraw(shown, primary)
-        if full:
-            self._last_layer_redraw = started
+        if self.views.currentIndex() == 1:
+            self.server.redraw()
+            self.server.view.latency_plot.redraw(shown, primary)
+        else:
+            self._redraw_local(shown, primary, started)
         if primary is not None:
             self.token_view.update_tokens()
         # The row's numbers come from Trace.summary() (linear in the steps): twice a second is enough.
@@ -545,6 +622,19 @@ class MainWindow(QMainWindow):
         cost = self.last_redraw_ms + PaintClock.take()
         self.redraw_cost_ms = 0.7 * self.redraw_cost_ms + 0.3 * cost
         self.redraw_count += 1
+
+    def _redraw_local(self, shown: list[RunSeries], primary: RunSeries | None, started: float) -> None:
+        # Served runs have timings only: the latency plot shows them, the cache views do not.
+        local = [r for r in shown if not is_served(r.trace)]
+        local_primary = primary if primary in local else (local[-1] if local else None)
+        # The per-layer views change little from one token to the next: 4 times a second is enough
+        # while generating (each costs a full repaint of its plot).
+        full = self.active_run is None or started - self._last_layer_redraw >= 0.25
+        self.fidelity_plot.setVisible(any(r.has_reference for r in local))
+        for plot in self.plots if full else self.plots[:3]:  # memory, latency, fidelity are live
+            plot.redraw(shown if plot is self.latency_plot else local, local_primary)
+        if full:
+            self._last_layer_redraw = started
 
     def _update_status(self) -> None:
         card = self.card or {}
@@ -605,6 +695,7 @@ class MainWindow(QMainWindow):
         self._closing = True
         self._redraw_timer.stop()
         self._rss_timer.stop()
+        self.server.shutdown()
         finished = self.thread.stop(timeout_ms)
         self.thread_stuck = not finished
         return finished

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
 VLLM_PYTHON = os.environ.get("KVVIZ_VLLM_PYTHON")
@@ -204,3 +205,48 @@ def test_restart_mid_session(server):
     # generation tokens counted across the restart: both requests' tokens, never a negative rate
     assert poller.deriver.totals["generation_tokens"] >= len(before.tokens) + len(after.tokens) - 2
     assert all(p.tokens_per_s is None or p.tokens_per_s >= 0 for p in poller.points)
+
+
+def test_window_attaches_under_load(server, qtbot, tmp_path):
+    """The window's server mode against the real server: own request, a load, usage up and back, a session."""
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    from PySide6.QtCore import QSettings
+
+    from kvviz.qt.main_window import MainWindow
+
+    window = MainWindow(settings=QSettings(str(tmp_path / "kvviz.ini"), QSettings.Format.IniFormat))
+    qtbot.addWidget(window)
+    window.show()
+    try:
+        mode = window.server
+        mode.panel.interval.setValue(0.2)
+        with qtbot.waitSignal(mode.connection.sigConnected, timeout=20000):
+            window.model_panel.set_spec(server.url)
+            window.model_panel.load_button.click()
+        window.prompt_panel.editor.setPlainText("The capital of France is")
+        window.settings_panel.max_new_tokens.setValue(24)
+        with qtbot.waitSignal(window.sigRunDone, timeout=60000) as done:
+            mode.send_button.click()
+        own = window.runs[done.args[0]]
+        mode.load_panel.set_values({"requests": 8, "concurrency": 4, "duration": 120, "shared_prefix": SHARED_PREFIX})
+        with qtbot.waitSignal(mode.connection.sigLoadDone, timeout=150000) as load_done:
+            mode.load_button.click()
+        qtbot.waitUntil(lambda: mode.series.n and mode.series.column("usage")[-1] == 0, timeout=30000)
+        window.redraw()
+
+        assert window.status_of[own.run_id] == "finished" and own.n >= 2
+        assert own.trace.prompt_tokens > 0  # counted by the server's /tokenize before sending
+        assert load_done.args[0]["completed"] == 8, load_done.args[0]
+        usage = mode.series.column("usage")
+        assert np.nanmax(usage) > 0 and usage[-1] == 0
+        assert np.nanmax(mode.series.column("hit_rate_total")) > 0
+        (x, _), *_ = mode.view.latency_plot.curve_data(own.run_id)
+        assert x[0] == own.trace.prompt_tokens + 1  # decode steps, placed at tokens in context
+        assert "allocated ÷ predicted" in mode.panel.card.text()
+        saved = window.file_actions.save_server_session(tmp_path / "server.json")
+        reopened = window.file_actions.open_trace(saved)
+        assert len(reopened.snapshots) >= mode.series.n and reopened.load["completed"] == 8
+        if os.environ.get("KVVIZ_SCREENSHOT"):
+            window.grab().save(os.environ["KVVIZ_SCREENSHOT"])
+    finally:
+        window.close()

@@ -18,7 +18,7 @@ def _rows(win):
 
 def test_menu_entries(window):
     texts = [a.text().replace("&", "") for a in window.menuBar().actions()[0].menu().actions() if a.text()]
-    for wanted in ("Open trace…", "Save selected run as trace…", "Export runs table as CSV…",
+    for wanted in ("Open trace or session…", "Save selected run as trace…", "Export runs table as CSV…",
                    "Export plots as PNG/SVG…", "Save window as PNG…", "Quit"):
         assert wanted in texts
     assert sum(t.startswith("Save selected run") for t in texts) == 1

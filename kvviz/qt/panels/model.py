@@ -1,4 +1,4 @@
-"""Model chooser: default, tiny, a folder, a .gguf file or a hub id; load progress; the model card."""
+"""Model chooser: default, tiny, a folder, a .gguf file or a hub id, or a vLLM server; load progress; the card."""
 
 from __future__ import annotations
 
@@ -22,16 +22,18 @@ BUILTIN = ("default", "tiny")
 
 class ModelPanel(QGroupBox):
     sigLoadRequested = Signal(str)
+    sigServerRequested = Signal(str)  # a server's URL ("" when none was typed): the window's server mode
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__("Model", parent)
         self.spec = QComboBox()
         self.spec.setEditable(True)
         self.spec.addItems(BUILTIN)
-        self.spec.lineEdit().setPlaceholderText("default, tiny, a folder, a .gguf file or a hub id")
+        self.spec.lineEdit().setPlaceholderText("default, tiny, a folder, a .gguf file, a hub id or a server URL")
         self.spec.setToolTip(
             "default: SmolLM2-135M-Instruct (embedded)\ntiny: a random 4-layer Llama (instant, for trying things)\n"
-            "or a model folder, a .gguf file, or a Hugging Face hub id such as org/name"
+            "or a model folder, a .gguf file, or a Hugging Face hub id such as org/name\n"
+            "or a vLLM server's address such as http://127.0.0.1:8000 (connects to it)"
         )
         self.spec.lineEdit().returnPressed.connect(self._request)
         self.folder_button = QPushButton("Folder…")
@@ -40,6 +42,9 @@ class ModelPanel(QGroupBox):
         self.file_button = QPushButton("GGUF…")
         self.file_button.setToolTip("Choose a .gguf file")
         self.file_button.clicked.connect(self._choose_file)
+        self.server_button = QPushButton("Server…")
+        self.server_button.setToolTip("Connect to a vLLM server and watch its KV cache, requests and latency")
+        self.server_button.clicked.connect(lambda *_: self.sigServerRequested.emit(""))
         self.load_button = QPushButton("Load")
         self.load_button.clicked.connect(self._request)
         self.progress = QProgressBar()
@@ -60,6 +65,7 @@ class ModelPanel(QGroupBox):
         buttons = QHBoxLayout()
         buttons.addWidget(self.folder_button)
         buttons.addWidget(self.file_button)
+        buttons.addWidget(self.server_button)
         buttons.addStretch(1)
         layout = QVBoxLayout(self)
         layout.addLayout(row)
@@ -77,7 +83,11 @@ class ModelPanel(QGroupBox):
         self.spec.setCurrentText(spec)
 
     def _request(self) -> None:
-        self.sigLoadRequested.emit(self.current_spec())
+        spec = self.current_spec()
+        if spec.startswith(("http://", "https://")):
+            self.sigServerRequested.emit(spec)
+        else:
+            self.sigLoadRequested.emit(spec)
 
     def _choose_folder(self) -> None:
         path = QFileDialog.getExistingDirectory(self, "Model folder")

@@ -6,6 +6,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QColor, QIcon, QPixmap
 from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QTableWidget, QTableWidgetItem, QWidget
 
+from kvviz.attach.request_trace import is_served
 from kvviz.qt import theme
 from kvviz.qt.series import MIB, RunSeries
 
@@ -37,6 +38,7 @@ def row_values(series: RunSeries, status: str) -> list[str]:
     """The table's text for one run, from the trace's own summary."""
     summary = series.trace.summary()
     strategy = series.label().split(" ", 1)[1]
+    served = is_served(series.trace)  # a server's request: timings only, its cache is the server's
     return [
         f"#{series.run_id}",
         str((series.trace.model or {}).get("name", "")),
@@ -46,12 +48,15 @@ def row_values(series: RunSeries, status: str) -> list[str]:
         _number(summary["decode_ms_mean"], 2),
         _number(summary["decode_ms_p95"], 2),
         _number(summary["decode_tokens_per_s"]),
-        _number(summary["peak_cache_bytes"] / MIB, 3),
-        _number(summary["peak_rss_bytes"] / MIB, 0),
+        "–" if served else _number(summary["peak_cache_bytes"] / MIB, 3),
+        "–" if served else _number(summary["peak_rss_bytes"] / MIB, 0),
         # fidelity against the lockstep reference, when the run had one
         _number(summary.get("top1_agreement"), 3),
         _number(summary.get("mean_kl"), 4),
-        "–" if "mean_kl" not in summary else "none" if summary["first_divergence"] is None
+        "–"
+        if "mean_kl" not in summary
+        else "none"
+        if summary["first_divergence"] is None
         else f"step {summary['first_divergence']}",
         status,
     ]

@@ -6,6 +6,7 @@ from PySide6.QtCore import QEvent
 from PySide6.QtGui import QColor, QTextCharFormat, QTextCursor, QTextFormat
 from PySide6.QtWidgets import QTextEdit, QToolTip, QWidget
 
+from kvviz.attach.request_trace import STRATEGY as SERVED
 from kvviz.qt import theme
 from kvviz.qt.series import MIB, RunSeries
 from kvviz.trace import StepRecord
@@ -113,6 +114,9 @@ def visible(token: str) -> str:
 
 
 def step_tooltip(step: StepRecord) -> str:
+    if step.strategy == SERVED:  # timed on arrival at kvviz; the server's cache is not seen per request
+        wait = "after the request was sent" if step.phase == "prefill" else "after the previous token"
+        return f"token {step.index} {step.token!r}\narrived {step.wall_ms:.1f} ms {wait}\nstreamed by a vLLM server"
     return (
         f"step {step.index} ({step.phase})\n"
         f"token {step.token!r} (id {step.token_id}) at position {step.position}\n"

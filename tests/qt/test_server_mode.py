@@ -1,0 +1,134 @@
+"""The window's "vLLM server" mode against a loopback server replaying what a real vLLM 0.32 answered.
+
+The replay (tests/attach/conftest.py) plays back recorded /metrics bodies and a recorded completion
+stream; the same window against a real vLLM is in tests/attach/test_vllm_integration.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvviz.attach import session as session_file
+from kvviz.attach.request_trace import STRATEGY
+from tests.attach.conftest import DATA, MODEL, dead_url, recorded, replay_server  # noqa: F401 - fixtures
+from tests.qt.conftest import load, run
+
+PHASES = ["idle", "load", "after", "restarted", "restarted_after"]
+
+
+def attach(qtbot, window, url: str) -> None:
+    """Type the URL into the model chooser and press Load, as a user would."""
+    window.server.panel.model_dir.setText(str(DATA / "smollm2-135m"))
+    window.server.panel.interval.setValue(0.1)
+    window.model_panel.set_spec(url)
+    with qtbot.waitSignal(window.server.connection.sigConnected, timeout=10000):
+        window.model_panel.load_button.click()
+
+
+def send(qtbot, window) -> int:
+    with qtbot.waitSignal(window.sigRunDone, timeout=10000) as done:
+        window.server.send_button.click()
+    return done.args[0]
+
+
+def test_server_button_switches_the_controls_and_the_view(window):
+    window.model_panel.server_button.click()
+    assert window.source_tabs.currentIndex() == 1 and window.views.currentIndex() == 1
+    assert window.server.panel.isVisibleTo(window) and not window.model_panel.isVisibleTo(window)
+    assert not window.server.send_button.isEnabled()  # not connected yet
+    window.views.setCurrentIndex(0)  # the central tab leads the controls too
+    assert window.source_tabs.currentIndex() == 0 and window.strategy_panel.isVisibleTo(window)
+
+
+def test_attach_plots_scrapes_and_own_request_joins_the_runs(qtbot, window, replay_server):  # noqa: F811
+    replay_server.metrics = [recorded(f"metrics_{name}.txt") for name in PHASES]
+    replay_server.chunk_delay = 0.01
+    attach(qtbot, window, replay_server.url)
+    server = window.server
+    assert window.views.currentIndex() == 1
+    assert "Disconnect" == server.panel.connect_button.text()
+    qtbot.waitUntil(lambda: server.series.n >= len(PHASES) + 1, timeout=10000)
+    card = server.panel.card.text()
+    assert "46,592 tokens" in card and "23,040 B (bfloat16)" in card  # the prediction from the model's config
+    assert "1.0002" in card  # allocated 23,045.6 B / predicted 23,040 B
+    usage = server.series.column("usage")
+    assert np.nanmax(usage) > 0 and usage[-1] == 0  # rose under the recorded load, fell back
+    assert len(server.series.restarts) == 1
+    window.redraw()
+    assert "restarted" in window.statusBar().currentMessage() or server.series.restarts
+
+    run_id = send(qtbot, window)
+    series = window.runs[run_id]
+    assert window.status_of[run_id] == "finished"
+    assert series.trace.strategy["name"] == STRATEGY and series.n == 12
+    assert series.trace.prompt_tokens == 0  # the replay has no /tokenize: positions count from 0
+    row = window.runs_table.row_text(run_id)
+    assert row[2] == STRATEGY and row[3] == "12" and row[8] == "–"  # no cache numbers for a served run
+    window.redraw()
+    (x, ms), *_ = server.view.latency_plot.curve_data(run_id)
+    assert len(x) == 11 and np.all(ms >= 0)  # decode gaps; the first token's wait is the prefill star
+    assert series.prefill_ms == pytest.approx(series.trace.steps[0].wall_ms)
+    assert window.memory_plot.curve_data(run_id) == []  # the cache views leave served runs out
+    assert window.token_view.series is series and "The answer is: 201" in window.token_view.toPlainText()
+
+
+def test_local_and_served_runs_share_the_latency_plot(qtbot, window, replay_server):  # noqa: F811
+    load(qtbot, window, "tiny")
+    local = run(qtbot, window, tokens=6)
+    attach(qtbot, window, replay_server.url)
+    served = send(qtbot, window)
+    assert window.shown_ids == [local, served]  # the served run joins the overlay
+    window.redraw()
+    plot = window.server.view.latency_plot
+    assert plot.curve_data(local) and plot.curve_data(served)
+    window.set_mode(0)
+    window.redraw()
+    assert window.latency_plot.curve_data(served) and window.memory_plot.curve_data(local)
+    assert window.memory_plot.curve_data(served) == []
+
+
+def test_session_saves_and_opens_again(qtbot, window, replay_server, tmp_path):  # noqa: F811
+    replay_server.metrics = [recorded(f"metrics_{name}.txt") for name in PHASES[:3]]
+    attach(qtbot, window, replay_server.url)
+    send(qtbot, window)
+    qtbot.waitUntil(lambda: window.server.series.n >= 4, timeout=10000)
+    path = window.file_actions.save_server_session(tmp_path / "server.json")
+    saved = session_file.load(path)
+    assert saved.model == MODEL and len(saved.requests) == 1 and len(saved.snapshots) >= 4
+    assert saved.prediction["ratio"] == pytest.approx(1.0, rel=0.01)
+
+    window.server.disconnect()
+    rows = window.runs_table.rowCount()
+    opened = window.file_actions.open_trace(path)
+    assert isinstance(opened, session_file.Session)
+    assert window.server.series.n == len(saved.points())  # the plots again, derived from the raw scrapes
+    assert window.runs_table.rowCount() == rows + 1  # its own request as a run again
+    assert "opened from a session file" in window.server.view.summary.text()
+    assert window.views.currentIndex() == 1
+
+
+def test_unreachable_server_says_so_and_keeps_what_was_there(qtbot, window, dead_url):  # noqa: F811
+    load(qtbot, window, "tiny")
+    kept = run(qtbot, window, tokens=4)
+    window.model_panel.set_spec(dead_url)
+    with qtbot.waitSignal(window.server.connection.sigConnectFailed, timeout=10000):
+        window.model_panel.load_button.click()
+    assert "Could not attach" in window.last_error and "cannot connect" in window.last_error
+    assert window.error_bar.isVisibleTo(window)
+    assert kept in window.runs and window.card is not None  # the local model and run are still there
+    assert window.server.panel.connect_button.text() == "Connect" and not window.server.send_button.isEnabled()
+
+
+def test_not_vllm_and_bad_addresses_are_refused_with_a_reason(qtbot, window, replay_server):  # noqa: F811
+    replay_server.metrics = [
+        '# HELP python_info Python platform information\n# TYPE python_info gauge\npython_info{version="3.11"} 1.0\n'
+    ]
+    window.set_mode(1)
+    with qtbot.waitSignal(window.server.connection.sigConnectFailed, timeout=10000):
+        window.server.connect_to(replay_server.url)
+    assert "does not look like a vLLM server" in window.last_error
+    assert not window.server.connect_to("ftp://example")
+    assert "not an http(s) address" in window.last_error
+    assert not window.server.connect_to("")
+    assert "Type the server's address" in window.last_error
