@@ -34,6 +34,16 @@ def grown(data: np.ndarray, need: int) -> np.ndarray:
     return bigger
 
 
+def nearest_index(xs: np.ndarray, x: float) -> int | None:
+    """Index of the value in sorted `xs` closest to x (hover readouts), or None when empty."""
+    if not len(xs):
+        return None
+    i = min(max(int(np.searchsorted(xs, x)), 0), len(xs) - 1)
+    if i > 0 and abs(xs[i - 1] - x) < abs(xs[i] - x):
+        i -= 1
+    return i
+
+
 class RunSeries:
     def __init__(self, run_id: int, trace: Trace, capacity: int = 256):
         self.run_id = run_id

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from kvviz.attach.metrics import Point
-from kvviz.qt.series import MIB, grown
+from kvviz.qt.series import MIB, grown, nearest_index
 
 
 def _scaled(value: float | None, factor: float) -> float:
@@ -85,11 +85,4 @@ class ServerSeries:
 
     def nearest(self, elapsed: float) -> int | None:
         """Index of the point closest in time to `elapsed`, or None when empty."""
-        xs = self.column("elapsed")
-        if not len(xs):
-            return None
-        i = int(np.searchsorted(xs, elapsed))
-        i = min(max(i, 0), len(xs) - 1)
-        if i > 0 and abs(xs[i - 1] - elapsed) < abs(xs[i] - elapsed):
-            i -= 1
-        return i
+        return nearest_index(self.column("elapsed"), elapsed)

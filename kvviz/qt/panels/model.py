@@ -51,13 +51,7 @@ class ModelPanel(QGroupBox):
         self.progress.setTextVisible(False)
         self.progress.setMaximumHeight(8)
         self.progress.hide()
-        self.status = QLabel("no model loaded")
-        self.status.setObjectName("muted")
-        self.status.setWordWrap(True)
-        self.card = QLabel()
-        self.card.setTextFormat(Qt.TextFormat.RichText)
-        self.card.setWordWrap(True)
-        self.card.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.status, self.card = status_and_card("no model loaded")
 
         row = QHBoxLayout()
         row.addWidget(self.spec, 1)
@@ -124,6 +118,18 @@ class ModelPanel(QGroupBox):
         self.load_button.setEnabled(True)
         self.status.setText("loading failed (see the message above the plots)")
         del message
+
+
+def status_and_card(status: str) -> tuple[QLabel, QLabel]:
+    """A muted status line and a selectable rich-text card under it (the model's or the server's)."""
+    label = QLabel(status)
+    label.setObjectName("muted")
+    label.setWordWrap(True)
+    card = QLabel()
+    card.setTextFormat(Qt.TextFormat.RichText)
+    card.setWordWrap(True)
+    card.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+    return label, card
 
 
 def card_html(card: dict[str, Any]) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -13,7 +13,6 @@ from PySide6.QtWidgets import (
     QFormLayout,
     QGroupBox,
     QHBoxLayout,
-    QLabel,
     QLineEdit,
     QPushButton,
     QSpinBox,
@@ -25,6 +24,7 @@ from kvviz.attach.load import MAX_CONCURRENCY, MAX_REQUESTS
 from kvviz.attach.metrics import allocated_bytes_per_token
 from kvviz.attach.poller import base_url
 from kvviz.attach.request_trace import model_label
+from kvviz.qt.panels.model import status_and_card
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 
@@ -62,13 +62,7 @@ class ServerPanel(QGroupBox):
         self.dtype = QComboBox()
         self.dtype.addItems(DTYPES)
         self.dtype.setToolTip("The server's --dtype, for the prediction (auto: the checkpoint's)")
-        self.status = QLabel("not connected")
-        self.status.setObjectName("muted")
-        self.status.setWordWrap(True)
-        self.card = QLabel()
-        self.card.setTextFormat(Qt.TextFormat.RichText)
-        self.card.setWordWrap(True)
-        self.card.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.status, self.card = status_and_card("not connected")
 
         row = QHBoxLayout()
         row.addWidget(self.url, 1)

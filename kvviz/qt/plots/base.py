@@ -48,6 +48,7 @@ class TimedPlotWidget(pg.PlotWidget):
 class PlotPanel(QWidget):
     title = ""
     integer_axes: tuple[str, ...] = ()
+    crosshair_line = False  # a vertical line follows the mouse over the plot
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -83,6 +84,10 @@ class PlotPanel(QWidget):
         # long readouts must never widen the window: they may be cut, the plot keeps its size
         self.readout.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.title_label.setMinimumWidth(1)  # its full width when there is room, cut when not
+        self.crosshair = pg.InfiniteLine(angle=90, movable=False, pen=pg.mkPen("#888888", width=1))
+        self.crosshair.setVisible(False)
+        if self.crosshair_line:
+            self.plot.addItem(self.crosshair, ignoreBounds=True)
         self._runs: list[RunSeries] = []
         self._primary: RunSeries | None = None
         self._legend_item: pg.LegendItem | None = None  # not "legend": CacheMapPlot has a QLabel by that name
@@ -121,9 +126,12 @@ class PlotPanel(QWidget):
 
     def _on_mouse(self, event) -> None:
         pos = event[0]
-        if not self.plot.sceneBoundingRect().contains(pos):
+        inside = self.plot.sceneBoundingRect().contains(pos)
+        self.crosshair.setVisible(inside and self.crosshair_line)
+        if not inside:
             return
         point = self.plot.vb.mapSceneToView(pos)
+        self.crosshair.setPos(point.x())
         self.readout.setText(self.hover_text(point.x(), point.y()))
 
     def hover_text(self, x: float, y: float) -> str:

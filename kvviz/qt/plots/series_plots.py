@@ -8,7 +8,7 @@ from PySide6.QtCore import Qt
 
 from kvviz.qt import theme
 from kvviz.qt.plots.base import PlotPanel
-from kvviz.qt.series import CACHE_MIB, KL, PREDICTED_MIB, WALL_MS, RunSeries, X
+from kvviz.qt.series import CACHE_MIB, KL, PREDICTED_MIB, WALL_MS, RunSeries, X, nearest_index
 
 
 class _Curves:
@@ -22,13 +22,12 @@ class _Curves:
 
 
 class _SeriesPlot(PlotPanel):
+    crosshair_line = True
+
     def __init__(self, parent=None):
         super().__init__(parent)
         self.plot.setClipToView(True)
         self.plot.setDownsampling(auto=True, mode="peak")
-        self.crosshair = pg.InfiniteLine(angle=90, movable=False, pen=pg.mkPen("#888888", width=1))
-        self.crosshair.setVisible(False)
-        self.plot.addItem(self.crosshair, ignoreBounds=True)
         self._curves: dict[int, _Curves] = {}
         # The x range grows in steps of 25 %, not with every token: a range change makes pyqtgraph
         # rebuild both axes, the largest part of a live frame. Zooming or panning by hand stops it.
@@ -138,24 +137,9 @@ class _SeriesPlot(PlotPanel):
             return []
         return [item.getOriginalDataset() for item in curves.items if isinstance(item, pg.PlotDataItem)]
 
-    def _on_mouse(self, event) -> None:
-        pos = event[0]
-        inside = self.plot.sceneBoundingRect().contains(pos)
-        self.crosshair.setVisible(inside)
-        if inside:
-            self.crosshair.setPos(self.plot.vb.mapSceneToView(pos).x())
-        super()._on_mouse(event)
-
     @staticmethod
     def nearest(series: RunSeries, x: float) -> int | None:
-        xs = series.column(X)
-        if not len(xs):
-            return None
-        i = int(np.searchsorted(xs, x))
-        i = min(max(i, 0), len(xs) - 1)
-        if i > 0 and abs(xs[i - 1] - x) < abs(xs[i] - x):
-            i -= 1
-        return i
+        return nearest_index(series.column(X), x)
 
 
 class MemoryPlot(_SeriesPlot):

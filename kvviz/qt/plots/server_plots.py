@@ -46,6 +46,7 @@ class _Curve:
 
 
 class _ServerPlot(PlotPanel):
+    crosshair_line = True
     y_label = ""
     zero_based = True  # the y range starts at 0 while it follows the data
     y_min_top = 1.0  # the smallest top of that range (an idle server draws a line at 0, not a blank)
@@ -55,9 +56,6 @@ class _ServerPlot(PlotPanel):
     def __init__(self, parent=None):
         super().__init__(parent)
         self.set_labels(self.y_label, X_LABEL)
-        self.crosshair = pg.InfiniteLine(angle=90, movable=False, pen=pg.mkPen("#888888", width=1))
-        self.crosshair.setVisible(False)
-        self.plot.addItem(self.crosshair, ignoreBounds=True)
         self.curves: list[_Curve] = []
         self.restart_lines: list[pg.InfiniteLine] = []
         self._series: ServerSeries | None = None
@@ -177,14 +175,6 @@ class _ServerPlot(PlotPanel):
         for line in self.restart_lines:
             line.setPen(pg.mkPen(palette.muted, width=1, style=Qt.PenStyle.DotLine))
             line.label.setColor(palette.muted)
-
-    def _on_mouse(self, event) -> None:
-        pos = event[0]
-        inside = self.plot.sceneBoundingRect().contains(pos)
-        self.crosshair.setVisible(inside)
-        if inside:
-            self.crosshair.setPos(self.plot.vb.mapSceneToView(pos).x())
-        super()._on_mouse(event)
 
     def hover_text(self, x: float, y: float) -> str:
         series = self._series
