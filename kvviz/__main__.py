@@ -12,7 +12,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from kvviz import cli  # noqa: E402
 
 # Arguments that belong to the window rather than to a command.
-WINDOW_FLAGS = ("--open", "--smoke-test", "--model", "--theme", "--no-load")
+WINDOW_FLAGS = ("--open", "--connect", "--smoke-test", "--model", "--theme", "--no-load")
 
 
 def main(argv: list[str] | None = None) -> int:

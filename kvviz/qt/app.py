@@ -19,7 +19,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--model", default=None, help="model to load at start (default: the last one used)")
     parser.add_argument("--theme", choices=theme.THEMES, default=None, help="colour theme")
     parser.add_argument("--no-load", action="store_true", help="do not load a model at start")
-    parser.add_argument("--open", action="append", default=[], metavar="TRACE", help="open a trace file (repeatable)")
+    parser.add_argument(
+        "--open", action="append", default=[], metavar="FILE", help="open a trace or server session file (repeatable)"
+    )
+    parser.add_argument(
+        "--connect", metavar="URL", help="attach to a vLLM server at start (no local model loads unless --model)"
+    )
     parser.add_argument(
         "--smoke-test",
         action="store_true",
@@ -66,8 +71,11 @@ def main(argv: list[str] | None = None) -> int:
         spec = args.model or str(settings.value("model/spec", "default"))
     if args.theme:
         settings.setValue("view/theme", args.theme)
-    window = MainWindow(settings=settings, autoload=None if args.no_load and not args.smoke_test else spec)
+    skip_load = (args.no_load or (args.connect and not args.model)) and not args.smoke_test
+    window = MainWindow(settings=settings, autoload=None if skip_load else spec)
     problems = _open_traces(window, args.open)
+    if args.connect:
+        window.connect_server(args.connect)
     window.show()
     if args.quit_after is not None:
         QTimer.singleShot(int(args.quit_after * 1000), window.close)

@@ -149,7 +149,7 @@ class MainWindow(QMainWindow):
 
         # Local model or vLLM server: the prompt and settings are shared, the rest swaps with the mode.
         self.server = ServerMode(self)
-        self.model_panel.sigServerRequested.connect(self._server_requested)
+        self.model_panel.sigServerRequested.connect(self.connect_server)
         self.source_tabs = QTabBar()
         self.source_tabs.addTab("Local model")
         self.source_tabs.addTab("vLLM server")
@@ -392,8 +392,8 @@ class MainWindow(QMainWindow):
         """The plots of the central view on screen: the local run's or the server's."""
         return self.server.view.plots if self.views.currentIndex() == 1 else self.plots
 
-    def _server_requested(self, url: str) -> None:
-        """The model chooser's "Connect to a server": a URL typed there connects at once."""
+    def connect_server(self, url: str) -> None:
+        """The model chooser's "Connect to a server" (and `kvviz --connect`): a URL given connects at once."""
         self.set_mode(1)
         if url:
             self.server.connect_to(url)

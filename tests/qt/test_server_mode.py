@@ -132,3 +132,13 @@ def test_not_vllm_and_bad_addresses_are_refused_with_a_reason(qtbot, window, rep
     assert "not an http(s) address" in window.last_error
     assert not window.server.connect_to("")
     assert "Type the server's address" in window.last_error
+
+
+def test_connect_flag_attaches_and_closing_mid_session_is_clean(tmp_path, replay_server):  # noqa: F811
+    from tests.qt.test_app import launch
+
+    replay_server.chunk_delay = 0.05
+    rc, stderr, _ = launch(tmp_path, "--connect", replay_server.url, "--quit-after", "6")
+    assert rc == 0, stderr
+    assert "Traceback" not in stderr
+    assert replay_server.scrapes >= 2  # it attached and polled until the window closed
