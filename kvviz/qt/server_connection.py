@@ -99,6 +99,8 @@ class ServerConnection(QObject):
         poller.start()
 
     def _on_scrape(self, poller: Poller, snap, point) -> None:  # on the poller's thread
+        if poller is not self.poller:  # a scrape of the previous server, finishing after a reconnect
+            return
         events_seen, errors_seen = self._notes_seen
         events, errors = list(poller.events), list(poller.errors)
         self._notes_seen = (len(events), len(errors))
