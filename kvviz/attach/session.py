@@ -72,7 +72,7 @@ def predict(model_dir: str | os.PathLike, cache: dict[str, Any], server_dtype: s
     import torch
     from transformers import AutoConfig
 
-    from kvviz.engine.predict import kv_bytes_per_token
+    from kvviz.engine.geometry import Geometry
 
     try:
         config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
@@ -81,7 +81,7 @@ def predict(model_dir: str | os.PathLike, cache: dict[str, Any], server_dtype: s
     text = config.get_text_config(decoder=True)
     config_dtype = getattr(text, "dtype", None) or getattr(config, "torch_dtype", None)
     dtype_name, why = kv_dtype_name(cache.get("cache_dtype"), server_dtype, str(config_dtype) if config_dtype else None)
-    predicted = kv_bytes_per_token(config, getattr(torch, dtype_name))
+    predicted = Geometry.of(config, getattr(torch, dtype_name)).kv_bytes_per_token
     allocated = allocated_bytes_per_token(cache)
     return {
         "model_dir": str(model_dir),

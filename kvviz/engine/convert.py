@@ -10,41 +10,36 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import BaseQuantizedLayer, DynamicSlidingWindowLayer, StaticLayer
 
+from kvviz.engine.geometry import Geometry
 from kvviz.engine.layers import SinkLayer
-from kvviz.engine.predict import layer_windows
-from kvviz.engine.strategies import Strategy, StrategyChoice, get
-
-# Strategies whose cache holds every token seen so far, at its absolute position.
-COMPLETE = {"dynamic", "static", "quantized", "offloaded", "offloaded-static"}
-PREALLOCATING = {"static", "offloaded-static"}
+from kvviz.engine.strategies import StrategyChoice, get
 
 
 def refusal(current: str, target: StrategyChoice, model, evicted: bool) -> str | None:
-    """Why the live cache of `current` cannot become `target` now, or None if it can.
+    """Why the live cache of strategy `current` cannot become `target` now, or None if it can.
 
     `evicted` says whether the current cache has dropped any token already.
     """
-    strategy: Strategy = get(target.name)
+    source, strategy = get(current), get(target.name)
     ok, reason = strategy.available()
     if not ok:
         return f"{target.name!r} is not available here: {reason}"
     problem = strategy.unsupported(model, target.options)
     if problem:
         return f"{target.name!r} {problem}"
-    if current == "none":
+    if not source.has_cache:
         return "a run without a cache has nothing to convert; start a new run with a cache instead"
-    if target.name == "none":
-        return "switching to no cache would recompute every step from scratch; start a new run with 'none'"
-    hybrid = any(w is not None for w in layer_windows(model.config))
-    if hybrid and (current in PREALLOCATING or target.name in PREALLOCATING):
+    if not strategy.has_cache:
+        return f"switching to no cache would recompute every step from scratch; start a new run with {target.name!r}"
+    if Geometry.of(model.config, model.dtype).hybrid and (source.preallocates or strategy.preallocates):
         return (
             "on models with sliding-window layers, static caches index slots by absolute position "
             "and cannot be refilled live"
         )
-    if target.name in PREALLOCATING and evicted:
+    if strategy.preallocates and evicted:
         return f"{current!r} has already evicted tokens, and a static cache cannot hold the gaps they leave"
-    if target.name == "sink" and current not in COMPLETE and evicted:
-        return f"the attention sinks are the first tokens, and {current!r} has already evicted them"
+    if strategy.keeps_first_tokens and evicted:
+        return "the attention sinks are the first tokens, and this run's cache has already evicted them"
     return None
 
 

@@ -8,12 +8,13 @@ time of every decoder layer and the measured and predicted size of the cache.
 
 from __future__ import annotations
 
-import inspect
+import math
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
+import psutil
 import torch
 from transformers.generation.logits_process import (
     LogitsProcessorList,
@@ -23,12 +24,14 @@ from transformers.generation.logits_process import (
 )
 
 from kvviz.engine import measure
-from kvviz.engine.convert import convert, refusal
+from kvviz.engine.cache_run import CacheRun
 from kvviz.engine.fidelity import Reference
 from kvviz.engine.models import LoadedModel
-from kvviz.engine.predict import CachePredictor, Geometry
-from kvviz.engine.strategies import OptionError, StrategyChoice, capacity_for, get
-from kvviz.trace import LayerRecord, StepRecord, Switch, Trace
+from kvviz.engine.strategies import StrategyChoice, capacity_for, get
+from kvviz.errors import OptionError
+from kvviz.trace import StepRecord, Switch, Trace
+
+MAX_SEED = 2**63 - 1  # torch generators take a signed 64-bit seed
 
 
 @dataclass
@@ -44,16 +47,25 @@ class GenerationSettings:
     def check(self) -> None:
         if self.max_new_tokens < 1:
             raise OptionError(f"max new tokens must be at least 1, not {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise OptionError(f"temperature must be 0 (greedy) or positive, not {self.temperature}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise OptionError(f"temperature must be 0 (greedy) or a positive finite number, not {self.temperature}")
         if self.top_k < 0:
             raise OptionError(f"top-k must be 0 (off) or a positive integer, not {self.top_k}")
-        if not 0 < self.top_p <= 1:
+        if not 0 < self.top_p <= 1:  # also refuses NaN
             raise OptionError(f"top-p must be in (0, 1], not {self.top_p}")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise OptionError(f"the seed must be an integer from 0 to {MAX_SEED}, not {self.seed}")
 
 
 def encode_prompt(tokenizer, prompt: str, raw: bool) -> list[int]:
     """Token ids of the prompt, wrapped in the chat template unless `raw` or the tokenizer has none."""
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as exc:  # undecodable bytes of a command-line argument, kept as surrogates
+        raise OptionError(
+            f"the prompt is not valid UTF-8 text (undecodable bytes at character {exc.start}); "
+            "give UTF-8 text, or a file with --prompt-file"
+        ) from None
     if not raw and getattr(tokenizer, "chat_template", None):
         ids = tokenizer.apply_chat_template(
             [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
@@ -135,7 +147,8 @@ class Decoder:
     """Generates from one prompt with one cache strategy, yielding a record per step.
 
     Raises `OptionError` at construction for anything the user asked for that cannot run
-    (an unavailable strategy, an unsupported model, a too-small max_cache_len, bad settings).
+    (an unavailable strategy, an unsupported model, a too-small max_cache_len, bad settings, a prompt
+    plus new tokens longer than the model's context, a cache that would not fit in memory).
     With `reference=True` a full-precision DynamicCache reference runs in lockstep on the same
     tokens, and each step records how far the run's next-token distribution is from it.
     """
@@ -167,35 +180,23 @@ class Decoder:
             prompt_tokens=self.prompt_tokens,
             settings=asdict(settings),
         )
-        self.choice = choice
-        self.cache = self._build(choice)
-        self.position = 0  # the position the model numbers the next fed token with
-        self.seen = 0  # tokens the model has processed
-        self.evicted = False
-        parameters = inspect.signature(self.model.forward).parameters
-        self._cache_kw = "cache" if "cache" in parameters else "past_key_values"
-        self._keeps_logits = "logits_to_keep" in parameters
-        self.reference = Reference(self.model, self._cache_kw, self._keeps_logits) if reference else None
+        total = self.prompt_tokens + settings.max_new_tokens
+        _check_context(self.model, get(choice.name).positions_needed(choice.options, total), self.prompt_tokens,
+                       settings.max_new_tokens)
+        self.capacity = capacity_for(choice, total)
+        self.run = CacheRun(self.model, choice, self.capacity)
+        _check_memory(self.run, self.model.device)
+        self.reference = Reference(self.model) if reference else None
         self.eos_ids = self._eos_ids()
         self._processors = self._make_processors()
         self._generator = torch.Generator(device="cpu").manual_seed(settings.seed)
         self._compile = bool(choice.options.get("compile"))
 
-    # -- setup -------------------------------------------------------------------------------------
+    @property
+    def choice(self) -> StrategyChoice:
+        return self.run.choice
 
-    def _build(self, choice: StrategyChoice):
-        """Check `choice` against this model and run, build its empty cache and its predictor."""
-        strategy = get(choice.name)
-        ok, reason = strategy.available()
-        if not ok:
-            raise OptionError(f"strategy {choice.name!r} is not available here: {reason}")
-        problem = strategy.unsupported(self.model, choice.options)
-        if problem:
-            raise OptionError(f"strategy {choice.name!r} {problem}")
-        self.capacity = capacity_for(choice, self.prompt_tokens + self.settings.max_new_tokens)
-        geometry = Geometry.of(self.model.config, self.model.dtype)
-        self.predictor = CachePredictor(choice.name, choice.options, geometry, self.capacity)
-        return strategy.make_cache(self.model, choice.options, self.capacity)
+    # -- setup -------------------------------------------------------------------------------------
 
     def _eos_ids(self) -> set[int]:
         eos = self.model.generation_config.eos_token_id
@@ -231,33 +232,12 @@ class Decoder:
         if self._compile or choice.options.get("compile"):
             raise OptionError("runs under torch.compile cannot switch strategy live; start a new run instead")
         with self._lock:
-            problem = refusal(self.choice.name, choice, self.model, self.evicted)
+            problem = self.run.switch_refusal(choice)
             if problem:
-                raise OptionError(f"cannot switch from {self.choice.name!r} to {choice.name!r}: {problem}")
+                raise OptionError(f"cannot switch from {self.run.choice.name!r} to {choice.name!r}: {problem}")
             self._pending = choice
 
     # -- the loop ----------------------------------------------------------------------------------
-
-    def _forward(self, input_ids: torch.Tensor, forward=None) -> torch.Tensor:
-        kwargs = {"logits_to_keep": 1} if self._keeps_logits else {}
-        if self.cache is None:
-            kwargs["use_cache"] = False
-        else:
-            n = input_ids.shape[-1]
-            kwargs.update(use_cache=True, **{self._cache_kw: self.cache})
-            kwargs["position_ids"] = torch.arange(self.position, self.position + n, device=input_ids.device)[None]
-        out = (forward or self.model)(input_ids=input_ids, **kwargs)
-        return out.logits[:, -1, :]
-
-    def _advance(self, fed: int) -> None:
-        self.seen += fed
-        if self.choice.name == "sink":  # positions inside a sink cache restart after each eviction
-            self.position = self.cache.get_seq_length()
-            self.evicted = self.evicted or self.seen > self.position
-        else:
-            self.position += fed
-            if self.choice.name == "sliding":
-                self.evicted = self.evicted or self.seen >= self.choice.options["window"]
 
     def _pick(self, ids: torch.Tensor, logits: torch.Tensor) -> int:
         if self.settings.temperature == 0:
@@ -271,14 +251,8 @@ class Decoder:
             choice, self._pending = self._pending, None
         if choice is None:
             return
-        old = self.choice
-        new_cache = self._build(choice)
-        moved = convert(self.cache, new_cache, self.position, self.seen)
-        self.predictor = CachePredictor(choice.name, choice.options, self.predictor.geometry, self.capacity)
-        self.predictor.after_step(moved)
-        self.cache, self.choice = new_cache, choice
-        if choice.name == "sink":
-            self.position = self.cache.get_seq_length()
+        old = self.run.choice
+        self.run.switch(choice)
         self.trace.switches.append(Switch(index, old.name, choice.name, dict(choice.options)))
 
     def __iter__(self) -> Iterator[StepRecord]:
@@ -287,6 +261,7 @@ class Decoder:
         timer = LayerTimer(self.model, device, enabled=not self._compile)
         compiled = None
         text = ""
+        new = ids  # what the next step feeds a cache: the prompt, then each new token
         try:
             with torch.inference_mode():
                 for index in range(self.settings.max_new_tokens):
@@ -296,30 +271,32 @@ class Decoder:
                     prefill = index == 0
                     if not prefill:
                         self._apply_pending_switch(index)
-                    fed = ids if self.cache is None or prefill else ids[:, -1:]
+                    fed = ids if self.run.cache is None else new
                     forward = None
                     if self._compile and not prefill:
                         compiled = compiled or self._compile_decode(fed)
                         forward = compiled
                     started = time.perf_counter()
-                    logits = self._forward(fed, forward)
+                    logits = self.run.forward(fed, forward)[:, -1, :]
                     token = self._pick(ids, logits)
                     if device.type == "cuda":
                         torch.cuda.synchronize(device)
                     wall_ms = (time.perf_counter() - started) * 1000.0
                     layer_ms = timer.collect()
-                    self._advance(fed.shape[-1])
                     fidelity = None
                     if self.reference is not None:
-                        fidelity = self.reference.compare(fed if prefill else ids[:, -1:], logits, token)
+                        fidelity = self.reference.compare(new, logits, token)
                         timer.collect()  # the reference's layer times are not the run's
-                    ids = torch.cat([ids, torch.tensor([[token]], device=device)], dim=-1)
+                    # A fresh [1, 1] tensor, not the view ids[:, -1:]: a view's stride grows with ids, and
+                    # torch.compile guards on strides, so it would recompile at every step.
+                    new = torch.tensor([[token]], device=device)
+                    ids = torch.cat([ids, new], dim=-1)
                     new_text = self.tokenizer.decode(ids[0, self.prompt_tokens :], skip_special_tokens=False)
                     if new_text.endswith("\ufffd"):  # a multi-byte character is not complete yet
                         piece = ""
                     else:
                         piece, text = new_text[len(text) :], new_text
-                    record = self._record(index, prefill, token, piece, wall_ms, fed.shape[-1], layer_ms, fidelity)
+                    record = self._record(index, prefill, token, piece, wall_ms, layer_ms, fidelity)
                     self.trace.steps.append(record)
                     yield record
                     if self.settings.stop_at_eos and token in self.eos_ids:
@@ -331,15 +308,14 @@ class Decoder:
         """Compile the decode forward once, timed apart, on a throw-away step that is then undone."""
         compiled = torch.compile(self.model.forward, dynamic=False)
         started = time.perf_counter()
-        self._forward(fed, compiled)
-        self.cache.crop(-fed.shape[-1])
+        self.run.call(fed, compiled)
+        self.run.cache.crop(-fed.shape[-1])
         self.trace.compile_ms = (time.perf_counter() - started) * 1000.0
         return compiled
 
-    def _record(self, index, prefill, token, piece, wall_ms, fed_tokens, layer_ms, fidelity) -> StepRecord:
-        predicted = self.predictor.after_step(fed_tokens)
+    def _record(self, index, prefill, token, piece, wall_ms, layer_ms, fidelity) -> StepRecord:
         # Without a cache there is nothing to measure, but the layers still take time.
-        layers = measure.measure_cache(self.cache, self.seen) or [LayerRecord(0, 0, 0, 0) for _ in layer_ms]
+        layers = self.run.measure()
         for layer, ms in zip(layers, layer_ms, strict=False):
             layer.layer_ms = ms
         record = StepRecord(
@@ -349,9 +325,9 @@ class Decoder:
             token=piece,
             wall_ms=wall_ms,
             cache_bytes=sum(layer.total_bytes for layer in layers),
-            predicted_cache_bytes=predicted,
+            predicted_cache_bytes=self.run.predicted_bytes,
             rss_bytes=measure.rss_bytes(),
-            strategy=self.choice.name,
+            strategy=self.run.choice.name,
             layers=layers,
             cuda_bytes=measure.cuda_bytes(self.model.device),
             position=self.prompt_tokens + index,
@@ -359,3 +335,33 @@ class Decoder:
         if fidelity is not None:
             record.kl, record.top1_agree, record.ref_logprob, record.reference_ms = fidelity
         return record
+
+
+def _check_context(model, positions: int, prompt_tokens: int, new_tokens: int) -> None:
+    """Refuse a run whose positions go past what the model was built for."""
+    context = getattr(model.config.get_text_config(decoder=True), "max_position_embeddings", None)
+    if context and positions > context:
+        raise OptionError(
+            f"the prompt ({prompt_tokens} tokens) plus max new tokens ({new_tokens}) is {prompt_tokens + new_tokens} "
+            f"tokens, longer than the model's context of {context} tokens; shorten the prompt or ask for at most "
+            f"{max(context - prompt_tokens, 0)} new tokens"
+        )
+
+
+def _check_memory(run: CacheRun, device: torch.device) -> None:
+    """Refuse a cache that cannot fit: every slot of the run in full precision (evicting caches hold less)."""
+    if run.strategy.evicts:
+        return
+    need = run.capacity * run.geometry.kv_bytes_per_token
+    if device.type == "cuda":
+        free = torch.cuda.mem_get_info(device)[0]
+        where = f"free memory on {device}"
+    else:
+        free = psutil.virtual_memory().available
+        where = "available memory"
+    if need > free:
+        raise OptionError(
+            f"the cache for {run.capacity:,} tokens would need up to {need:,} bytes ({need / 2**30:.1f} GiB), more "
+            f"than the {free:,} bytes ({free / 2**30:.1f} GiB) of {where}; ask for fewer tokens"
+            + (" or a smaller max_cache_len" if run.strategy.preallocates else "")
+        )

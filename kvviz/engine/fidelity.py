@@ -14,13 +14,15 @@ import time
 import torch
 from transformers import DynamicCache
 
+from kvviz.engine.cache_run import cache_keyword, keeps_logits
+
 
 class Reference:
-    def __init__(self, model, cache_kw: str, keeps_logits: bool):
+    def __init__(self, model):
         self.model = model
         self.cache = DynamicCache(config=model.config)
-        self.kwargs = {"use_cache": True, cache_kw: self.cache}
-        if keeps_logits:
+        self.kwargs = {"use_cache": True, cache_keyword(model): self.cache}
+        if keeps_logits(model):
             self.kwargs["logits_to_keep"] = 1
 
     def compare(self, fed: torch.Tensor, run_logits: torch.Tensor, token: int) -> tuple[float, bool, float, float]:

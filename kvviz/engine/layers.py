@@ -46,7 +46,6 @@ class SinkLayer(CacheLayerMixin):
         self.sink_tokens = sink_tokens
         self.window = window
         self.inv_freq = inv_freq
-        self.seen = 0  # tokens that went through this layer
         self.evicted = 0  # tokens dropped so far
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -60,7 +59,6 @@ class SinkLayer(CacheLayerMixin):
             self.lazy_initialization(key_states, value_states)
         full_keys = torch.cat([self.keys, key_states], dim=-2)
         full_values = torch.cat([self.values, value_states], dim=-2)
-        self.seen += key_states.shape[-2]
         drop = full_keys.shape[-2] - (self.sink_tokens + self.window)
         if drop > 0:
             start = self.sink_tokens + drop
@@ -84,7 +82,7 @@ class SinkLayer(CacheLayerMixin):
     def reset(self) -> None:
         self.keys = self.values = None
         self.is_initialized = False
-        self.seen = self.evicted = 0
+        self.evicted = 0
 
 
 class WindowedFullAttentionLayer(DynamicSlidingWindowLayer):

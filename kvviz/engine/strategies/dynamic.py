@@ -1,0 +1,13 @@
+"""transformers' DynamicCache: keys and values grow by one token per step."""
+
+from transformers import DynamicCache
+
+from kvviz.engine.strategies.base import Strategy
+
+
+class Dynamic(Strategy):
+    name = "dynamic"
+    description = "DynamicCache: keys and values grow by one token per step"
+
+    def make_cache(self, model, options, capacity):
+        return DynamicCache(config=model.config)

@@ -1,0 +1,21 @@
+"""No cache: every step feeds the whole sequence again."""
+
+from kvviz.engine.predict import CachePredictor
+from kvviz.engine.strategies.base import Strategy
+
+
+class NoCachePredictor(CachePredictor):
+    def layer_bytes(self, i, window, new) -> int:
+        return 0
+
+
+class NoCache(Strategy):
+    name = "none"
+    description = "no cache: the whole sequence is recomputed at every step"
+    has_cache = False
+
+    def make_cache(self, model, options, capacity):
+        return None
+
+    def predictor(self, options, geometry, capacity):
+        return NoCachePredictor(geometry)

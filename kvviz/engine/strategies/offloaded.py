@@ -1,0 +1,29 @@
+"""transformers' caches with offloading: each layer parked in CPU memory between uses (CUDA only)."""
+
+from transformers import DynamicCache, StaticCache
+
+from kvviz.engine.strategies.base import Strategy, max_cache_len_option
+from kvviz.engine.strategies.static import StaticPredictor
+
+
+class Offloaded(Strategy):
+    name = "offloaded"
+    description = "DynamicCache with each layer moved to CPU memory between uses (CUDA only)"
+    needs_cuda = True
+
+    def make_cache(self, model, options, capacity):
+        return DynamicCache(config=model.config, offloading=True)
+
+
+class OffloadedStatic(Strategy):
+    name = "offloaded-static"
+    description = "StaticCache with layers offloaded to CPU memory between uses (CUDA only)"
+    options = (max_cache_len_option(),)
+    needs_cuda = True
+    preallocates = True
+
+    def make_cache(self, model, options, capacity):
+        return StaticCache(config=model.config, max_cache_len=capacity, offloading=True)
+
+    def predictor(self, options, geometry, capacity):
+        return StaticPredictor(geometry, capacity)

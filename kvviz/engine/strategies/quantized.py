@@ -1,0 +1,127 @@
+"""transformers' QuantizedCache (KIVI-style): old tokens quantized, the newest in a full-precision residual."""
+
+import importlib.util
+import math
+
+from transformers import QuantizedCache
+
+from kvviz.engine.geometry import Geometry
+from kvviz.engine.predict import CachePredictor
+from kvviz.engine.strategies.base import Option, Strategy, only_full_attention
+from kvviz.errors import OptionError
+
+NBITS = {"quanto": (2, 4), "hqq": (1, 2, 3, 4, 8)}
+AXES = {"quanto": (0, -1), "hqq": (0, 1)}
+PACKAGES = {"quanto": "optimum.quanto", "hqq": "hqq"}
+GROUP_WISE = ("nbits", "axis_key", "axis_value", "q_group_size", "residual_length")
+
+
+def quantized_bytes(geometry: Geometry, tokens: int, backend: str, nbits: int, group_size: int) -> int:
+    """Keys or values of `tokens` tokens in one layer after quantization, with scales and zero points.
+
+    quanto and HQQ pack `nbits` per element and keep one scale and one zero point (in the model's
+    dtype) per group of `group_size` elements; HQQ packs 3-bit values ten to an int32. fp8 keeps one
+    byte per element and a float32 scale per tensor.
+    """
+    if tokens == 0:
+        return 0
+    elements = geometry.batch * geometry.values_per_token * tokens
+    if backend == "fp8":
+        return elements + 4
+    groups = math.ceil(elements / group_size)
+    if backend == "hqq" and nbits == 3:
+        payload = math.ceil(groups / 10) * group_size * 4
+    else:
+        payload = math.ceil(elements * nbits / 8)
+    return payload + 2 * groups * geometry.element
+
+
+class QuantizedPredictor(CachePredictor):
+    """QuantizedLayer quantizes all it gets at the first update, then keeps new tokens in a residual
+    until it reaches `residual_length` and quantizes everything again; fp8 quantizes every update."""
+
+    def __init__(self, geometry, options):
+        super().__init__(geometry)
+        self.options = options
+        self.quantized = [0] * geometry.num_layers
+        self.residual = [0] * geometry.num_layers
+
+    def layer_bytes(self, i, window, new) -> int:
+        o = self.options
+        backend = o["backend"]
+        if backend == "fp8":
+            self.quantized[i] += new
+        elif self.seen == 0:  # the first update quantizes everything it gets
+            self.quantized[i] = new
+        elif self.residual[i] + new >= o["residual_length"]:
+            self.quantized[i] += self.residual[i] + new
+            self.residual[i] = 0
+        else:
+            self.residual[i] += new
+        q = quantized_bytes(self.geometry, self.quantized[i], backend, o.get("nbits", 8), o.get("q_group_size", 64))
+        return q + self.residual[i] * self.geometry.token_bytes
+
+
+class Quantized(Strategy):
+    name = "quantized"
+    description = "QuantizedCache (KIVI-style): old tokens quantized, the newest kept in a full-precision residual"
+    options = (
+        Option("backend", "choice", "quanto", "quantization library", choices=("quanto", "hqq", "fp8")),
+        Option("nbits", "int", 4, "bits per value (quanto: 2, 4; hqq: 1, 2, 3, 4, 8)", minimum=1, maximum=8),
+        Option("residual_length", "int", 128, "tokens kept in full precision before quantizing", minimum=1),
+        Option("q_group_size", "int", 64, "values sharing one scale and zero point", minimum=1),
+        Option("axis_key", "int", 0, "axis along which keys are grouped", minimum=-1, maximum=1),
+        Option("axis_value", "int", 0, "axis along which values are grouped", minimum=-1, maximum=1),
+    )
+
+    def parse_options(self, raw):
+        # fp8 quantizes per tensor: the group-wise options mean nothing to it
+        if str(raw.get("backend", "")) == "fp8":
+            given = [k for k in GROUP_WISE if k in raw]
+            if given:
+                raise OptionError(
+                    f"backend 'fp8' quantizes per tensor and takes no {given[0]!r}; "
+                    "use backend=quanto or backend=hqq for group-wise options"
+                )
+            return {"backend": self.option("backend").parse(raw["backend"], self.name)}
+        return super().parse_options(raw)
+
+    def check_options(self, options):
+        backend = options["backend"]
+        if backend == "fp8":
+            return None
+        module = PACKAGES[backend]
+        if importlib.util.find_spec(module.split(".")[0]) is None:
+            return f"backend {backend!r} needs the Python package {module}, which is not installed"
+        if options["nbits"] not in NBITS[backend]:
+            accepted = ", ".join(map(str, NBITS[backend]))
+            return f"option 'nbits' of backend {backend!r} must be one of {accepted}, not {options['nbits']}"
+        for axis in ("axis_key", "axis_value"):
+            if options[axis] not in AXES[backend]:
+                accepted = ", ".join(map(str, AXES[backend]))
+                return f"option {axis!r} of backend {backend!r} must be one of {accepted}, not {options[axis]}"
+        return None
+
+    def model_problem(self, model, geometry, options):
+        problem = only_full_attention(geometry)
+        if problem or options["backend"] == "fp8":
+            return problem
+        # quanto and HQQ cut a layer's whole [batch, kv_heads, tokens, head_dim] tensor into groups,
+        # so a token's values must fill whole groups at every length
+        per_token = geometry.values_per_token
+        if per_token % options["q_group_size"]:
+            return (
+                f"cannot use q_group_size={options['q_group_size']} with this model: each token has {per_token} key "
+                f"values per layer, which must be a multiple of the group size (try a divisor of {per_token})"
+            )
+        return None
+
+    def make_cache(self, model, options, capacity):
+        backend = options["backend"]
+        if backend == "fp8":
+            return QuantizedCache("fp8", model.config)
+        kwargs = {k: options[k] for k in GROUP_WISE}
+        return QuantizedCache(backend, model.config, **kwargs)
+
+    def predictor(self, options, geometry, capacity):
+        return QuantizedPredictor(geometry, options)

@@ -1,0 +1,58 @@
+"""StreamingLLM attention sinks: the first tokens plus a recent window, kept keys re-rotated."""
+
+import torch
+from transformers.cache_utils import Cache
+
+from kvviz.engine.geometry import Geometry
+from kvviz.engine.layers import SinkLayer
+from kvviz.engine.predict import CachePredictor
+from kvviz.engine.strategies.base import Option, Strategy, only_full_attention
+
+
+def rotary_inv_freq(model) -> torch.Tensor | None:
+    """The inverse RoPE frequencies shared by all layers, if the model has exactly one rotary embedding."""
+    base = getattr(model, "base_model", model)
+    rotary = getattr(base, "rotary_emb", None)
+    inv_freq = getattr(rotary, "inv_freq", None)
+    return inv_freq if isinstance(inv_freq, torch.Tensor) else None
+
+
+class SinkPredictor(CachePredictor):
+    def __init__(self, geometry, kept: int):
+        super().__init__(geometry)
+        self.kept = kept
+
+    def layer_bytes(self, i, window, new) -> int:
+        return min(self.seen + new, self.kept) * self.geometry.token_bytes
+
+
+class Sink(Strategy):
+    name = "sink"
+    description = "StreamingLLM attention sinks: the first tokens plus a recent window, keys re-rotated"
+    options = (
+        Option("sink_tokens", "int", 4, "first tokens kept forever", minimum=0),
+        Option("window", "int", 252, "most recent tokens kept", minimum=1),
+    )
+    evicts = True
+    renumbers_positions = True
+    keeps_first_tokens = True
+
+    def model_problem(self, model, geometry, options):
+        if rotary_inv_freq(model) is None:
+            return "needs a model with one rotary position embedding (RoPE) to re-rotate kept keys; this model has none"
+        return only_full_attention(geometry)
+
+    def make_cache(self, model, options, capacity):
+        inv_freq = rotary_inv_freq(model)
+        n_layers = Geometry.of(model.config, model.dtype).num_layers
+        return Cache(layers=[SinkLayer(options["sink_tokens"], options["window"], inv_freq) for _ in range(n_layers)])
+
+    def predictor(self, options, geometry, capacity):
+        return SinkPredictor(geometry, options["sink_tokens"] + options["window"])
+
+    def positions_needed(self, options, tokens) -> int:
+        # kept keys are re-rotated down after each eviction: positions never pass what is kept
+        return min(tokens, options["sink_tokens"] + options["window"] + 1)
+
+    def has_evicted(self, options, seen) -> bool:
+        return seen > options["sink_tokens"] + options["window"]

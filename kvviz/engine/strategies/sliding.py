@@ -1,0 +1,42 @@
+"""A sliding window: keep and attend to only the most recent `window` tokens."""
+
+from transformers.cache_utils import Cache, DynamicSlidingWindowLayer
+
+from kvviz.engine.geometry import Geometry
+from kvviz.engine.layers import WindowedFullAttentionLayer
+from kvviz.engine.predict import CachePredictor
+from kvviz.engine.strategies.base import Option, Strategy
+
+
+class SlidingPredictor(CachePredictor):
+    def __init__(self, geometry, window: int):
+        super().__init__(geometry)
+        self.window = window
+
+    def layer_bytes(self, i, native, new) -> int:
+        window = self.window if native is None else min(native, self.window)
+        return self.growing_tokens(window, new) * self.geometry.token_bytes
+
+
+class Sliding(Strategy):
+    name = "sliding"
+    description = "sliding window: attend to and keep only the most recent `window` tokens"
+    options = (Option("window", "int", 256, "tokens each step attends to, the current one included", minimum=2),)
+    evicts = True
+
+    def make_cache(self, model, options, capacity):
+        window = options["window"]
+        layers = [
+            WindowedFullAttentionLayer(sliding_window=window)
+            if native is None
+            else DynamicSlidingWindowLayer(sliding_window=min(window, native))
+            for native in Geometry.of(model.config, model.dtype).windows
+        ]
+        return Cache(layers=layers)
+
+    def predictor(self, options, geometry, capacity):
+        return SlidingPredictor(geometry, options["window"])
+
+    def has_evicted(self, options, seen) -> bool:
+        # the window counts the token being decoded, so a layer holds window - 1 between steps
+        return seen >= options["window"]
