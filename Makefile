@@ -20,6 +20,7 @@ run: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check kvviz tests
+	$(VENV)/bin/lint-imports --no-logo
 
 test: lint
 	HF_HUB_OFFLINE=1 QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q

@@ -14,6 +14,8 @@ import threading
 import time
 from pathlib import Path
 
+from kvviz.errors import UsageError
+
 DEFAULT_PROMPT = "Explain in three sentences what a key-value cache does in a transformer."
 
 
@@ -39,7 +41,6 @@ def add_attach_parser(subparsers) -> argparse.ArgumentParser:
 
 def _check_args(args) -> None:
     from kvviz.attach.load import validate
-    from kvviz.cli import UsageError
 
     try:
         validate(args.requests, args.concurrency, args.duration)
@@ -74,7 +75,6 @@ def cmd_attach(args) -> int:
     from kvviz.attach.load import run_load
     from kvviz.attach.poller import Poller, base_url, scrape
     from kvviz.attach.session import Session, predict
-    from kvviz.cli import UsageError
 
     if args.url.endswith(".json") or Path(args.url).is_file():
         return _open_session(args)
@@ -139,7 +139,6 @@ def cmd_attach(args) -> int:
 def _open_session(args) -> int:
     """`kvviz attach SESSION.json`: check a saved session and print its summary again."""
     from kvviz.attach import session as session_mod
-    from kvviz.cli import UsageError
 
     try:
         session = session_mod.load(args.url)

@@ -1,24 +1,30 @@
 """The command line: headless runs, the strategy list, model cards and benchmarks.
 
-Exit status: 0 success, 1 runtime failure, 2 usage or option error, 130 interrupted (Ctrl-C,
-after writing the partial trace). Errors print one paragraph; ``--debug`` adds the traceback.
+Exit status: 0 success, 1 runtime failure, 2 usage or option error, 130 interrupted (Ctrl-C) and
+143 terminated (SIGTERM), both after writing the partial trace. Errors print one paragraph;
+``--debug`` adds the traceback. Only commands that run a model import torch: reading files,
+listing strategies and attaching to a server start without it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
 
 from kvviz import __version__
 from kvviz.attach_cli import add_attach_parser, cmd_attach
+from kvviz.errors import ModelError, OptionError, UsageError
 
 
-class UsageError(Exception):
-    """A mistake in how kvviz was called (exit status 2)."""
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a desktop session ending, `kill`), handled like Ctrl-C but with its own exit status."""
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -179,32 +185,48 @@ def parse_switches(specs: list[str]) -> dict[int, object]:
 def _check_switch_order(first, switches, model) -> None:
     """Refuse, before the run, a switch that cannot convert (assuming evicting strategies evict)."""
     from kvviz.engine.convert import refusal
-    from kvviz.engine.strategies import OptionError
+    from kvviz.engine.strategies import get
 
     current, evicted = first, False
     for step, choice in switches.items():
-        evicted = evicted or current.name in ("sliding", "sink")
+        evicted = evicted or get(current.name).evicts
         problem = refusal(current.name, choice, model, evicted)
         if problem:
             raise OptionError(f"--switch-at {step}: cannot switch from {current.name!r} to {choice.name!r}: {problem}")
         current = choice
 
 
+def _trace_path(args, strategy: str) -> Path | None:
+    """Where the run's trace goes, checked before any work so that a finished run is never lost to a bad path."""
+    if args.no_trace:
+        return None
+    path = args.trace or Path(f"kvviz-{strategy}-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise UsageError(f"--trace {path} is a folder; give a file name such as {path / 'run.json'}")
+    if not folder.is_dir():
+        raise UsageError(f"cannot write the trace to {path}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise UsageError(f"cannot write the trace to {path}: the folder {folder} is not writable")
+    return path
+
+
 def cmd_run(args) -> int:
+    prompt = _read_prompt(args)
     from kvviz.engine import decode, models, strategies
 
-    prompt = _read_prompt(args)
     choice = strategies.choose(args.strategy, strategies.parse_assignments(args.set))
     switches = parse_switches(args.switch_at)
     settings = _settings(args)
     settings.check()
+    trace_path = _trace_path(args, choice.name)
     loaded = models.load_model(args.model, dtype=args.dtype, device=args.device, progress=_stderr_progress)
     _check_switch_order(choice, switches, loaded.model)
     decoder = decode.Decoder(loaded, choice, settings, prompt, reference=args.reference)
     stream = not (args.json or args.quiet)
     if not args.json:
         print(f"kvviz: {loaded.card['name']}, {choice.label()}, prompt {decoder.prompt_tokens} tokens", file=sys.stderr)
-    interrupted = False
+    interrupted = None
     last_progress = time.monotonic()
     try:
         for step in decoder:
@@ -216,13 +238,12 @@ def cmd_run(args) -> int:
             elif sys.stderr.isatty() and time.monotonic() - last_progress > 0.5:
                 last_progress = time.monotonic()
                 print(f"\rkvviz: {step.index + 1}/{settings.max_new_tokens} tokens", end="", file=sys.stderr)
-    except KeyboardInterrupt:
-        decoder.trace.cancelled = interrupted = True
+    except KeyboardInterrupt as exc:
+        decoder.trace.cancelled = True
+        interrupted = exc
     if stream:
         print()
-    trace_path = None
-    if not args.no_trace:
-        trace_path = args.trace or Path(f"kvviz-{choice.name}-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    if trace_path is not None:
         try:
             decoder.trace.save(trace_path)
         except OSError as exc:
@@ -235,7 +256,7 @@ def cmd_run(args) -> int:
         print(json.dumps(out, indent=2))
     else:
         _print_summary(decoder.trace, summary, trace_path)
-    return 130 if interrupted else 0
+    return exit_status(interrupted) if interrupted else 0
 
 
 def _print_summary(trace, summary, trace_path) -> None:
@@ -375,23 +396,39 @@ COMMANDS = {
 }
 
 
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated()
+
+
+def exit_status(interrupt: KeyboardInterrupt) -> int:
+    """128 + the signal's number, as shells report it: 130 for Ctrl-C, 143 for SIGTERM."""
+    return 128 + (signal.SIGTERM if isinstance(interrupt, Terminated) else signal.SIGINT)
+
+
+def _tolerant_output() -> None:
+    """Characters the terminal's encoding cannot show are replaced, never fatal (the run and its trace matter more)."""
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="replace")
+
+
 def main(argv: list[str] | None = None) -> int:
+    _tolerant_output()
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 2
-    from kvviz.engine.models import ModelError
-    from kvviz.engine.strategies import OptionError
-
     try:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, _raise_terminated)
         return COMMANDS[args.command](args)
     except (UsageError, OptionError) as exc:
         _report(args, exc)
         return 2
-    except KeyboardInterrupt:
-        print("kvviz: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        print("kvviz: interrupted" if exit_status(exc) == 130 else "kvviz: terminated", file=sys.stderr)
+        return exit_status(exc)
     except (ModelError, RuntimeError, OSError) as exc:
         _report(args, exc)
         return 1

@@ -12,7 +12,7 @@ from kvviz.attach.metrics import parse
 from kvviz.attach.request_trace import is_served, record_trace
 from kvviz.attach.session import Session, SessionError, kv_dtype_name, predict
 from kvviz.attach_cli import add_attach_parser, cmd_attach
-from kvviz.cli import UsageError
+from kvviz.errors import UsageError
 from tests.attach.conftest import DATA, recorded
 
 CONFIG_DIR = DATA / "smollm2-135m"  # config.json of the default model (SmolLM2-135M), as converted by kvviz

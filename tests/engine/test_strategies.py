@@ -85,3 +85,13 @@ def test_static_compile_reports_compile_time_apart(tiny_model):
     assert eager.trace.compile_ms is None
     # the compile pass was undone: the cache holds exactly what was fed
     assert compiled.trace.steps[-1].layers[0].seq_len == compiled.prompt_tokens + 5
+
+
+def test_context_limit_counts_the_positions_a_strategy_uses(tiny_model):
+    long_run = decode.GenerationSettings(max_new_tokens=5000, stop_at_eos=False)
+    with pytest.raises(OptionError, match="longer than the model's context of 4096 tokens"):
+        decode.Decoder(tiny_model, strategies.choose("dynamic"), long_run, "hello")
+    # attention sinks renumber what they keep after each eviction: positions stay inside the context
+    decoder = decode.Decoder(tiny_model, strategies.choose("sink", {"window": "16"}), long_run, "hello")
+    steps = iter(decoder)
+    assert [next(steps).index for _ in range(3)] == [0, 1, 2]
