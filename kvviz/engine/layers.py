@@ -5,6 +5,17 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import CacheLayerMixin, DynamicSlidingWindowLayer
 
+from kvviz.trace import SlotState
+
+
+class KvvizLayer(CacheLayerMixin):
+    """A cache layer of kvviz's own: `keys` and `values` hold what it keeps, and it says what each
+    position seen so far became, so that `measure.py` can draw it without knowing the class."""
+
+    def slot_spans(self) -> list[tuple[SlotState, int]]:
+        """Run-length pairs (state, count) covering positions 0, 1, ... seen so far."""
+        raise NotImplementedError
+
 
 def rotate_keys(keys: torch.Tensor, shift: int, inv_freq: torch.Tensor) -> torch.Tensor:
     """Move RoPE-rotated keys by `shift` positions (negative: towards the start).
@@ -27,7 +38,7 @@ def rotate_keys(keys: torch.Tensor, shift: int, inv_freq: torch.Tensor) -> torch
     return torch.cat((rot, keys[..., rotary_dim:]), dim=-1)
 
 
-class SinkLayer(CacheLayerMixin):
+class SinkLayer(KvvizLayer):
     """StreamingLLM attention sinks: keep the first `sink_tokens` and the most recent `window`.
 
     Keys and values have shape ``[batch, kv_heads, held, head_dim]`` with ``held <= sink_tokens +
@@ -72,6 +83,11 @@ class SinkLayer(CacheLayerMixin):
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.get_seq_length() + query_length, 0
+
+    def slot_spans(self) -> list[tuple[SlotState, int]]:
+        held = self.get_seq_length()
+        sinks = min(self.sink_tokens, held)
+        return [(SlotState.SINK, sinks), (SlotState.EVICTED, self.evicted), (SlotState.FULL, held - sinks)]
 
     def get_seq_length(self) -> int:
         return 0 if self.keys is None else self.keys.shape[-2]

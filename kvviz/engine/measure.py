@@ -22,7 +22,7 @@ from transformers.cache_utils import (
     StaticSlidingWindowLayer,
 )
 
-from kvviz.engine.layers import SinkLayer
+from kvviz.engine.layers import KvvizLayer
 from kvviz.trace import LayerRecord, SlotState
 
 _PROCESS = psutil.Process(os.getpid())
@@ -93,12 +93,8 @@ def measure_layer(layer, counter: StorageCounter) -> LayerRecord:
         spans = _spans((SlotState.FULL, seen), (SlotState.PREALLOCATED, layer.max_cache_len - seen))
         return LayerRecord(keys, values, seen, layer.max_cache_len, storage=storage, spans=spans)
     held = layer.keys.shape[-2] if layer.keys.dim() == 4 else 0
-    if isinstance(layer, SinkLayer):
-        sinks = min(layer.sink_tokens, held)
-        spans = _spans(
-            (SlotState.SINK, sinks), (SlotState.EVICTED, layer.evicted), (SlotState.FULL, held - sinks)
-        )
-        return LayerRecord(keys, values, held, held, storage=storage, spans=spans)
+    if isinstance(layer, KvvizLayer):
+        return LayerRecord(keys, values, held, held, storage=storage, spans=_spans(*layer.slot_spans()))
     if isinstance(layer, DynamicSlidingWindowLayer):
         seen = layer.cumulative_length
         spans = _spans((SlotState.EVICTED, seen - held), (SlotState.FULL, held))
