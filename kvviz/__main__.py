@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
-# Before torch loads: OpenMP threads that busy-wait between parallel regions starve the other
-# threads of a process on few cores (measured: the window decoded at a fifth of headless speed).
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-from kvviz import cli  # noqa: E402
+from kvviz import cli
 
 # Arguments that belong to the window rather than to a command.
 WINDOW_FLAGS = ("--open", "--connect", "--smoke-test", "--model", "--theme", "--no-load")

@@ -104,13 +104,30 @@ class Trace:
     cancelled: bool = False
     compile_ms: float | None = None
     error: str | None = None
+    weight_bytes: int | None = None  # weights a decode step reads (every parameter once)
+    bandwidth_bytes_per_s: float | None = None  # this machine's memory read bandwidth, measured once
 
     @property
     def text(self) -> str:
         return "".join(step.token for step in self.steps)
 
+    def floor_ms(self, cache_bytes: int | None) -> float | None:
+        """The memory-bound floor of a decode step: weights plus the KV cache read once at this bandwidth."""
+        if not self.bandwidth_bytes_per_s or self.weight_bytes is None or cache_bytes is None:
+            return None
+        return 1000.0 * (self.weight_bytes + cache_bytes) / self.bandwidth_bytes_per_s
+
     def summary(self) -> dict[str, Any]:
-        return summarize(self.steps)
+        summary = summarize(self.steps)
+        last = self.floor_ms(self.steps[-1].cache_bytes) if self.steps else None
+        decode = [s for s in self.steps if s.phase == "decode"]
+        floors = [self.floor_ms(s.cache_bytes) for s in decode]
+        summary["bandwidth_bytes_per_s"] = self.bandwidth_bytes_per_s
+        summary["memory_bound_tokens_per_s"] = 1000.0 / last if last else None
+        # the share of the memory-bound speed the run reached: its steps' floors over their real times
+        known = decode and all(f is not None for f in floors)
+        summary["share_of_memory_bound"] = sum(floors) / sum(s.wall_ms for s in decode) if known else None
+        return summary
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -124,6 +141,8 @@ class Trace:
             "cancelled": self.cancelled,
             "compile_ms": self.compile_ms,
             "error": self.error,
+            "weight_bytes": self.weight_bytes,
+            "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
             "switches": [asdict(s) for s in self.switches],
             "steps": [asdict(s) for s in self.steps],
             "summary": self.summary(),
@@ -266,6 +285,8 @@ def from_dict(data: Any, source: str = "trace") -> Trace:
         cancelled=bool(data.get("cancelled", False)),
         compile_ms=data.get("compile_ms"),
         error=data.get("error"),
+        weight_bytes=data.get("weight_bytes"),
+        bandwidth_bytes_per_s=data.get("bandwidth_bytes_per_s"),
     )
 
 

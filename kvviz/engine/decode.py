@@ -26,6 +26,7 @@ from transformers.generation.logits_process import (
 from kvviz.engine import measure
 from kvviz.engine.cache_run import CacheRun
 from kvviz.engine.fidelity import Reference
+from kvviz.engine.machine import memory_bandwidth
 from kvviz.engine.models import LoadedModel
 from kvviz.engine.strategies import StrategyChoice, capacity_for, get
 from kvviz.errors import OptionError
@@ -179,6 +180,8 @@ class Decoder:
             prompt=prompt,
             prompt_tokens=self.prompt_tokens,
             settings=asdict(settings),
+            weight_bytes=loaded.card.get("weight_bytes"),
+            bandwidth_bytes_per_s=memory_bandwidth(self.model.device),
         )
         total = self.prompt_tokens + settings.max_new_tokens
         _check_context(self.model, get(choice.name).positions_needed(choice.options, total), self.prompt_tokens,

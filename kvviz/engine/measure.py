@@ -139,6 +139,23 @@ def measure_cache(cache, seen: int) -> list[LayerRecord]:
     return records
 
 
+def weight_read_bytes(model) -> int:
+    """Bytes of weights a decode step reads: every parameter once, except an input embedding table that is
+    not also the output head (a step reads one row of it)."""
+    counter = StorageCounter()
+    embedding = model.get_input_embeddings().weight
+    output = model.get_output_embeddings()
+    tied = output is not None and output.weight.untyped_storage().data_ptr() == embedding.untyped_storage().data_ptr()
+    total = 0
+    for parameter in model.parameters():
+        if parameter is embedding and not tied:
+            total += embedding.shape[-1] * embedding.element_size()
+            counter.bytes_of(parameter)
+            continue
+        total += counter.bytes_of(parameter)
+    return total
+
+
 def rss_bytes() -> int:
     return _PROCESS.memory_info().rss
 

@@ -30,6 +30,7 @@ import transformers
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from kvviz.engine.geometry import Geometry
+from kvviz.engine.measure import weight_read_bytes
 from kvviz.errors import ModelError
 
 Progress = Callable[[str, "float | None"], None]
@@ -125,6 +126,7 @@ def model_card(model: PreTrainedModel, name: str) -> dict[str, Any]:
         "dtype": str(model.dtype).removeprefix("torch."),
         "device": str(model.device),
         "kv_bytes_per_token": geometry.kv_bytes_per_token,
+        "weight_bytes": weight_read_bytes(model),
         "max_position_embeddings": getattr(config, "max_position_embeddings", None),
     }
 

@@ -76,15 +76,22 @@ def test_bad_generation_settings_rejected(tiny_model):
             decode.Decoder(tiny_model, strategies.choose("dynamic"), settings, "hello")
 
 
-def test_static_compile_reports_compile_time_apart(tiny_model):
-    settings = decode.GenerationSettings(max_new_tokens=6, raw=True, stop_at_eos=False)
+def test_static_compile_reports_compile_time_apart_and_never_recompiles(tiny_model):
+    from torch._dynamo.utils import counters
+
+    settings = decode.GenerationSettings(max_new_tokens=20, raw=True, stop_at_eos=False)
     eager = decode.Decoder(tiny_model, strategies.choose("static"), settings, "compile me")
     compiled = decode.Decoder(tiny_model, strategies.choose("static", {"compile": "true"}), settings, "compile me")
-    assert [s.token_id for s in compiled] == [s.token_id for s in eager]
+    steps = iter(compiled)
+    tokens = [next(steps).token_id for _ in range(2)]  # the prefill, then the first compiled decode step
+    frames_after_warm_up = counters["frames"]["total"]
+    tokens += [s.token_id for s in steps]  # 18 more decode steps
+    assert counters["frames"]["total"] == frames_after_warm_up, "dynamo compiled again after the first step"
+    assert tokens == [s.token_id for s in eager]
     assert compiled.trace.compile_ms > 0
     assert eager.trace.compile_ms is None
     # the compile pass was undone: the cache holds exactly what was fed
-    assert compiled.trace.steps[-1].layers[0].seq_len == compiled.prompt_tokens + 5
+    assert compiled.trace.steps[-1].layers[0].seq_len == compiled.prompt_tokens + 19
 
 
 def test_context_limit_counts_the_positions_a_strategy_uses(tiny_model):

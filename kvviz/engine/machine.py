@@ -1,0 +1,98 @@
+"""Facts about this machine that the numbers on screen depend on: its memory read bandwidth.
+
+Decoding one token reads every weight and the whole KV cache once, so a step cannot be faster than
+(weight bytes + KV bytes) / bandwidth: the memory-bound floor drawn under the measured latency.
+The bandwidth is measured once (about a second: the best of a few reductions and matrix-vector
+products over 256 MiB, far larger than any CPU cache, with the thread count torch decodes with) and
+kept in kvviz's cache folder, keyed by CPU model, thread count, device and torch version, so every
+later run uses the same figure. `measure_bandwidth(force=True)` measures again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import platformdirs
+import torch
+
+BANDWIDTH_FILE = "bandwidth.json"
+_TRIALS = 6
+_MIB = 2**20
+
+
+def cache_root() -> Path:
+    """kvviz's folder in the user's cache directory (KVVIZ_CACHE_DIR overrides it)."""
+    return Path(os.environ.get("KVVIZ_CACHE_DIR") or platformdirs.user_cache_dir("kvviz"))
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_key(device: torch.device) -> str:
+    if device.type == "cuda":
+        where = torch.cuda.get_device_name(device)
+    else:
+        where = f"{_cpu_name()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads"
+    return f"{where}; {device.type}; torch {torch.__version__}"
+
+
+def _best_rate(op, nbytes: int, device: torch.device) -> float:
+    best = 0.0
+    for _ in range(_TRIALS):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        started = time.perf_counter()
+        op()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = max(best, nbytes / (time.perf_counter() - started))
+    return best
+
+
+def _measure(device: torch.device) -> float:
+    side = 8192  # 8192 x 8192 float32 = 256 MiB
+    matrix = torch.randn(side, side, device=device)
+    vector = torch.randn(side, device=device)
+    nbytes = matrix.numel() * matrix.element_size()
+    with torch.inference_mode():
+        return max(_best_rate(lambda: matrix.sum(), nbytes, device), _best_rate(lambda: torch.mv(matrix, vector),
+                                                                                  nbytes, device))
+
+
+def memory_bandwidth(device: torch.device, force: bool = False) -> float | None:
+    """Read bandwidth in bytes/s for `device`, measured once and kept; None if it cannot be measured."""
+    path = cache_root() / BANDWIDTH_FILE
+    key = machine_key(device)
+    try:
+        known = json.loads(path.read_text())
+        if not isinstance(known, dict):
+            known = {}
+    except (OSError, ValueError):
+        known = {}
+    entry = known.get(key)
+    if not force and isinstance(entry, dict) and isinstance(entry.get("bytes_per_s"), (int, float)):
+        return float(entry["bytes_per_s"])
+    try:
+        rate = _measure(device)
+    except (RuntimeError, MemoryError):  # no room for 256 MiB: leave the floor unknown
+        return None
+    known[key] = {"bytes_per_s": rate, "measured": time.strftime("%Y-%m-%d %H:%M:%S"), "buffer_mib": 256}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.part")
+        tmp.write_text(json.dumps(known, indent=1))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache folder: the figure is measured again next time
+    return rate
