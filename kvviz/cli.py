@@ -116,7 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="measure the decoder's overhead against model.generate")
     _add_model_args(bench)
     bench.add_argument(
-        "--strategies", default="dynamic,static,quantized,sliding,sink,none", help="comma-separated strategies"
+        "--strategies", default="dynamic,static,quantized,sliding,sink,none",
+        help="comma-separated NAME or NAME:KEY=VALUE:KEY=VALUE, as for compare",
     )
     bench.add_argument("--new-tokens", type=int, default=128, help="tokens per measured run (default 128)")
     bench.add_argument("--repeats", type=int, default=3, help="interleaved repeats per strategy (default 3)")
@@ -372,16 +373,33 @@ def cmd_bench(args) -> int:
             raise RuntimeError(f"the window benchmark is not available: {exc}") from None
         figures = run_gui_bench(model=args.model, new_tokens=args.new_tokens)
     else:
+        from kvviz.compare import parse_strategy_list
         from kvviz.engine.bench import run_bench
 
-        names = [n.strip() for n in args.strategies.split(",") if n.strip()]
+        choices = parse_strategy_list([s for s in args.strategies.split(",") if s.strip()])
         figures = run_bench(
-            args.model, names, args.new_tokens, args.repeats, dtype=args.dtype, device=args.device, log=_stderr_progress
+            args.model, choices, args.new_tokens, args.repeats, dtype=args.dtype, device=args.device,
+            log=_stderr_progress,
         )
+        _print_bench(figures)
     args.out.write_text(json.dumps(figures, indent=2))
-    print(json.dumps(figures, indent=2))
     print(f"kvviz: wrote {args.out}", file=sys.stderr)
     return 0
+
+
+def _print_bench(figures: dict) -> None:
+    print(f"decode tokens/s, {figures['new_tokens']} new tokens, median of {figures['repeats']} interleaved runs; "
+          f"reference: {figures['reference']}")
+    print(f"{'strategy':<44} {'generate':>9} {'kvviz':>9} {'ratio':>7}")
+    for label, row in figures["strategies"].items():
+        if "skipped" in row:
+            print(f"{label:<44} skipped: {row['skipped']}")
+            continue
+        generate, ours = row["generate_tokens_per_s"], row["kvviz_tokens_per_s"]
+        print(f"{label:<44} {generate:>9.2f} {ours:>9.2f} {row['ratio']:>7.3f}")
+    bandwidth = figures["bandwidth_bytes_per_s"]
+    print(f"memory read bandwidth: {'-' if bandwidth is None else f'{bandwidth / 1e9:.1f} GB/s'} (kept for the "
+          "memory-bound floor)")
 
 
 COMMANDS = {

@@ -1,114 +1,89 @@
-"""Decoder overhead: decode tokens/s of kvviz's instrumented loop against `model.generate`.
+"""`kvviz bench`: kvviz's decode speed against plain `model.generate` in a clean process.
 
-Both sides use the same model, the same cache strategy (the same cache class, freshly built),
-the same prompt and the same number of new tokens, with greedy decoding past EOS. Runs are
-interleaved (generate, kvviz, generate, kvviz, ...) so that drift in machine load hits both.
-Decode time is measured from the first new token to the last, so the prefill is left out.
+The reference is what a user's own code gets: `model.generate` in a fresh Python interpreter started
+with the user's environment (nothing kvviz sets), the same model, dtype, prompt, number of new
+tokens, cache class and torch thread count. kvviz's headless decoder runs in a fresh process too
+(`kvviz.engine.timed_run`), and the window's figure (`kvviz bench --gui`) is set against the same
+reference. Runs are interleaved (generate, kvviz, generate, kvviz, ...) so that drift in machine
+load hits both; the medians are compared. Decode rates leave the prefill out.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
-import time
+import subprocess
+import sys
 from collections.abc import Callable
 
-import torch
-from transformers.generation.streamers import BaseStreamer
-
-from kvviz.engine import decode, models, strategies
+from kvviz.errors import ModelError
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+CHILD_TIMEOUT_S = 900  # the first quantized run builds quanto's kernels (about a minute)
 
 
-class _TokenClock(BaseStreamer):
-    """Timestamps every token generate() emits; the first put() is the prompt."""
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
-        self.calls = 0
-
-    def put(self, value) -> None:
-        self.calls += 1
-        if self.calls > 1:
-            self.times.append(time.perf_counter())
-
-    def end(self) -> None:
-        pass
+def timed_run(side: str, model: str, strategy: str, options: dict, new_tokens: int, dtype: str = "auto",
+              device: str = "auto", prompt: str = PROMPT) -> dict:
+    """One decode in a fresh process (side "generate" or "kvviz"); returns its figures."""
+    request = {"side": side, "model": model, "dtype": dtype, "device": device, "strategy": strategy,
+               "options": options, "prompt": prompt, "new_tokens": new_tokens}
+    result = subprocess.run([sys.executable, "-m", "kvviz.engine.timed_run", json.dumps(request)],
+                            capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, env=dict(os.environ))
+    if result.returncode != 0:
+        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ModelError(f"the {side} process for {strategy!r} failed: {last}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def _decode_rate(times: list[float]) -> float:
-    """Tokens/s between the first and the last new token."""
-    return (len(times) - 1) / (times[-1] - times[0])
-
-
-def _generate_rate(loaded, choice, settings, prompt_ids, new_tokens) -> float:
-    model = loaded.model
-    strategy = strategies.get(choice.name)
-    capacity = strategies.capacity_for(choice, len(prompt_ids) + new_tokens)
-    cache = strategy.make_cache(model, choice.options, capacity)
-    clock = _TokenClock()
-    kwargs = {"use_cache": False} if cache is None else {"cache": cache}
-    ids = torch.tensor([prompt_ids], device=model.device)
-    with torch.inference_mode():
-        model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            do_sample=False,
-            max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
-            streamer=clock,
-            pad_token_id=loaded.tokenizer.eos_token_id,
-            **kwargs,
-        )
-    return _decode_rate(clock.times)
-
-
-def _kvviz_rate(loaded, choice, settings, prompt) -> float:
-    decoder = decode.Decoder(loaded, choice, settings, prompt)
-    times = []
-    for _ in decoder:
-        times.append(time.perf_counter())
-    return _decode_rate(times)
+def reference_rate(model: str, new_tokens: int, repeats: int, **kwargs) -> list[float]:
+    """Plain model.generate (DynamicCache) in clean processes: `repeats` decode rates."""
+    return [timed_run("generate", model, "dynamic", {}, new_tokens, **kwargs)["tokens_per_s"] for _ in range(repeats)]
 
 
 def run_bench(
     model_spec: str,
-    names: list[str],
+    choices: list,
     new_tokens: int,
     repeats: int,
     dtype: str = "auto",
     device: str = "auto",
     log: Callable[[str, float | None], None] = lambda message, fraction: None,
 ) -> dict:
-    loaded = models.load_model(model_spec, dtype=dtype, device=device, progress=log)
-    settings = decode.GenerationSettings(max_new_tokens=new_tokens, raw=True, stop_at_eos=False)
-    prompt_ids = decode.encode_prompt(loaded.tokenizer, PROMPT, raw=True)
+    """`choices`: validated StrategyChoice objects. Returns the figures (printed and written by the CLI)."""
+    import torch
+
+    from kvviz.engine import machine, strategies
+
     results = {}
-    for name in names:
-        choice = strategies.choose(name)
-        ok, reason = strategies.get(name).available()
+    for choice in choices:
+        ok, reason = strategies.get(choice.name).available()
         if not ok:
-            results[name] = {"skipped": reason}
+            results[choice.label()] = {"skipped": reason}
             continue
-        # one untimed pass of each warms up kernels (and quanto's JIT build)
-        _generate_rate(loaded, choice, settings, prompt_ids, 4)
-        _kvviz_rate(loaded, choice, decode.GenerationSettings(max_new_tokens=4, raw=True, stop_at_eos=False), PROMPT)
-        gen, ours = [], []
+        generate, ours, threads = [], [], set()
         for r in range(repeats):
-            log(f"{name}: repeat {r + 1}/{repeats}", None)
-            gen.append(_generate_rate(loaded, choice, settings, prompt_ids, new_tokens))
-            ours.append(_kvviz_rate(loaded, choice, settings, PROMPT))
-        results[name] = {
-            "generate_tokens_per_s": statistics.median(gen),
+            log(f"{choice.label()}: repeat {r + 1}/{repeats}", None)
+            for side, rates in (("generate", generate), ("kvviz", ours)):
+                figures = timed_run(side, model_spec, choice.name, choice.options, new_tokens, dtype, device)
+                rates.append(figures["tokens_per_s"])
+                threads.add(figures["threads"])
+        results[choice.label()] = {
+            "generate_tokens_per_s": statistics.median(generate),
             "kvviz_tokens_per_s": statistics.median(ours),
-            "ratio": statistics.median(ours) / statistics.median(gen),
-            "generate_runs": gen,
+            "ratio": statistics.median(ours) / statistics.median(generate),
+            "generate_runs": generate,
             "kvviz_runs": ours,
+            "threads": sorted(threads),
         }
+    log("measuring the memory read bandwidth", None)
+    bandwidth = machine.memory_bandwidth(torch.device("cuda" if device.startswith("cuda") else "cpu"), force=True)
     return {
-        "model": loaded.card["name"],
+        "model": model_spec,
         "new_tokens": new_tokens,
         "repeats": repeats,
-        "threads": torch.get_num_threads(),
+        "reference": "model.generate in a fresh process with the user's environment",
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "bandwidth_bytes_per_s": bandwidth,
         "strategies": results,
     }
