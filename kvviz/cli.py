@@ -161,14 +161,6 @@ def _stderr_progress(message: str, fraction: float | None) -> None:
     print(f"kvviz:{pct} {message}", file=sys.stderr, flush=True)
 
 
-def _mib(n: int | None) -> str:
-    return "-" if n is None else f"{n / 2**20:.2f} MiB"
-
-
-def _ms(x: float | None) -> str:
-    return "-" if x is None else f"{x:.1f} ms"
-
-
 def parse_switches(specs: list[str]) -> dict[int, object]:
     """``["64:quantized,backend=hqq"]`` -> {64: StrategyChoice}; validated before any work."""
     from kvviz.engine import strategies
@@ -261,15 +253,16 @@ def cmd_run(args) -> int:
 
 
 def _print_summary(trace, summary, trace_path) -> None:
-    rate = summary["decode_tokens_per_s"]
+    from kvviz.present import mib, ms, number
+
     rows = [
         ("strategy", f"{trace.strategy['name']} {trace.strategy['options'] or ''}".strip()),
         ("tokens", f"{trace.prompt_tokens} prompt + {summary['new_tokens']} new" + (" (cancelled)" * trace.cancelled)),
-        ("prefill", _ms(summary["prefill_ms"])),
-        ("decode", f"{_ms(summary['decode_ms_mean'])} mean, {_ms(summary['decode_ms_p95'])} p95"),
-        ("speed", "-" if rate is None else f"{rate:.1f} tokens/s"),
-        ("cache", f"{_mib(summary['final_cache_bytes'])} at the end, {_mib(summary['peak_cache_bytes'])} peak"),
-        ("RSS", f"{_mib(summary['peak_rss_bytes'])} peak"),
+        ("prefill", ms(summary["prefill_ms"])),
+        ("decode", f"{ms(summary['decode_ms_mean'])} mean, {ms(summary['decode_ms_p95'])} p95"),
+        ("speed", f"{number(summary['decode_tokens_per_s'])} tokens/s"),
+        ("cache", f"{mib(summary['final_cache_bytes'])} at the end, {mib(summary['peak_cache_bytes'])} peak"),
+        ("RSS", f"{mib(summary['peak_rss_bytes'])} peak"),
     ]
     if "mean_kl" in summary:
         first = summary["first_divergence"]
@@ -277,7 +270,7 @@ def _print_summary(trace, summary, trace_path) -> None:
         agreement, kl = summary["top1_agreement"], summary["mean_kl"]
         rows.append(("fidelity", f"top-1 agreement {agreement:.3f}, mean KL {kl:.4f} nats, first divergence {first}"))
         rows.append(("reference", f"perplexity {summary['reference_perplexity']:.2f}; "
-                     f"{_ms(summary['reference_ms_mean'])} per step, not counted above"))
+                     f"{ms(summary['reference_ms_mean'])} per step, not counted above"))
     for switch in trace.switches:
         change = f"{switch.from_strategy} -> {switch.to_strategy} {switch.options}"
         rows.append(("switch", f"before step {switch.step}: {change}"))
@@ -329,25 +322,14 @@ def cmd_strategies(args) -> int:
 
 def cmd_model(args) -> int:
     from kvviz.engine import models
+    from kvviz.present import model_card_rows
 
     loaded = models.load_model(args.model, dtype=args.dtype, device=args.device, progress=_stderr_progress)
-    card = loaded.card
     if args.json:
-        print(json.dumps(card, indent=2))
+        print(json.dumps(loaded.card, indent=2))
         return 0
-    kinds = sorted(set(card["layer_types"]))
-    counts = ", ".join(f"{card['layer_types'].count(k)} {k}" for k in kinds)
-    rows = [
-        ("name", card["name"]),
-        ("architecture", card["architecture"]),
-        ("parameters", f"{card['parameters'] / 1e6:.1f} M"),
-        ("layers", f"{card['num_layers']} ({counts})"),
-        ("heads", f"{card['num_attention_heads']} query, {card['num_kv_heads']} key/value, dim {card['head_dim']}"),
-        ("dtype", f"{card['dtype']} on {card['device']}"),
-        ("KV / token", f"{card['kv_bytes_per_token']:,} bytes (predicted, full precision)"),
-    ]
-    for key, value in rows:
-        print(f"{key:>12}  {value}")
+    for key, value in model_card_rows(loaded.card):
+        print(f"{key:>14}  {value}")
     return 0
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from kvviz import report
+from kvviz import present, report
 from kvviz.engine import decode, models, strategies
 from kvviz.trace import Trace
 
@@ -47,7 +47,7 @@ def run_all(
 
 
 def write_report(traces: list[Trace], out: Path, figures: dict[str, Path]) -> Path:
-    rows = [report.run_row(f"#{i + 1}", t) for i, t in enumerate(traces)]
+    rows = [present.run_row(f"#{i + 1}", t) for i, t in enumerate(traces)]
     report.write_csv(rows, out / "summary.csv")
     first = traces[0]
     lines = [

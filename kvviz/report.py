@@ -1,4 +1,8 @@
-"""Tables of runs: the Runs-table CSV and the comparison report's Markdown (stdlib only)."""
+"""Tables of runs: the Runs-table CSV and the comparison report's Markdown (stdlib only).
+
+The numbers of a row come from `kvviz.present.run_row`, the same builder the window's Runs table uses.
+An unknown value is an empty CSV cell and UNKNOWN in Markdown.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ import csv
 import os
 from pathlib import Path
 
-from kvviz.trace import Trace
+from kvviz.present import UNKNOWN
 
 COLUMNS = [
     ("run", "run"),
@@ -31,33 +35,6 @@ COLUMNS = [
 ]
 
 
-def run_row(label: str, trace: Trace) -> dict:
-    """One run's numbers as the Runs table and the report show them."""
-    s = trace.summary()
-    options = trace.strategy.get("options") or {}
-    return {
-        "run": label,
-        "model": trace.model.get("name", ""),
-        "strategy": trace.strategy.get("name", ""),
-        "options": " ".join(f"{k}={v}" for k, v in options.items()),
-        "prompt_tokens": trace.prompt_tokens,
-        "new_tokens": s["new_tokens"],
-        "prefill_ms": s["prefill_ms"],
-        "decode_ms_mean": s["decode_ms_mean"],
-        "decode_ms_p95": s["decode_ms_p95"],
-        "decode_tokens_per_s": s["decode_tokens_per_s"],
-        "final_cache_mib": s["final_cache_bytes"] / 2**20,
-        "peak_cache_mib": s["peak_cache_bytes"] / 2**20,
-        "peak_rss_mib": s["peak_rss_bytes"] / 2**20,
-        "top1_agreement": s.get("top1_agreement"),
-        "mean_kl": s.get("mean_kl"),
-        "first_divergence": s.get("first_divergence"),
-        "reference_perplexity": s.get("reference_perplexity"),
-        "switches": " ".join(f"{w.step}:{w.to_strategy}" for w in trace.switches),
-        "status": "error" if trace.error else "cancelled" if trace.cancelled else "finished",
-    }
-
-
 def _cell(value) -> str:
     if value is None:
         return ""
@@ -79,5 +56,5 @@ def write_csv(rows: list[dict], path: str | os.PathLike) -> Path:
 def markdown_table(rows: list[dict], keys: list[str]) -> str:
     titles = dict(COLUMNS)
     lines = ["| " + " | ".join(titles[k] for k in keys) + " |", "|" + "---|" * len(keys)]
-    lines += ["| " + " | ".join(_cell(row[k]) or "-" for k in keys) + " |" for row in rows]
+    lines += ["| " + " | ".join(_cell(row[k]) or UNKNOWN for k in keys) + " |" for row in rows]
     return "\n".join(lines)

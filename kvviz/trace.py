@@ -65,12 +65,12 @@ class LayerRecord:
 class StepRecord:
     index: int
     phase: str  # "prefill" or "decode"
-    token_id: int
+    token_id: int | None  # None: unknown (a served request's step, see kvviz.attach.request_trace)
     token: str
     wall_ms: float
-    cache_bytes: int
-    predicted_cache_bytes: int
-    rss_bytes: int
+    cache_bytes: int | None  # None: unknown, as are the two below
+    predicted_cache_bytes: int | None
+    rss_bytes: int | None
     strategy: str
     layers: list[LayerRecord]
     cuda_bytes: int | None = None
@@ -168,9 +168,10 @@ def summarize(steps: list[StepRecord]) -> dict[str, Any]:
         "decode_ms_mean": mean,
         "decode_ms_p95": float(np.percentile(decode_ms, 95)) if decode_ms.size else None,
         "decode_tokens_per_s": 1000.0 / mean if mean else None,
-        "peak_cache_bytes": max((s.cache_bytes for s in steps), default=0),
-        "final_cache_bytes": steps[-1].cache_bytes if steps else 0,
-        "peak_rss_bytes": max((s.rss_bytes for s in steps), default=0),
+        # None where no step measured it (a served request's steps carry no cache or RSS bytes)
+        "peak_cache_bytes": max((s.cache_bytes for s in steps if s.cache_bytes is not None), default=None),
+        "final_cache_bytes": steps[-1].cache_bytes if steps else None,
+        "peak_rss_bytes": max((s.rss_bytes for s in steps if s.rss_bytes is not None), default=None),
     }
     compared = [s for s in steps if s.kl is not None]
     if compared:

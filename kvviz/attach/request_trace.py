@@ -2,8 +2,8 @@
 
 So a served request sits in the Runs table next to local runs and shares their latency plot and
 token view. The server's cache is not visible per request, so the steps carry timings and text
-only (cache, predicted and RSS bytes 0, no layers); `is_served(trace)` tells the memory and layer
-views to leave such runs out.
+only: cache, predicted and RSS bytes and the token id are None (unknown, not 0), and there are no
+layers; `is_served(trace)` tells the memory and layer views to leave such runs out.
 """
 
 from __future__ import annotations
@@ -41,12 +41,12 @@ def token_step(timing: TokenTiming, previous: TokenTiming | None) -> StepRecord:
     return StepRecord(
         index=timing.index,
         phase="prefill" if previous is None else "decode",
-        token_id=-1,  # the completions stream carries text, not token ids
+        token_id=None,  # the completions stream carries text, not token ids
         token=timing.text,
         wall_ms=1000.0 * (timing.t - since),
-        cache_bytes=0,
-        predicted_cache_bytes=0,
-        rss_bytes=0,
+        cache_bytes=None,  # the server's cache is not seen per request
+        predicted_cache_bytes=None,
+        rss_bytes=None,  # the server's process, not ours
         strategy=STRATEGY,
         layers=[],
     )

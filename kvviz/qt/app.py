@@ -85,12 +85,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         status = app.exec()
     finally:
-        if not window._closing:  # the loop ended some other way (an exception): still stop the worker
+        if not window.closing:  # the loop ended some other way (an exception): still stop the worker
             window.save_settings()
             window.shutdown()
     if args.smoke_test:
         status = outcome["status"]
-    if window.thread_stuck:
+    if window.engine.stuck:
         # A model load that cannot be interrupted (e.g. inside from_pretrained) is still running;
         # the settings are saved, so leave now rather than hang or abort in the thread's destructor.
         sys.stdout.flush()
@@ -126,7 +126,7 @@ def _smoke(window, outcome: dict, timeout_s: float = 300.0) -> None:
         if not ok:
             fail(window.last_error)
             return
-        window.settings_panel.max_new_tokens.setValue(4)
+        window.controls.settings_panel.max_new_tokens.setValue(4)
         if window.start_run() is None:
             fail(window.last_error or "the Run button was not enabled")
 

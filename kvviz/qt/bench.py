@@ -5,55 +5,46 @@ Three figures (issue 3):
 - the event loop's worst stall while the window generates (target < 50 ms);
 - redraw time at `long_tokens` generated tokens divided by redraw time at 128 (target <= 2).
 
-Print-free: returns a dict of the figures and the numbers behind them.
+The window is driven as a user drives it: the model loads through its worker, runs start with Run
+and end on their own. The headless figure comes from `kvviz run --json` in a separate process with
+the same model, prompt, strategy and settings, so that nothing decodes on this process's GUI thread
+or on a thread of the bench's own. Print-free: returns a dict of the figures and the numbers behind them.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-from kvviz.qt import worker  # noqa: F401 - sets OMP_WAIT_POLICY before torch is imported
+from kvviz.present import FINISHED, RUNNING
+from kvviz.qt import (
+    drive,
+    worker,  # noqa: F401 - sets OMP_WAIT_POLICY before torch is imported
+)
 
 DEFAULT_PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 
 
-def _app():
-    if not os.environ.get("QT_QPA_PLATFORM") and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
-        if sys.platform.startswith("linux"):
-            os.environ["QT_QPA_PLATFORM"] = "offscreen"
-    from PySide6.QtWidgets import QApplication
-
-    return QApplication.instance() or QApplication(["kvviz-bench"])
-
-
-def _headless(loaded, strategy: str, options: dict, settings: dict, prompt: str) -> dict[str, Any]:
-    """The same decode without the window, on a plain thread (as the window's worker runs it)."""
-    import threading
-
-    from kvviz.engine import decode, strategies
-
-    decoder = decode.Decoder(loaded, strategies.choose(strategy, dict(options)), decode.GenerationSettings(**settings),
-                             prompt)
-    errors: list[BaseException] = []
-
-    def work() -> None:
-        try:
-            for _ in decoder:
-                pass
-        except BaseException as exc:  # noqa: BLE001 - re-raised on the calling thread
-            errors.append(exc)
-
-    thread = threading.Thread(target=work, name="kvviz-bench-headless")
-    thread.start()
-    thread.join()
-    if errors:
-        raise errors[0]
-    return decoder.trace.summary()
+def _headless(model: str, strategy: str, options: dict, tokens: int, prompt: str) -> float:
+    """Decode tokens/s of `kvviz run` in its own process: greedy, chat template, end-of-text ignored (as the
+    window's runs here)."""
+    command = [
+        sys.executable, "-m", "kvviz", "run", "--json", "--no-trace", "--quiet", "--ignore-eos",
+        "--model", model, "--strategy", strategy, "--prompt", prompt, "--max-new-tokens", str(tokens),
+    ]
+    for name, value in options.items():
+        command += ["--set", f"{name}={value}"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines()
+        raise RuntimeError(f"the headless run failed: {lines[-1] if lines else f'exit status {done.returncode}'}")
+    return json.loads(done.stdout)["decode_tokens_per_s"]
 
 
 class _StallMeter:
@@ -83,65 +74,45 @@ class _StallMeter:
         self._last = now
 
 
-def _wait(app, predicate: Callable[[], bool], timeout_s: float) -> bool:
-    from PySide6.QtCore import QEventLoop, QTimer
-
-    loop = QEventLoop()
-    poll = QTimer()
-    poll.setInterval(20)
-    poll.timeout.connect(lambda: predicate() and loop.quit())
-    poll.start()
-    QTimer.singleShot(int(timeout_s * 1000), loop.quit)
-    if not predicate():
-        loop.exec()
-    poll.stop()
-    return predicate()
-
-
-def _window_run(app, window, tokens: int, timeout_s: float) -> tuple[dict[str, Any], float]:
-    window.settings_panel.max_new_tokens.setValue(tokens)
+def _window_run(window, tokens: int, timeout_s: float) -> tuple[int, float]:
+    """One run through the window's Run; its id and the worst event-loop stall while it generated."""
     meter = _StallMeter()
     meter.start()
-    run_id = window.start_run(extra_settings={"stop_at_eos": False})
+    # the stall that matters is while tokens stream; the prefill step is on the worker thread too
+    run_id = drive.run(window, tokens, timeout_s, extra_settings={"stop_at_eos": False})
+    meter.stop()
     if run_id is None:
         raise RuntimeError(f"the window did not start a run: {window.last_error}")
-    # the stall that matters is while tokens stream; the prefill step is on the worker thread too
-    _wait(app, lambda: window.active_run is None, timeout_s)
-    meter.stop()
-    if window.status_of.get(run_id) != "finished":
-        raise RuntimeError(f"window run ended as {window.status_of.get(run_id)}: {window.last_error}")
-    return window.runs[run_id].trace.summary(), meter.worst_ms
+    status = window.store.status(run_id)
+    if status != FINISHED:
+        raise RuntimeError(f"window run ended as {status}: {window.last_error}")
+    return run_id, meter.worst_ms
 
 
 def _redraw_ms(app, window, trace, n: int, samples: int = 12) -> float:
-    """Median time of a live redraw (buffers + setData + paint) when the run holds about n steps."""
-    from kvviz.qt.series import RunSeries
+    """Median time of a live redraw (buffers + setData + paint) when the run holds about n steps: the run's
+    records replayed into the store, as a producer adds them."""
     from kvviz.trace import Trace
 
     steps = trace.steps[:n]
-    header = Trace(model=trace.model, strategy=trace.strategy, prompt=trace.prompt,
-                   prompt_tokens=trace.prompt_tokens, settings=trace.settings)
-    run_id = window._next_run
-    window._next_run += 1
-    series = RunSeries(run_id, header)
-    window.runs[run_id] = series
-    window.status_of[run_id] = "running"
-    window.active_run = run_id
-    window.runs_table.add_run(series, "running", select=True)
-    series.extend(steps[: max(n - samples, 1)])
+    live = Trace(model=trace.model, strategy=trace.strategy, prompt=trace.prompt,
+                 prompt_tokens=trace.prompt_tokens, settings=trace.settings)
+    store = window.store
+    run_id = store.add(live, RUNNING, generating=True)
+    live.steps.extend(steps[: max(n - samples, 1)])
+    store.records_arrived(run_id)
     window.redraw()
     window.repaint()
     app.processEvents()
     times = []
     for step in steps[max(n - samples, 1):]:
         started = time.perf_counter()
-        window._on_step(run_id, step)
+        live.steps.append(step)
+        store.records_arrived(run_id)
         window.redraw()
         window.repaint()
         times.append((time.perf_counter() - started) * 1000.0)
-    window.active_run = None
-    series.finished = True
-    window.status_of[run_id] = "finished"
+    store.end(run_id, FINISHED)
     return statistics.median(times)
 
 
@@ -159,60 +130,50 @@ def run_gui_bench(
 ) -> dict[str, Any]:
     """Measure the window against the headless engine; see the module docstring for the figures.
 
-    The redraw figures come from real engine records of a `long_tokens` run of `long_model`
-    (headless, so that it does not take minutes on the default model), fed into the window as a
-    live run would be.
+    The redraw figures come from the records of a `long_tokens` run of `long_model` in the window (the
+    tiny model, so that it does not take minutes), replayed into the window as a live run's arrive.
     """
     say = progress or (lambda message: None)
     torch_was_imported = "torch" in sys.modules  # then OMP_WAIT_POLICY came too late to matter
-    app = _app()
+    app = drive.application("kvviz-bench")
     from PySide6.QtCore import QSettings
 
-    from kvviz.engine import decode, models, strategies
     from kvviz.qt.main_window import MainWindow
 
     options = dict(options or {})
-    strategies.choose(strategy, dict(options))  # fail early, with the engine's message
-    say(f"loading {model}")
-    loaded = models.load_model(model)
-    tokens = new_tokens
-    settings = {"max_new_tokens": tokens, "stop_at_eos": False}
-
     ini = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"kvviz-bench-{os.getpid()}.ini")
     window = MainWindow(settings=QSettings(ini, QSettings.Format.IniFormat))
     window.resize(1600, 1000)
     window.show()
     try:
-        _wait(app, lambda: bool(window.strategy_panel.names()), 60)
-        window.adopt_model(loaded)
-        _wait(app, lambda: window.card is not None, 60)
-        window.prompt_panel.set_text(prompt)
-        window.strategy_panel.set_current(strategy)
-        for name, value in options.items():
-            window.strategy_panel.set_option(name, value)
-        window.settings_panel.mode.setCurrentText("greedy")
-        window.settings_panel.raw.setChecked(False)
+        drive.wait(lambda: bool(window.controls.strategy_panel.names()), 60)
+        say(f"loading {model}")
+        if not drive.load(window, model):
+            raise RuntimeError(f"the window could not load {model!r}: {window.last_error}")
+        model_name = window.engine.card.get("name", model)
+        window.controls.prompt_panel.set_text(prompt)
+        if not drive.choose(window, strategy, options):
+            raise RuntimeError(f"strategy {strategy!r} is not available here")
+        window.controls.settings_panel.mode.setCurrentText("greedy")
+        window.controls.settings_panel.raw.setChecked(False)
 
         say("warming up")
-        _headless(loaded, strategy, options, {"max_new_tokens": 8, "stop_at_eos": False}, prompt)
+        _window_run(window, 8, timeout_s=600)
         headless_rates, window_rates, stalls = [], [], []
         for i in range(repeats):
-            say(f"headless run {i + 1}/{repeats}")
-            headless_rates.append(_headless(loaded, strategy, options, settings, prompt)["decode_tokens_per_s"])
+            say(f"headless run {i + 1}/{repeats} (own process)")
+            headless_rates.append(_headless(model, strategy, options, new_tokens, prompt))
             say(f"window run {i + 1}/{repeats}")
-            summary, stall = _window_run(app, window, tokens, timeout_s=600)
-            window_rates.append(summary["decode_tokens_per_s"])
+            run_id, stall = _window_run(window, new_tokens, timeout_s=600)
+            window_rates.append(window.store.runs[run_id].trace.summary()["decode_tokens_per_s"])
             stalls.append(stall)
 
-        say(f"generating {long_tokens} tokens with {long_model} for the redraw figures")
-        long_loaded = loaded if long_model == model else models.load_model(long_model)
-        long = decode.Decoder(
-            long_loaded, strategies.choose(strategy, dict(options)),
-            decode.GenerationSettings(max_new_tokens=long_tokens, stop_at_eos=False), "Hi",
-        )
-        for _ in long:
-            pass
-        trace = long.trace
+        say(f"generating {long_tokens} tokens with {long_model} in the window for the redraw figures")
+        if long_model != model and not drive.load(window, long_model):
+            raise RuntimeError(f"the window could not load {long_model!r}: {window.last_error}")
+        window.controls.prompt_panel.set_text("Hi")
+        long_id, _ = _window_run(window, long_tokens, timeout_s=1800)
+        trace = window.store.runs[long_id].trace
         say("timing redraws")
         redraw_short = _redraw_ms(app, window, trace, short_tokens)
         redraw_long = _redraw_ms(app, window, trace, len(trace.steps))
@@ -226,10 +187,10 @@ def run_gui_bench(
     headless = statistics.median(headless_rates)
     in_window = statistics.median(window_rates)
     return {
-        "model": loaded.card.get("name", model),
+        "model": model_name,
         "strategy": strategy,
         "options": options,
-        "new_tokens": tokens,
+        "new_tokens": new_tokens,
         "tokens_per_s_headless": headless,
         "tokens_per_s_window": in_window,
         "window_over_headless": in_window / headless if headless else None,

@@ -10,8 +10,10 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from kvviz.present import FAILED
+from kvviz.qt import drive
 
 DEMO_PROMPT = "Explain in a few sentences what the key-value cache of a transformer does."
 SIZE = (1920, 1080)
@@ -27,20 +29,6 @@ TOUR = [
     ("5 / 5  Live switch: dynamic, then quantized int4 from token 24", "dynamic", {},
      (24, "quantized", {"backend": "hqq", "nbits": 4, "residual_length": 16, "q_group_size": 32})),
 ]
-
-
-def _wait(app, predicate, timeout: float) -> bool:
-    end = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > end:
-            return False
-        app.processEvents()
-        time.sleep(0.01)
-    return True
-
-
-def _pause(app, seconds: float) -> None:
-    _wait(app, lambda: False, seconds)
 
 
 class Banner:
@@ -72,12 +60,9 @@ class Banner:
 def run_demo(record: Path | None = None, model: str = "default", tokens: int = 64, fps: float = 10.0,
              pause: float = 1.5) -> int:
     """Play the tour; returns 0 when every step ran (steps a machine cannot run are labelled skipped)."""
-    if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
-        os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    _app = drive.application("kvviz-demo")  # held: the QApplication lives while the tour plays
     from PySide6.QtCore import QSettings
-    from PySide6.QtWidgets import QApplication
 
-    app = QApplication.instance() or QApplication([sys.argv[0] if sys.argv else "kvviz", "demo"])
     from kvviz.qt.main_window import MainWindow
 
     ini = os.path.join(tempfile.mkdtemp(prefix="kvviz-demo-"), "kvviz.ini")
@@ -86,71 +71,56 @@ def run_demo(record: Path | None = None, model: str = "default", tokens: int = 6
     window.show()
     banner = Banner(window)
     banner.show("kvviz: the key-value cache of a transformer, live")
-    _wait(app, lambda: bool(window.strategy_panel.names()), 60)
-    control = getattr(window, "recorder", None)
+    drive.wait(lambda: bool(window.controls.strategy_panel.names()), 60)
+    control = window.recorder
     if record is not None:
-        if control is None:
-            from kvviz.qt.recorder import install_recorder
-
-            control = install_recorder(window, fps)
         record = control.start(record, fps)
     failures = 0
+    refusals: list[str] = []
+    window.engine.worker.sigSwitchRefused.connect(lambda strategy, why: refusals.append(why))
     try:
-        done: list[str] = []
-        window.sigModelReady.connect(lambda spec, ok: done.append("ok" if ok else "failed"))
         banner.show(f"Loading the model ({model})…")
-        window.load_model(model)
-        if not _wait(app, lambda: bool(done), 600) or done[0] != "ok":
+        if not drive.load(window, model):
             print(f"kvviz demo: could not load {model!r}: {window.last_error}", file=sys.stderr)
             return 1
-        window.prompt_panel.editor.setPlainText(DEMO_PROMPT)
-        window.settings_panel.max_new_tokens.setValue(tokens)
-        _pause(app, pause)
-        finished: list[int] = []
-        window.sigRunDone.connect(lambda run_id, status: finished.append(run_id))
-        can_switch = hasattr(window, "switch_strategy")
+        window.controls.prompt_panel.set_text(DEMO_PROMPT)
+        window.controls.settings_panel.max_new_tokens.setValue(tokens)
+        drive.pause(pause)
         for label, strategy, options, switch in TOUR:
-            if switch is not None and not can_switch:
-                banner.show(label + "  (skipped: this window cannot switch)")
-                _pause(app, pause)
-                continue
-            if not window.strategy_panel.set_current(strategy):
+            if not drive.choose(window, strategy, options):
                 banner.show(label + "  (skipped: not available here)")
-                _pause(app, pause)
+                drive.pause(pause)
                 continue
-            for name, value in options.items():
-                window.strategy_panel.set_option(name, value)
             banner.show(label)
-            _pause(app, pause)
-            finished.clear()
+            drive.pause(pause)
             run_id = window.start_run({"stop_at_eos": False})
             if run_id is None:
                 banner.show(label + f"  (could not start: {window.last_error})")
                 failures += 1
-                _pause(app, pause)
+                drive.pause(pause)
                 continue
+            series = window.store.runs[run_id]
             if switch is not None:
                 at, target, target_options = switch
-                _wait(app, lambda r=run_id, a=at: bool(finished) or window.runs[r].n >= a, 600)
-                if not finished:
-                    window.strategy_panel.set_current(target)
-                    for name, value in target_options.items():
-                        window.strategy_panel.set_option(name, value)
-                    banner.show(f"Switching to {target} int4 at token {window.runs[run_id].n}…")
+                drive.wait(lambda s=series, a=at: s.finished or s.n >= a, 600)
+                if not series.finished:
+                    drive.choose(window, target, target_options)
+                    banner.show(f"Switching to {target} int4 at token {series.n}…")
                     if not window.switch_strategy():
                         failures += 1
-            if not _wait(app, lambda: bool(finished), 900):
+            if not drive.wait(lambda s=series: s.finished, 900):
                 failures += 1
                 break
-            if window.status_of.get(run_id) == "failed":
+            if window.store.status(run_id) == FAILED:
                 failures += 1
                 banner.show(label + f"  (failed: {window.last_error})")
-            _pause(app, pause)
-        window.runs_table.select_runs(list(window.runs))
+            drive.pause(pause)
+        failures += len(refusals)
+        window.runs_table.select_runs(list(window.store.runs))
         banner.show("All runs overlaid: memory, speed and fidelity side by side")
-        _pause(app, 2 * pause)
+        drive.pause(2 * pause)
     finally:
-        if record is not None and control is not None:
+        if record is not None:
             control.stop()
             stats = control.recorder.stats()
             print(

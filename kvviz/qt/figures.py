@@ -6,20 +6,12 @@ filled from finished traces and saved with `QWidget.grab()`.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from kvviz.qt import drive
 from kvviz.trace import Trace
 
 SIZE = (1000, 420)
-
-
-def _application():
-    if not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
-        os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    from PySide6.QtWidgets import QApplication
-
-    return QApplication.instance() or QApplication(["kvviz-figures"])
 
 
 def _save(panel, runs, primary, path: Path) -> Path:
@@ -31,7 +23,7 @@ def _save(panel, runs, primary, path: Path) -> Path:
     if hasattr(panel, "reset_view"):
         panel.reset_view()
     panel.show()
-    _application().processEvents()
+    drive.application().processEvents()
     panel.grab().save(str(path))
     panel.close()
     return path
@@ -39,7 +31,7 @@ def _save(panel, runs, primary, path: Path) -> Path:
 
 def render_comparison(traces: list[Trace], out: Path) -> dict[str, Path]:
     """Overlaid memory and latency plots and one cache map per run; returns {title: PNG path}."""
-    _application()
+    drive.application("kvviz-figures")
     from kvviz.qt.plots.layer_plots import CacheMapPlot
     from kvviz.qt.plots.series_plots import LatencyPlot, MemoryPlot
     from kvviz.qt.series import RunSeries

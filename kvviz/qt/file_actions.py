@@ -16,7 +16,7 @@ from PySide6.QtCore import QEvent, QObject, Qt
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QFileDialog, QMainWindow, QMenu, QMessageBox
 
-from kvviz import report
+from kvviz import present, report
 from kvviz.attach import session as session_file
 from kvviz.trace import Trace, TraceError, read_json
 from kvviz.trace import from_dict as trace_from_dict
@@ -59,7 +59,7 @@ class FileActions(QObject):
         return saved
 
     def save_selected_trace(self, path: str | os.PathLike) -> Path | None:
-        primary = self.window.primary()
+        primary = self.window.store.primary()
         if primary is None:
             self.show_message("Nothing to save", "Select a run in the Runs table first.")
             return None
@@ -71,14 +71,11 @@ class FileActions(QObject):
 
     def export_runs_csv(self, path: str | os.PathLike) -> Path:
         """Every run in the Runs table, in table order, as kvviz.report's CSV."""
-        table = self.window.runs_table
-        rows = []
-        for row in range(table.rowCount()):
-            run_id = table.item(row, 0).data(Qt.ItemDataRole.UserRole)
-            series = self.window.runs[run_id]
-            line = report.run_row(f"#{run_id}", series.trace)
-            line["status"] = self.window.status_of.get(run_id, line["status"])
-            rows.append(line)
+        store = self.window.store
+        rows = [
+            present.run_row(f"#{run_id}", store.runs[run_id].trace, store.status(run_id))
+            for run_id in self.window.runs_table.run_ids()
+        ]
         return report.write_csv(rows, path)
 
     def export_plots(self, folder: str | os.PathLike, formats: tuple[str, ...] = ("png", "svg")) -> list[Path]:
@@ -129,7 +126,7 @@ class FileActions(QObject):
             self.open_trace(path)
 
     def _ask_save(self) -> None:
-        primary = self.window.primary()
+        primary = self.window.store.primary()
         if primary is None:
             self.show_message("Nothing to save", "Select a run in the Runs table first.")
             return

@@ -10,6 +10,8 @@ import argparse
 import os
 import sys
 
+from kvviz.qt import drive
+
 PROMPT = (
     "Write a detailed, step by step explanation of how a transformer language model generates text one "
     "token at a time, and why it keeps a key-value cache while it does so."
@@ -18,33 +20,25 @@ PROMPT = (
 
 def make(path: str, model: str = "default", tokens: int = 96, theme_name: str = "dark") -> str:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    app = drive.application("kvviz-screenshot")
     from PySide6.QtCore import QSettings
 
-    from kvviz.qt import bench
     from kvviz.qt.main_window import MainWindow
 
-    app = bench._app()
     ini = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"kvviz-shot-{os.getpid()}.ini")
     window = MainWindow(settings=QSettings(ini, QSettings.Format.IniFormat))
     window.resize(1600, 1000)
     window.set_theme(theme_name)
     window.show()
     try:
-        bench._wait(app, lambda: bool(window.strategy_panel.names()), 60)
-        window.load_model(model)
-        bench._wait(app, lambda: window.card is not None or not window.loading, 300)
-        if window.card is None:
+        drive.wait(lambda: bool(window.controls.strategy_panel.names()), 60)
+        if not drive.load(window, model, 300):
             raise RuntimeError(window.last_error)
-        window.prompt_panel.set_text(PROMPT)
-        window.settings_panel.max_new_tokens.setValue(tokens)
+        window.controls.prompt_panel.set_text(PROMPT)
         runs = []
         for strategy, options in (("dynamic", {}), ("sink", {"sink_tokens": 4, "window": 60})):
-            window.strategy_panel.set_current(strategy)
-            for name, value in options.items():
-                window.strategy_panel.set_option(name, value)
-            run_id = window.start_run()
-            bench._wait(app, lambda: window.active_run is None, 900)
-            runs.append(run_id)
+            drive.choose(window, strategy, options)
+            runs.append(drive.run(window, tokens))
         window.runs_table.select_runs(runs)
         window.redraw()
         for _ in range(10):

@@ -1,18 +1,16 @@
 """A run as the plots see it: its `Trace` plus preallocated numpy columns that double when full.
 
-Live runs get steps one batch at a time (`extend`); finished or opened runs come from a whole
-`Trace` (`RunSeries.from_trace`). Plot code only reads these arrays, never the records.
+The trace is the one its producer writes (the engine's decoder, or a server request): the columns
+are a drawing cache of `trace.steps`, caught up by `sync()` whenever new records have arrived, so
+the window draws exactly the records the trace keeps. Plot code only reads these arrays.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import numpy as np
 
+from kvviz.present import MIB, strategy_label
 from kvviz.trace import SlotState, StepRecord, Trace
-
-MIB = 1024.0 * 1024.0
 
 # Columns of the per-step table.
 X, WALL_MS, CACHE_MIB, PREDICTED_MIB, RSS_MIB, KL = range(6)  # KL is NaN where no reference ran
@@ -48,7 +46,7 @@ class RunSeries:
     def __init__(self, run_id: int, trace: Trace, capacity: int = 256):
         self.run_id = run_id
         self.trace = trace
-        self.finished = False
+        self.finished = False  # set by the run store when the producer is done
         self._data = np.zeros((max(16, capacity), _NCOLS), dtype=np.float64)
         self.n = 0
         self.latest: StepRecord | None = None
@@ -66,20 +64,29 @@ class RunSeries:
 
     @classmethod
     def from_trace(cls, run_id: int, trace: Trace) -> RunSeries:
+        """A run whose trace is complete (opened from a file, or drawn for a report)."""
         series = cls(run_id, trace, capacity=len(trace.steps) + 16)
-        series.extend(trace.steps, record=False)
+        series.sync()
         series.finished = True
         return series
 
     # -- filling ------------------------------------------------------------------------------------
 
-    def extend(self, steps: Iterable[StepRecord], record: bool = True) -> None:
-        """Append steps; with record=True they are also appended to the trace."""
-        steps = list(steps)
+    def attach(self, trace: Trace) -> None:
+        """The producer's own trace replaces the request's header, before any record was drawn."""
+        if self.n:
+            raise ValueError(f"run #{self.run_id} already drew {self.n} records of another trace")
+        self.trace = trace
+
+    def sync(self) -> bool:
+        """Draw the records the trace gained since the last call; False when there were none.
+
+        The producer may append from another thread: a list append is atomic, and records are
+        complete before they are appended, so reading up to the current length is safe.
+        """
+        steps = self.trace.steps[self.n :]
         if not steps:
-            return
-        if record:
-            self.trace.steps.extend(steps)
+            return False
         need = self.n + len(steps)
         self._data = grown(self._data, need)
         base = self.trace.prompt_tokens
@@ -88,9 +95,9 @@ class RunSeries:
             x = base + step.index
             row[X] = x
             row[WALL_MS] = step.wall_ms
-            row[CACHE_MIB] = step.cache_bytes / MIB
-            row[PREDICTED_MIB] = step.predicted_cache_bytes / MIB
-            row[RSS_MIB] = step.rss_bytes / MIB
+            row[CACHE_MIB] = _mib(step.cache_bytes)
+            row[PREDICTED_MIB] = _mib(step.predicted_cache_bytes)
+            row[RSS_MIB] = _mib(step.rss_bytes)
             row[KL] = np.nan if step.kl is None else step.kl
             self.has_reference = self.has_reference or step.kl is not None
             previous = self.latest.strategy if self.latest is not None else None
@@ -112,15 +119,7 @@ class RunSeries:
                     self._layer_ms_sum += arr
                     self._layer_ms_count += 1
         self.n = need
-
-    def finish(self, trace: Trace) -> None:
-        """The worker's final trace replaces ours (same steps, plus cancelled/error flags)."""
-        if len(trace.steps) != self.n:
-            # Should not happen (queued signals arrive in order), but never show stale data.
-            fresh = RunSeries.from_trace(self.run_id, trace)
-            self.__dict__.update(fresh.__dict__)
-        self.trace = trace
-        self.finished = True
+        return True
 
     # -- columns ------------------------------------------------------------------------------------
 
@@ -141,8 +140,9 @@ class RunSeries:
         return 1000.0 * self._decode_count / self._decode_ms_sum
 
     @property
-    def cache_mib(self) -> float:
-        return self._data[self.n - 1, CACHE_MIB] if self.n else 0.0
+    def cache_bytes(self) -> int | None:
+        """The cache's size after the latest drawn step; None before any, or where it is not known."""
+        return self.latest.cache_bytes if self.latest is not None else None
 
     def layer_bytes(self) -> tuple[np.ndarray, np.ndarray]:
         """Key and value bytes of each layer after the latest step."""
@@ -191,9 +191,8 @@ class RunSeries:
         return text if len(text) <= limit else text[: limit - 1].rstrip(", ") + "…)"
 
     def label(self) -> str:
-        strategy = self.trace.strategy or {}
-        options = strategy.get("options") or {}
-        text = strategy.get("name", "?")
-        if options:
-            text += " (" + ", ".join(f"{k}={v}" for k, v in options.items()) + ")"
-        return f"#{self.run_id} {text}"
+        return f"#{self.run_id} {strategy_label(self.trace.strategy)}"
+
+
+def _mib(n_bytes: int | None) -> float:
+    return np.nan if n_bytes is None else n_bytes / MIB

@@ -3,8 +3,9 @@
 `ServerMode` owns the `ServerConnection` and the widgets the window places: `panel` (where the
 server is) and `load_panel` in the Controls dock, `buttons` under them, `view` as the central
 "vLLM server" tab. Scrapes arrive as queued signals and go into a `ServerSeries`; the plots redraw
-from it on the window's redraw timer. kvviz's own requests become runs in the Runs table (see
-kvviz.attach.request_trace), so they share the latency plot and token view with local runs.
+from it on the window's redraw timer (`sigChanged` asks for one). kvviz's own requests become runs in
+the run store (see kvviz.attach.request_trace), so they share the latency plot and token view with
+local runs: each arrived token is a record appended to the request's trace.
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from PySide6.QtCore import QObject, Qt
+from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtWidgets import QGridLayout, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
 from kvviz.attach.request_trace import model_label, record_trace, token_step
+from kvviz.present import FAILED, FINISHED, STREAMING, final_status
 from kvviz.qt.panels.server import LoadPanel, ServerPanel, cache_html, check_url
 from kvviz.qt.plots import LatencyPlot, PrefixHitPlot, RequestsPlot, ServerLatencyPlot, ThroughputPlot, UsagePlot
+from kvviz.qt.run_store import RunStore
 from kvviz.qt.server_connection import ServerConnection
 from kvviz.qt.server_series import ServerSeries
 
@@ -80,9 +83,13 @@ class ServerView(QWidget):
 
 
 class ServerMode(QObject):
-    def __init__(self, window):
+    sigChanged = Signal()  # new scrapes to draw
+
+    def __init__(self, window, store: RunStore):
+        """window: where messages go (`show_error`, the status bar) and where the prompt and settings are."""
         super().__init__(window)
         self.window = window
+        self.store = store
         self.connection = ServerConnection(self)
         self.series = ServerSeries()
         self.source = ""  # what the view shows: a server's URL, or a session file
@@ -144,16 +151,16 @@ class ServerMode(QObject):
         self.update_controls()
 
     def send_prompt(self) -> int | None:
-        prompt = self.window.prompt_panel.text()
+        prompt = self.window.controls.prompt_panel.text()
         if not prompt.strip():
             self.window.show_error("Type a prompt first.")
             return None
-        settings = self.window.settings_panel.settings()
+        settings = self.window.controls.settings_panel.settings()
         return self.connection.send_prompt(prompt, settings["max_new_tokens"], settings["temperature"])
 
     def start_load(self) -> bool:
         values = self.load_panel.values()
-        max_tokens = self.window.settings_panel.settings()["max_new_tokens"]
+        max_tokens = self.window.controls.settings_panel.settings()["max_new_tokens"]
         started = self.connection.start_load(max_tokens=max_tokens, **values)
         if started:
             self.panel.status.setText(
@@ -178,10 +185,11 @@ class ServerMode(QObject):
         self.panel.set_connected(False, f"opened a session of {session.url} ({len(session.snapshots)} scrapes)")
         for record in session.requests:
             if record.tag == "own":
-                self.window.add_trace(record_trace(session.url, session.model, record))
+                trace = record_trace(session.url, session.model, record)
+                self.store.add(trace, final_status(trace))
         self._summarise(session.model, session.url, opened=True)
         self._dirty = True
-        self.window._schedule()
+        self.sigChanged.emit()
 
     # -- from the connection ---------------------------------------------------------------------------
 
@@ -209,7 +217,7 @@ class ServerMode(QObject):
                 self._cache = snapshot.cache
                 self.panel.card.setText(cache_html(snapshot.model, snapshot.cache, self._prediction))
             self._dirty = True
-            self.window._schedule()
+            self.sigChanged.emit()
 
     def _on_notice(self, message: str, is_error: bool) -> None:
         if is_error:
@@ -218,14 +226,16 @@ class ServerMode(QObject):
             self.window.statusBar().showMessage(message, 10_000)
 
     def _on_request_started(self, key: int, trace) -> None:
-        self.run_of[key] = self.window.add_live_run(trace)
+        self.run_of[key] = self.store.add(trace, STREAMING, overlay=True)
         self.update_controls()
 
     def _on_token(self, key: int, timing) -> None:
         run_id = self.run_of.get(key)
         if run_id is None:
             return
-        self.window._on_step(run_id, token_step(timing, self._last_token.get(key)))
+        # this mode is the request trace's producer: the arrived token is its next record
+        self.store.runs[run_id].trace.steps.append(token_step(timing, self._last_token.get(key)))
+        self.store.records_arrived(run_id)
         self._last_token[key] = timing
 
     def _on_request_done(self, key: int, record) -> None:
@@ -233,10 +243,7 @@ class ServerMode(QObject):
         self._last_token.pop(key, None)
         if run_id is None:
             return
-        series = self.window.runs[run_id]
-        trace = series.trace
-        trace.error = record.error
-        self.window._end_run(run_id, trace, "failed" if record.error else "finished")
+        self.store.end(run_id, FAILED if record.error else FINISHED, error=record.error)
         if record.error:
             self.window.show_error(f"kvviz's own request to {self.source} failed: {record.error}")
         elif not record.tokens:

@@ -11,7 +11,8 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from kvviz.attach.metrics import Point
-from kvviz.qt.series import MIB, grown, nearest_index
+from kvviz.present import MIB
+from kvviz.qt.series import grown, nearest_index
 
 
 def _scaled(value: float | None, factor: float) -> float:

@@ -1,7 +1,8 @@
-"""Colours of the window: dark and light palettes, one colour per run, one colour per cache slot state.
+"""Colours of the window, all of them here: dark and light palettes, one colour per run, one colour per
+cache slot state, and the named data colours every plot draws with.
 
-The cache-state and run colours come from the Okabe-Ito and Tableau palettes, which stay apart for
-the common kinds of colour blindness and on both dark and light backgrounds.
+The data and run colours come from the Okabe-Ito and Tableau palettes, which stay apart for the
+common kinds of colour blindness and on both dark and light backgrounds.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ class Palette:
     background: str  # plot background
     foreground: str  # axes, labels
     muted: str  # secondary text (the prompt in the token view)
-    grid_alpha: float
     unseen: str  # cache slot that does not exist yet
     preallocated: str  # cache slot allocated but not written
     evicted: str  # cache slot whose token was dropped (muted: what is kept matters more)
@@ -37,7 +37,6 @@ PALETTES = {
         background="#1e2127",
         foreground="#d7dae0",
         muted="#8a919c",
-        grid_alpha=0.18,
         unseen="#2a2e36",
         preallocated="#5b6472",
         evicted="#7d3f2c",
@@ -49,7 +48,6 @@ PALETTES = {
         background="#ffffff",
         foreground="#262a30",
         muted="#6b7280",
-        grid_alpha=0.25,
         unseen="#eef0f3",
         preallocated="#b3bac5",
         evicted="#eab3a0",
@@ -58,12 +56,19 @@ PALETTES = {
     ),
 }
 
-# Slot states that hold data keep their colour in both themes (Okabe-Ito).
+# Okabe-Ito data colours: the same in both themes, legible on the dark and the light background.
+BLUE = "#56b4e9"  # sky blue
+ORANGE = "#e69f00"
+GREEN = "#009e73"  # bluish green
+PURPLE = "#cc79a7"  # reddish purple
+YELLOW = "#f0e442"
+
+# Slot states that hold data keep their colour in both themes.
 _STATE_COLOURS = {
-    SlotState.FULL: "#56b4e9",  # sky blue
-    SlotState.QUANTIZED: "#e69f00",  # orange
-    SlotState.RESIDUAL: "#009e73",  # bluish green
-    SlotState.SINK: "#cc79a7",  # reddish purple
+    SlotState.FULL: BLUE,
+    SlotState.QUANTIZED: ORANGE,
+    SlotState.RESIDUAL: GREEN,
+    SlotState.SINK: PURPLE,
 }
 
 STATE_LABELS = {

@@ -1,20 +1,22 @@
 """The worker: the one object that talks to the engine, living in its own QThread.
 
-The GUI thread sends requests through queued signals (`load`, `adopt`, `run` are slots) and gets
-plain records back through the `sig*` signals declared below. `cancel()` and `shutdown()` may be
-called from any thread. Nothing here holds a widget; nothing in the GUI holds a tensor.
+The GUI thread sends requests through queued signals (`load`, `run` and `switches.request` are
+slots) and gets plain records back through the `sig*` signals declared below; every engine call
+(torch included) runs on the worker's thread. A run's records go into the decoder's own `Trace`,
+which `sigRunStarted` hands to the window: that trace is the run's one record. `cancel()` and
+`shutdown()` may be called from any thread. Nothing here holds a widget; nothing in the GUI holds
+a tensor.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import threading
 import traceback
 from typing import Any
 
-from PySide6.QtCore import QObject, QThread, Signal, Slot
+from PySide6.QtCore import QCoreApplication, QEvent, QObject, QThread, Signal, Slot
 
 log = logging.getLogger(__name__)
 
@@ -29,19 +31,43 @@ class _Interrupted(Exception):
     """Raised from the load progress callback when the window is closing."""
 
 
+class SwitchDesk(QObject):
+    """Where switch requests arrive (a queued slot on the worker's thread).
+
+    While a run decodes the worker's event loop is busy, so the decode loop serves this desk between
+    two steps; a request therefore takes effect at the next step, and the strategy's checks (which
+    read the model's tensors) run on the worker's thread, never on the GUI's.
+    """
+
+    def __init__(self, worker: Worker):
+        super().__init__(worker)
+        self.worker = worker
+
+    @Slot(str, object)
+    def request(self, strategy: str, options: dict[str, Any]) -> None:
+        self.worker._switch(strategy, options)  # the desk is the worker's own door, in this module
+
+    def serve(self) -> None:
+        """Answer the requests waiting for this desk (called by the decode loop between steps)."""
+        QCoreApplication.sendPostedEvents(self, QEvent.Type.MetaCall)
+
+
 class Worker(QObject):
     sigReady = Signal(object)  # list of (Strategy, available: bool, reason: str)
     sigLoadProgress = Signal(str, object)  # message, fraction in [0, 1] or None
     sigModelLoaded = Signal(str, object)  # spec, model card (dict, plus "threads")
     sigModelFailed = Signal(str, str)  # spec, user-facing message
-    sigRunStarted = Signal(int, object)  # run id, Trace header (no steps yet)
-    sigStep = Signal(int, object)  # run id, StepRecord
-    sigRunFinished = Signal(int, object)  # run id, the decoder's Trace
-    sigRunFailed = Signal(int, str, object)  # run id, message, partial Trace or None
+    sigRunStarted = Signal(int, object)  # run id, the decoder's Trace (its steps fill as the run goes)
+    sigStep = Signal(int, object)  # run id, the StepRecord just appended to that trace
+    sigRunFinished = Signal(int, object)  # run id, the same Trace, complete (cancelled or not)
+    sigRunFailed = Signal(int, str)  # run id, user-facing message (the trace, if any, carries it too)
+    sigSwitchAccepted = Signal(str)  # strategy: it takes over at the next step
+    sigSwitchRefused = Signal(str, str)  # strategy, why not
 
     def __init__(self):
         super().__init__()
         self.loaded = None
+        self.switches = SwitchDesk(self)
         self._lock = threading.Lock()
         self._decoder = None
         self._run_id = 0
@@ -57,20 +83,6 @@ class Worker(QObject):
                 self._cancelled.add(run_id)
             if self._decoder is not None and (run_id is None or run_id == self._run_id):
                 self._decoder.cancel()
-
-    def switch(self, strategy: str, options: dict[str, Any]) -> str | None:
-        """Switch the running generation's cache at its next step; returns why not, or None."""
-        from kvviz.engine import strategies
-
-        with self._lock:
-            decoder = self._decoder
-        if decoder is None:
-            return "no generation is running; the strategy applies to the next run"
-        try:
-            decoder.request_switch(strategies.choose(strategy, options))
-        except strategies.OptionError as exc:
-            return str(exc)
-        return None
 
     def shutdown(self) -> None:
         """Cancel everything and make a model load in progress give up at its next progress report."""
@@ -118,11 +130,6 @@ class Worker(QObject):
             return
         self._set_model(spec, loaded)
 
-    @Slot(object)
-    def adopt(self, loaded) -> None:
-        """Use a model someone else loaded (the GUI bench shares one with its headless run)."""
-        self._set_model(getattr(loaded, "spec", "model"), loaded)
-
     def _set_model(self, spec: str, loaded) -> None:
         import torch
 
@@ -130,6 +137,22 @@ class Worker(QObject):
         card = dict(loaded.card)
         card["threads"] = torch.get_num_threads()
         self.sigModelLoaded.emit(spec, card)
+
+    def _switch(self, strategy: str, options: dict[str, Any]) -> None:
+        """Switch the running generation's cache at its next step (worker thread, from `switches` only)."""
+        from kvviz.engine import strategies
+
+        with self._lock:
+            decoder = self._decoder
+        if decoder is None:
+            self.sigSwitchRefused.emit(strategy, "no generation is running; the strategy applies to the next run")
+            return
+        try:
+            decoder.request_switch(strategies.choose(strategy, options))
+        except strategies.OptionError as exc:
+            self.sigSwitchRefused.emit(strategy, str(exc))
+            return
+        self.sigSwitchAccepted.emit(strategy)
 
     @Slot(int, object)
     def run(self, run_id: int, request: dict[str, Any]) -> None:
@@ -151,18 +174,16 @@ class Worker(QObject):
                 self._run_id = run_id
                 if run_id in self._cancelled or self._stopping:
                     decoder.cancel()
-            header = dataclasses.replace(decoder.trace, steps=[], switches=[])
-            header.prompt_tokens = decoder.prompt_tokens
-            self.sigRunStarted.emit(run_id, header)
+            self.sigRunStarted.emit(run_id, decoder.trace)
             for step in decoder:
                 self.sigStep.emit(run_id, step)
+                self.switches.serve()
             self.sigRunFinished.emit(run_id, decoder.trace)
         except Exception as exc:  # noqa: BLE001 - any failure is reported, the worker lives on
             log.debug("run %d failed:\n%s", run_id, traceback.format_exc())
-            trace = decoder.trace if decoder is not None else None
-            if trace is not None:
-                trace.error = _message(exc)
-            self.sigRunFailed.emit(run_id, _message(exc), trace)
+            if decoder is not None:
+                decoder.trace.error = _message(exc)
+            self.sigRunFailed.emit(run_id, _message(exc))
         finally:
             with self._lock:
                 self._decoder = None

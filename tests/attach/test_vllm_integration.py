@@ -221,20 +221,20 @@ def test_window_attaches_under_load(server, qtbot, tmp_path):
         mode = window.server
         mode.panel.interval.setValue(0.2)
         with qtbot.waitSignal(mode.connection.sigConnected, timeout=20000):
-            window.model_panel.set_spec(server.url)
-            window.model_panel.load_button.click()
-        window.prompt_panel.editor.setPlainText("The capital of France is")
-        window.settings_panel.max_new_tokens.setValue(24)
+            window.controls.model_panel.set_spec(server.url)
+            window.controls.model_panel.load_button.click()
+        window.controls.prompt_panel.editor.setPlainText("The capital of France is")
+        window.controls.settings_panel.max_new_tokens.setValue(24)
         with qtbot.waitSignal(window.sigRunDone, timeout=60000) as done:
             mode.send_button.click()
-        own = window.runs[done.args[0]]
+        own = window.store.runs[done.args[0]]
         mode.load_panel.set_values({"requests": 8, "concurrency": 4, "duration": 120, "shared_prefix": SHARED_PREFIX})
         with qtbot.waitSignal(mode.connection.sigLoadDone, timeout=150000) as load_done:
             mode.load_button.click()
         qtbot.waitUntil(lambda: mode.series.n and mode.series.column("usage")[-1] == 0, timeout=30000)
         window.redraw()
 
-        assert window.status_of[own.run_id] == "finished" and own.n >= 2
+        assert window.store.status(own.run_id) == "finished" and own.n >= 2
         assert own.trace.prompt_tokens > 0  # counted by the server's /tokenize before sending
         assert load_done.args[0]["completed"] == 8, load_done.args[0]
         usage = mode.series.column("usage")

@@ -25,11 +25,11 @@ def window(qtbot, settings):
     win = MainWindow(settings=settings)
     qtbot.addWidget(win)
     win.show()
-    qtbot.waitUntil(lambda: bool(win.strategy_panel.names()), timeout=30000)
+    qtbot.waitUntil(lambda: bool(win.controls.strategy_panel.names()), timeout=30000)
     yield win
-    if not win._closing:
+    if not win.closing:
         win.close()
-    assert not win.thread.isRunning()
+    assert not win.engine.thread.isRunning()
 
 
 class Driver:
@@ -60,11 +60,11 @@ def load(qtbot, win, spec: str = "tiny", timeout: int = 120000) -> None:
 def run(qtbot, win, strategy: str = "dynamic", options=None, tokens: int = 12, prompt: str = "Hello there",
         timeout: int = 120000) -> int:
     """Run through the window's own controls and wait for the run to end; returns the run id."""
-    win.prompt_panel.editor.setPlainText(prompt)
-    win.settings_panel.max_new_tokens.setValue(tokens)
-    assert win.strategy_panel.set_current(strategy), strategy
+    win.controls.prompt_panel.editor.setPlainText(prompt)
+    win.controls.settings_panel.max_new_tokens.setValue(tokens)
+    assert win.controls.strategy_panel.set_current(strategy), strategy
     for name, value in (options or {}).items():
-        win.strategy_panel.set_option(name, value)
+        win.controls.strategy_panel.set_option(name, value)
     with qtbot.waitSignal(win.sigRunDone, timeout=timeout) as blocker:
         run_id = win.start_run()
         assert run_id is not None

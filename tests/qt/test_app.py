@@ -36,7 +36,7 @@ def test_closing_mid_run_exits_zero(tmp_path):
         "app = QApplication([])\n"
         "from kvviz.qt.main_window import MainWindow\n"
         "w = MainWindow(autoload='tiny')\n"
-        "w.settings_panel.max_new_tokens.setValue(5000)\n"
+        "w.controls.settings_panel.max_new_tokens.setValue(5000)\n"
         "def started(spec, ok):\n"
         "    assert ok\n"
         "    w.start_run()\n"
@@ -44,7 +44,7 @@ def test_closing_mid_run_exits_zero(tmp_path):
         "w.sigModelReady.connect(started)\n"
         "w.show()\n"
         "rc = app.exec()\n"
-        "assert not w.thread_stuck and w.runs[1].trace.steps\n"
+        "assert not w.engine.stuck and w.store.runs[1].trace.steps\n"
         "sys.exit(rc)\n"
     )
     env = dict(os.environ, QT_QPA_PLATFORM="offscreen", HF_HUB_OFFLINE="1", XDG_CONFIG_HOME=str(tmp_path))
@@ -72,8 +72,8 @@ def test_open_trace_file_adds_a_run(qtbot, window, tmp_path):
     ]
     path = Trace(model={"name": "m"}, strategy={"name": "dynamic", "options": {}}, prompt="p", prompt_tokens=4,
                  steps=steps).save(tmp_path / "t.json")
-    run_id = window.add_trace(load_trace(path))
+    run_id = window.show_kept(load_trace(path))
     window.redraw()
     assert window.runs_table.row_text(run_id)[3] == "3"
-    (x, _), _ = window.memory_plot.curve_data(run_id)
+    (x, _), _ = window.local_view.memory_plot.curve_data(run_id)
     assert list(x) == [4, 5, 6]

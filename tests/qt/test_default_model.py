@@ -7,7 +7,7 @@ import importlib.metadata
 import numpy as np
 import pytest
 
-from kvviz.qt.series import MIB
+from kvviz.present import MIB
 from kvviz.trace import SlotState
 
 try:
@@ -18,9 +18,9 @@ except importlib.metadata.PackageNotFoundError:
 
 def test_default_model_sink_run(qtbot, drive, window):
     drive.load(window, "default", timeout=300000)
-    card = window.card
+    card = window.engine.card
     assert card["num_layers"] == 30 and card["num_kv_heads"] == 3
-    assert "SmolLM2" in window.model_panel.card.text()
+    assert "SmolLM2" in window.controls.model_panel.card.text()
     run_id = drive.run(
         window,
         "sink",
@@ -29,16 +29,16 @@ def test_default_model_sink_run(qtbot, drive, window):
         prompt="Name three colours of the rainbow and say one thing about each.",
         timeout=300000,
     )
-    series = window.runs[run_id]
+    series = window.store.runs[run_id]
     steps = series.trace.steps
-    assert window.status_of[run_id] in {"finished"}
+    assert window.store.status(run_id) in {"finished"}
     assert 1 <= len(steps) <= 20
     base = series.trace.prompt_tokens
-    (mx, my), _ = window.memory_plot.curve_data(run_id)
+    (mx, my), _ = window.local_view.memory_plot.curve_data(run_id)
     np.testing.assert_allclose(mx, [base + s.index for s in steps])
     np.testing.assert_allclose(my, [s.cache_bytes / MIB for s in steps])
     # sink + window: 4 + 12 slots kept, the rest of the prompt evicted, in every one of 30 layers
-    image = window.cache_map._image
+    image = window.local_view.cache_map._image
     assert image.shape[0] == 30
     assert (image[:, :4] == SlotState.SINK).all()
     assert (image == SlotState.EVICTED).any()

@@ -32,11 +32,11 @@ def test_save_open_drop_and_exports(window, drive, qtbot, tmp_path):
     saved = actions.save_selected_trace(tmp_path / "run.json")
     assert saved is not None and saved.stat().st_size > 0
     original = load(saved)
-    assert len(original.steps) == len(window.runs[run_id].trace.steps)
+    assert len(original.steps) == len(window.store.runs[run_id].trace.steps)
 
     opened = actions.open_trace(saved)
-    assert opened is not None and opened in window.runs
-    assert len(window.runs[opened].trace.steps) == len(original.steps)
+    assert opened is not None and opened in window.store.runs
+    assert len(window.store.runs[opened].trace.steps) == len(original.steps)
     assert window.runs_table.rowCount() == 2
     assert window.runs_table.row_text(opened)[2:] == window.runs_table.row_text(run_id)[2:]
 
@@ -76,7 +76,7 @@ def test_save_open_drop_and_exports(window, drive, qtbot, tmp_path):
     assert [line["status"] for line in lines] == [row[-1] for row in table]
 
     files = actions.export_plots(tmp_path / "plots")
-    assert len(files) == 2 * len(window.plots)
+    assert len(files) == 2 * len(window.local_view.plots)
     for path in files:
         assert path.exists() and path.stat().st_size > 200, path
     assert (tmp_path / "plots" / "memory_plot.svg").read_text(encoding="utf-8").lstrip().startswith("<?xml")

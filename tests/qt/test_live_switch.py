@@ -2,23 +2,40 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 
-def test_switch_mid_run_converts_and_marks_the_plots(qtbot, drive, window):
+def test_switch_mid_run_converts_and_marks_the_plots(qtbot, drive, window, monkeypatch):
+    from kvviz.engine import strategies as engine_strategies
+
+    # the engine's part of a switch (reading the options, checking the cache) must not run on the GUI thread
+    threads = []
+    choose = engine_strategies.choose
+
+    def choose_noting_the_thread(*args, **kwargs):
+        threads.append(threading.get_ident())
+        return choose(*args, **kwargs)
+
+    monkeypatch.setattr(engine_strategies, "choose", choose_noting_the_thread)
     drive.load(window, "tiny")
-    window.prompt_panel.editor.setPlainText("Switch me while I generate")
-    window.settings_panel.max_new_tokens.setValue(400)
-    assert window.strategy_panel.set_current("dynamic")
+    window.controls.prompt_panel.editor.setPlainText("Switch me while I generate")
+    window.controls.settings_panel.max_new_tokens.setValue(400)
+    assert window.controls.strategy_panel.set_current("dynamic")
     with qtbot.waitSignal(window.sigRunDone, timeout=180000):
         run_id = window.start_run(extra_settings={"stop_at_eos": False})
-        qtbot.waitUntil(lambda: window.runs[run_id].n + len(window._pending.get(run_id, [])) >= 5, timeout=60000)
-        assert window.strategy_panel.set_current("sink")
-        window.strategy_panel.set_option("window", 8)
-        assert window.switch_strategy(), window.last_error
-        qtbot.waitUntil(lambda: bool(window.runs[run_id].switches), timeout=60000)
+        qtbot.waitUntil(lambda: len(window.store.runs[run_id].trace.steps) >= 5, timeout=60000)
+        assert window.controls.strategy_panel.set_current("sink")
+        window.controls.strategy_panel.set_option("window", 8)
+        threads.clear()
+        with qtbot.waitSignal(window.engine.worker.sigSwitchAccepted, timeout=60000) as accepted:
+            assert window.switch_strategy(), window.last_error
+        assert accepted.args == ["sink"]
+        assert threads and threading.get_ident() not in threads
+        qtbot.waitUntil(lambda: bool(window.store.runs[run_id].switches), timeout=60000)
         window.stop_run()
-    trace = window.runs[run_id].trace
+    trace = window.store.runs[run_id].trace
     assert len(trace.switches) == 1
     switch = trace.switches[0]
     assert (switch.from_strategy, switch.to_strategy, switch.options["window"]) == ("dynamic", "sink", 8)
@@ -26,39 +43,42 @@ def test_switch_mid_run_converts_and_marks_the_plots(qtbot, drive, window):
     assert strategies[: switch.step] == ["dynamic"] * switch.step
     assert set(strategies[switch.step :]) == {"sink"}
     x = trace.prompt_tokens + switch.step
-    assert window.memory_plot.switch_positions(run_id) == [x]
-    assert window.latency_plot.switch_positions(run_id) == [x]
+    assert window.local_view.memory_plot.switch_positions(run_id) == [x]
+    assert window.local_view.latency_plot.switch_positions(run_id) == [x]
     # the sink cache holds 4 + 8 tokens after the switch, far less than the dynamic one before it
     assert trace.steps[switch.step].layers[0].seq_len == 12
 
 
 def test_refused_switch_shows_the_reason_and_the_run_goes_on(qtbot, drive, window):
     drive.load(window, "tiny")
-    window.prompt_panel.editor.setPlainText("Refuse me")
-    window.settings_panel.max_new_tokens.setValue(400)
-    assert window.strategy_panel.set_current("sliding")
-    window.strategy_panel.set_option("window", 4)
+    window.controls.prompt_panel.editor.setPlainText("Refuse me")
+    window.controls.settings_panel.max_new_tokens.setValue(400)
+    assert window.controls.strategy_panel.set_current("sliding")
+    window.controls.strategy_panel.set_option("window", 4)
     with qtbot.waitSignal(window.sigRunDone, timeout=180000):
         run_id = window.start_run(extra_settings={"stop_at_eos": False})
-        qtbot.waitUntil(lambda: window.runs[run_id].n + len(window._pending.get(run_id, [])) >= 8, timeout=60000)
-        assert window.strategy_panel.set_current("static")
-        assert not window.switch_strategy()
+        qtbot.waitUntil(lambda: len(window.store.runs[run_id].trace.steps) >= 8, timeout=60000)
+        assert window.controls.strategy_panel.set_current("static")
+        # the worker checks the request on its own thread and answers with a signal
+        with qtbot.waitSignal(window.engine.worker.sigSwitchRefused, timeout=60000) as refused:
+            assert window.switch_strategy()
+        assert refused.args[0] == "static" and "has already evicted tokens" in refused.args[1]
         assert "has already evicted tokens" in window.last_error
         window.stop_run()
-    assert window.runs[run_id].trace.switches == []
+    assert window.store.runs[run_id].trace.switches == []
 
 
 def test_reference_run_plots_kl(qtbot, drive, window):
     drive.load(window, "tiny")
-    window.reference_box.setChecked(True)
+    window.controls.reference_box.setChecked(True)
     run_id = drive.run(window, "sliding", {"window": 4}, tokens=16)
-    steps = window.runs[run_id].trace.steps
+    steps = window.store.runs[run_id].trace.steps
     assert all(s.kl is not None for s in steps)
-    assert window.fidelity_plot.isVisible()
-    x, kl = window.fidelity_plot.curve_data(run_id)[0]
+    assert window.local_view.fidelity_plot.isVisible()
+    x, kl = window.local_view.fidelity_plot.curve_data(run_id)[0]
     np.testing.assert_allclose(kl, [s.kl for s in steps])
     assert max(kl) > 0  # a 4-token window on a 16-token run does lose information
-    summary = window.runs[run_id].trace.summary()
+    summary = window.store.runs[run_id].trace.summary()
     row = window.runs_table.row_text(run_id)
     assert row[-4:-1] == [f"{summary['top1_agreement']:,.3f}", f"{summary['mean_kl']:,.4f}",
                           "none" if summary["first_divergence"] is None else f"step {summary['first_divergence']}"]

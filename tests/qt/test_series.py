@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvviz.qt.series import CACHE_MIB, MIB, WALL_MS, RunSeries, X
+from kvviz.present import MIB
+from kvviz.qt.series import CACHE_MIB, WALL_MS, RunSeries, X
 from kvviz.trace import LayerRecord, SlotState, StepRecord, Trace
 
 
@@ -24,7 +25,9 @@ def make_step(i: int, layers: int = 3, sink: int = 2, window: int = 4, prompt: i
 def test_buffers_double_and_keep_every_step():
     series = RunSeries(1, Trace(model={}, strategy={"name": "sink", "options": {}}, prompt_tokens=10), capacity=16)
     for i in range(100):
-        series.extend([make_step(i)])
+        series.trace.steps.append(make_step(i))  # the producer appends; the series draws what is new
+        assert series.sync()
+    assert not series.sync()
     assert series.n == 100 and len(series.trace.steps) == 100
     assert len(series._data) == 128  # 16 -> 32 -> 64 -> 128
     np.testing.assert_allclose(series.column(X), 10 + np.arange(100))
@@ -37,7 +40,8 @@ def test_buffers_double_and_keep_every_step():
 
 def test_cache_map_follows_the_spans():
     series = RunSeries(1, Trace(model={}, strategy={"name": "sink", "options": {}}, prompt_tokens=10))
-    series.extend([make_step(i) for i in range(5)])
+    series.trace.steps.extend(make_step(i) for i in range(5))
+    series.sync()
     image = series.cache_map()
     assert image.shape == (3, 14)
     assert (image[:, :2] == SlotState.SINK).all()

@@ -6,6 +6,9 @@ stream; the same window against a real vLLM is in tests/attach/test_vllm_integra
 
 from __future__ import annotations
 
+import csv
+import json
+
 import numpy as np
 import pytest
 
@@ -21,9 +24,9 @@ def attach(qtbot, window, url: str) -> None:
     """Type the URL into the model chooser and press Load, as a user would."""
     window.server.panel.model_dir.setText(str(DATA / "smollm2-135m"))
     window.server.panel.interval.setValue(0.1)
-    window.model_panel.set_spec(url)
+    window.controls.model_panel.set_spec(url)
     with qtbot.waitSignal(window.server.connection.sigConnected, timeout=10000):
-        window.model_panel.load_button.click()
+        window.controls.model_panel.load_button.click()
 
 
 def send(qtbot, window) -> int:
@@ -33,15 +36,15 @@ def send(qtbot, window) -> int:
 
 
 def test_server_button_switches_the_controls_and_the_view(window):
-    window.model_panel.server_button.click()
-    assert window.source_tabs.currentIndex() == 1 and window.views.currentIndex() == 1
-    assert window.server.panel.isVisibleTo(window) and not window.model_panel.isVisibleTo(window)
+    window.controls.model_panel.server_button.click()
+    assert window.controls.source_tabs.currentIndex() == 1 and window.views.currentIndex() == 1
+    assert window.server.panel.isVisibleTo(window) and not window.controls.model_panel.isVisibleTo(window)
     assert not window.server.send_button.isEnabled()  # not connected yet
     window.views.setCurrentIndex(0)  # the central tab leads the controls too
-    assert window.source_tabs.currentIndex() == 0 and window.strategy_panel.isVisibleTo(window)
+    assert window.controls.source_tabs.currentIndex() == 0 and window.controls.strategy_panel.isVisibleTo(window)
 
 
-def test_attach_plots_scrapes_and_own_request_joins_the_runs(qtbot, window, replay_server):  # noqa: F811
+def test_attach_plots_scrapes_and_own_request_joins_the_runs(qtbot, window, replay_server, tmp_path):  # noqa: F811
     replay_server.metrics = [recorded(f"metrics_{name}.txt") for name in PHASES]
     replay_server.chunk_delay = 0.01
     attach(qtbot, window, replay_server.url)
@@ -56,11 +59,14 @@ def test_attach_plots_scrapes_and_own_request_joins_the_runs(qtbot, window, repl
     assert np.nanmax(usage) > 0 and usage[-1] == 0  # rose under the recorded load, fell back
     assert len(server.series.restarts) == 1
     window.redraw()
-    assert "restarted" in window.statusBar().currentMessage() or server.series.restarts
+    # the restart is told in the status bar and marked where it happened in every time plot
+    assert "restarted" in window.statusBar().currentMessage()
+    for plot in server.view.time_plots:
+        assert plot.restart_positions() == server.series.restarts
 
     run_id = send(qtbot, window)
-    series = window.runs[run_id]
-    assert window.status_of[run_id] == "finished"
+    series = window.store.runs[run_id]
+    assert window.store.status(run_id) == "finished"
     assert series.trace.strategy["name"] == STRATEGY and series.n == 12
     assert series.trace.prompt_tokens == 0  # the replay has no /tokenize: positions count from 0
     row = window.runs_table.row_text(run_id)
@@ -69,8 +75,23 @@ def test_attach_plots_scrapes_and_own_request_joins_the_runs(qtbot, window, repl
     (x, ms), *_ = server.view.latency_plot.curve_data(run_id)
     assert len(x) == 11 and np.all(ms >= 0)  # decode gaps; the first token's wait is the prefill star
     assert series.prefill_ms == pytest.approx(series.trace.steps[0].wall_ms)
-    assert window.memory_plot.curve_data(run_id) == []  # the cache views leave served runs out
+    assert window.local_view.memory_plot.curve_data(run_id) == []  # the cache views leave served runs out
     assert window.token_view.series is series and "The answer is: 201" in window.token_view.toPlainText()
+
+    # unknown stays unknown: a served step has no cache, predicted or RSS bytes and no token id, and the
+    # table, the CSV export and a saved trace say so instead of showing 0
+    assert {(s.cache_bytes, s.predicted_cache_bytes, s.rss_bytes, s.token_id) for s in series.trace.steps} == {
+        (None, None, None, None)
+    }
+    assert row[9] == "–"
+    saved = json.loads(window.file_actions.save_selected_trace(tmp_path / "served.json").read_text())
+    keys = ("cache_bytes", "predicted_cache_bytes", "rss_bytes", "token_id")
+    assert all(step[key] is None for step in saved["steps"] for key in keys)
+    assert saved["summary"]["peak_cache_bytes"] is None and saved["summary"]["peak_rss_bytes"] is None
+    with window.file_actions.export_runs_csv(tmp_path / "runs.csv").open(encoding="utf-8") as f:
+        line = next(r for r in csv.DictReader(f) if r["run"] == f"#{run_id}")
+    assert line["peak cache MiB"] == line["peak RSS MiB"] == line["cache MiB at end"] == ""
+    assert line["new tokens"] == "12" and float(line["tokens/s"]) > 0
 
 
 def test_local_and_served_runs_share_the_latency_plot(qtbot, window, replay_server):  # noqa: F811
@@ -78,14 +99,14 @@ def test_local_and_served_runs_share_the_latency_plot(qtbot, window, replay_serv
     local = run(qtbot, window, tokens=6)
     attach(qtbot, window, replay_server.url)
     served = send(qtbot, window)
-    assert window.shown_ids == [local, served]  # the served run joins the overlay
+    assert window.store.shown == [local, served]  # the served run joins the overlay
     window.redraw()
     plot = window.server.view.latency_plot
     assert plot.curve_data(local) and plot.curve_data(served)
     window.set_mode(0)
     window.redraw()
-    assert window.latency_plot.curve_data(served) and window.memory_plot.curve_data(local)
-    assert window.memory_plot.curve_data(served) == []
+    assert window.local_view.latency_plot.curve_data(served) and window.local_view.memory_plot.curve_data(local)
+    assert window.local_view.memory_plot.curve_data(served) == []
 
 
 def test_session_saves_and_opens_again(qtbot, window, replay_server, tmp_path):  # noqa: F811
@@ -111,12 +132,12 @@ def test_session_saves_and_opens_again(qtbot, window, replay_server, tmp_path): 
 def test_unreachable_server_says_so_and_keeps_what_was_there(qtbot, window, dead_url):  # noqa: F811
     load(qtbot, window, "tiny")
     kept = run(qtbot, window, tokens=4)
-    window.model_panel.set_spec(dead_url)
+    window.controls.model_panel.set_spec(dead_url)
     with qtbot.waitSignal(window.server.connection.sigConnectFailed, timeout=10000):
-        window.model_panel.load_button.click()
+        window.controls.model_panel.load_button.click()
     assert "Could not attach" in window.last_error and "cannot connect" in window.last_error
     assert window.error_bar.isVisibleTo(window)
-    assert kept in window.runs and window.card is not None  # the local model and run are still there
+    assert kept in window.store.runs and window.engine.card is not None  # the local model and run are still there
     assert window.server.panel.connect_button.text() == "Connect" and not window.server.send_button.isEnabled()
 
 

@@ -9,9 +9,9 @@ import pytest
 from PySide6.QtWidgets import QGridLayout, QWidget
 
 from kvviz.attach.metrics import Deriver, Point, parse
+from kvviz.present import MIB
 from kvviz.qt import theme
 from kvviz.qt.plots import PrefixHitPlot, RequestsPlot, ServerLatencyPlot, ThroughputPlot, UsagePlot
-from kvviz.qt.series import MIB
 from kvviz.qt.server_series import COLUMNS, ServerSeries
 from tests.attach.conftest import recorded
 

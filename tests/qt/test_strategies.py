@@ -27,16 +27,16 @@ AVAILABLE = [s.name for s in strategies.all_strategies() if s.available()[0]]
 def test_strategy_runs_through_the_window(qtbot, drive, window, name):
     drive.load(window, "tiny")
     run_id = drive.run(window, name, OPTIONS.get(name), tokens=8, prompt="Tell me about caches, please.")
-    assert window.status_of[run_id] == "finished", window.last_error
-    series = window.runs[run_id]
+    assert window.store.status(run_id) == "finished", window.last_error
+    series = window.store.runs[run_id]
     assert len(series.trace.steps) == 8
     assert series.trace.strategy["name"] == name
     assert window.runs_table.row_text(run_id)[2].startswith(name)
-    states = set(int(v) for v in set(window.cache_map._image.ravel().tolist()))
+    states = set(int(v) for v in set(window.local_view.cache_map._image.ravel().tolist()))
     assert EXPECTED_STATES.get(name, set()) <= states, (name, states)
 
 
 def test_unavailable_strategies_cannot_be_picked(window):
     for strategy in strategies.all_strategies():
         ok, _ = strategy.available()
-        assert window.strategy_panel.set_current(strategy.name) == ok
+        assert window.controls.strategy_panel.set_current(strategy.name) == ok

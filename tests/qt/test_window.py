@@ -2,25 +2,26 @@
 
 from __future__ import annotations
 
-import numpy as np
-import pytest
+import re
 
+import numpy as np
+
+from kvviz.present import MIB
 from kvviz.qt import theme
-from kvviz.qt.series import MIB
 from kvviz.trace import SlotState
 
 
 def assert_plots_match(win, run_id):
-    series = win.runs[run_id]
+    series = win.store.runs[run_id]
     steps = series.trace.steps
     base = series.trace.prompt_tokens
     x = np.array([base + s.index for s in steps], dtype=float)
-    (mx, my), (px, py) = win.memory_plot.curve_data(run_id)
+    (mx, my), (px, py) = win.local_view.memory_plot.curve_data(run_id)
     np.testing.assert_allclose(mx, x)
     np.testing.assert_allclose(my, [s.cache_bytes / MIB for s in steps])
     np.testing.assert_allclose(px, x)
     np.testing.assert_allclose(py, [s.predicted_cache_bytes / MIB for s in steps])
-    (lx, ly) = win.latency_plot.curve_data(run_id)[0]
+    (lx, ly) = win.local_view.latency_plot.curve_data(run_id)[0]
     decode = [s for s in steps if s.phase == "decode"]
     np.testing.assert_allclose(lx, [base + s.index for s in decode])
     np.testing.assert_allclose(ly, [s.wall_ms for s in decode])
@@ -29,11 +30,11 @@ def assert_plots_match(win, run_id):
 
 def test_tiny_run_draws_exactly_its_records(qtbot, drive, window):
     drive.load(window, "tiny")
-    assert "tiny" in window.model_panel.card.text()
+    assert "tiny" in window.controls.model_panel.card.text()
     run_id = drive.run(window, "dynamic", tokens=12)
-    series = window.runs[run_id]
+    series = window.store.runs[run_id]
     trace = series.trace
-    assert window.status_of[run_id] == "finished"
+    assert window.store.status(run_id) == "finished"
     assert len(trace.steps) == 12 and trace.prompt_tokens > 0
     assert_plots_match(window, run_id)
 
@@ -45,33 +46,33 @@ def test_tiny_run_draws_exactly_its_records(qtbot, drive, window):
     assert row[-1] == "finished"
 
     last = trace.steps[-1]
-    keys, values = window.layer_bytes_plot._data
+    keys, values = window.local_view.layer_bytes_plot._data
     assert list(keys) == [layer.keys_bytes for layer in last.layers]
     assert list(values) == [layer.values_bytes for layer in last.layers]
-    image = window.cache_map._image
+    image = window.local_view.cache_map._image
     assert image.shape == (len(last.layers), last.layers[0].seq_len)
     assert (image == SlotState.FULL).all()
     assert window.token_view.toPlainText().startswith(trace.prompt)
     assert window.token_view._shown == 12
-    assert "tokens/s" in window.status_labels["rate"].text()
-    assert window.redraw_count < 12 + 10  # records are batched, not one redraw per record
+    assert "tokens/s" in window.status_line.labels["rate"].text()
+    assert window.redraws.count < 12 + 10  # records are batched, not one redraw per record
 
 
 def test_stop_keeps_what_was_generated(qtbot, drive, window):
     drive.load(window, "tiny")
-    window.prompt_panel.editor.setPlainText("Count to one hundred.")
-    window.settings_panel.max_new_tokens.setValue(400)
-    window.strategy_panel.set_current("dynamic")
+    window.controls.prompt_panel.editor.setPlainText("Count to one hundred.")
+    window.controls.settings_panel.max_new_tokens.setValue(400)
+    window.controls.strategy_panel.set_current("dynamic")
     with qtbot.waitSignal(window.sigRunDone, timeout=60000) as blocker:
         run_id = window.start_run()
-        qtbot.waitUntil(lambda: len(window.runs[run_id].trace.steps) + len(window._pending.get(run_id, [])) >= 3)
-        window.stop_action.trigger()  # Esc
+        qtbot.waitUntil(lambda: len(window.store.runs[run_id].trace.steps) >= 3)
+        window.menus.stop_action.trigger()  # Esc
     assert blocker.args == [run_id, "cancelled"]
-    trace = window.runs[run_id].trace
+    trace = window.store.runs[run_id].trace
     assert trace.cancelled and 3 <= len(trace.steps) < 400
     assert window.runs_table.row_text(run_id)[-1] == "cancelled"
     assert_plots_match(window, run_id)
-    assert window.run_button.isEnabled() and not window.stop_button.isEnabled()
+    assert window.controls.run_button.isEnabled() and not window.controls.stop_button.isEnabled()
 
 
 def test_failing_model_path_shows_error_and_window_still_works(qtbot, drive, window, tmp_path):
@@ -79,29 +80,29 @@ def test_failing_model_path_shows_error_and_window_still_works(qtbot, drive, win
     with qtbot.waitSignal(window.sigModelReady, timeout=30000) as blocker:
         window.load_model(missing)
     assert blocker.args == [missing, False]
-    assert window.error_bar.isVisible() and "does not exist" in window.error_label.text()
-    assert not window.run_button.isEnabled()
+    assert window.error_bar.isVisible() and "does not exist" in window.error_bar.label.text()
+    assert not window.controls.run_button.isEnabled()
     drive.load(window, "tiny")
     assert not window.error_bar.isVisible()
     run_id = drive.run(window, tokens=4)
-    assert window.status_of[run_id] == "finished"
+    assert window.store.status(run_id) == "finished"
 
 
 def test_engine_error_in_run_is_readable_and_next_run_works(qtbot, drive, window):
     drive.load(window, "tiny")
-    window.prompt_panel.editor.setPlainText("A prompt that is certainly longer than four tokens, surely.")
-    window.settings_panel.max_new_tokens.setValue(8)
-    window.strategy_panel.set_current("static")
-    window.strategy_panel.set_option("max_cache_len", 4)
+    window.controls.prompt_panel.editor.setPlainText("A prompt that is certainly longer than four tokens, surely.")
+    window.controls.settings_panel.max_new_tokens.setValue(8)
+    window.controls.strategy_panel.set_current("static")
+    window.controls.strategy_panel.set_option("max_cache_len", 4)
     with qtbot.waitSignal(window.sigRunDone, timeout=60000) as blocker:
         run_id = window.start_run()
     assert blocker.args == [run_id, "failed"]
-    assert window.error_bar.isVisible() and f"Run #{run_id} failed" in window.error_label.text()
-    assert "max_cache_len" in window.error_label.text() or "max cache" in window.error_label.text()
+    assert window.error_bar.isVisible() and f"Run #{run_id} failed" in window.error_bar.label.text()
+    assert "max_cache_len" in window.error_bar.label.text() or "max cache" in window.error_bar.label.text()
     assert window.runs_table.row_text(run_id)[-1] == "failed"
-    assert window.run_button.isEnabled()
+    assert window.controls.run_button.isEnabled()
     next_id = drive.run(window, "dynamic", tokens=4)
-    assert window.status_of[next_id] == "finished"
+    assert window.store.status(next_id) == "finished"
 
 
 def test_two_runs_overlay_with_their_own_colours(qtbot, drive, window):
@@ -111,22 +112,22 @@ def test_two_runs_overlay_with_their_own_colours(qtbot, drive, window):
     assert window.runs_table.selected_runs() == [second]
     window.runs_table.select_runs([first, second])
     window.redraw()
-    assert window.shown_ids == [first, second]
+    assert window.store.shown == [first, second]
     for run_id in (first, second):
-        measured = window.memory_plot._curves[run_id].items[0]
+        measured = window.local_view.memory_plot._curves[run_id].items[0]
         assert measured.opts["pen"].color().name() == theme.run_colour(run_id)
         assert_plots_match(window, run_id)
     assert theme.run_colour(first) != theme.run_colour(second)
     # a static cache allocates its whole capacity: the map shows the unwritten tail
-    image = window.cache_map._image
+    image = window.local_view.cache_map._image
     assert (image == SlotState.PREALLOCATED).any()
     window.runs_table.select_runs([first])
     window.redraw()
-    assert list(window.memory_plot._curves) == [first]
+    assert list(window.local_view.memory_plot._curves) == [first]
 
 
 def test_strategy_panel_shows_options_and_unavailable_reasons(qtbot, drive, window):
-    panel = window.strategy_panel
+    panel = window.controls.strategy_panel
     combo = panel.combo
     model = combo.model()
     for i in range(combo.count()):
@@ -149,26 +150,26 @@ def test_settings_and_theme_persist(qtbot, drive, settings):
 
     first = MainWindow(settings=settings)
     qtbot.addWidget(first)
-    qtbot.waitUntil(lambda: bool(first.strategy_panel.names()), timeout=30000)
+    qtbot.waitUntil(lambda: bool(first.controls.strategy_panel.names()), timeout=30000)
     first.set_theme("light")
-    first.prompt_panel.set_text("remember me")
-    first.settings_panel.max_new_tokens.setValue(77)
-    assert first.strategy_panel.set_current("sliding")
-    first.strategy_panel.set_option("window", 64)
-    first.model_panel.set_spec("tiny")
+    first.controls.prompt_panel.set_text("remember me")
+    first.controls.settings_panel.max_new_tokens.setValue(77)
+    assert first.controls.strategy_panel.set_current("sliding")
+    first.controls.strategy_panel.set_option("window", 64)
+    first.controls.model_panel.set_spec("tiny")
     first.close()
-    assert not first.thread.isRunning()
+    assert not first.engine.thread.isRunning()
 
     second = MainWindow(settings=settings)
     qtbot.addWidget(second)
-    qtbot.waitUntil(lambda: bool(second.strategy_panel.names()), timeout=30000)
+    qtbot.waitUntil(lambda: bool(second.controls.strategy_panel.names()), timeout=30000)
     try:
         assert second.theme_name == "light"
-        assert second.prompt_panel.text() == "remember me"
-        assert second.settings_panel.max_new_tokens.value() == 77
-        assert second.strategy_panel.current() == "sliding"
-        assert second.strategy_panel.values()["window"] == 64
-        assert second.model_panel.current_spec() == "tiny"
+        assert second.controls.prompt_panel.text() == "remember me"
+        assert second.controls.settings_panel.max_new_tokens.value() == 77
+        assert second.controls.strategy_panel.current() == "sliding"
+        assert second.controls.strategy_panel.values()["window"] == 64
+        assert second.controls.model_panel.current_spec() == "tiny"
     finally:
         second.close()
 
@@ -181,15 +182,28 @@ def test_close_mid_run_ends_the_thread_quickly(qtbot, drive, settings):
     win = MainWindow(settings=settings)
     qtbot.addWidget(win)
     drive.load(win, "tiny")
-    win.settings_panel.max_new_tokens.setValue(2000)
+    win.controls.settings_panel.max_new_tokens.setValue(2000)
     run_id = win.start_run()
-    qtbot.waitUntil(lambda: len(win._pending.get(run_id, [])) + win.runs[run_id].n >= 2, timeout=30000)
+    qtbot.waitUntil(lambda: len(win.store.runs[run_id].trace.steps) >= 2, timeout=30000)
     started = time.perf_counter()
     win.close()
     assert time.perf_counter() - started < 2.0
-    assert not win.thread.isRunning() and not win.thread_stuck
+    assert not win.engine.thread.isRunning() and not win.engine.stuck
 
 
-@pytest.mark.parametrize("theme_name", theme.THEMES)
-def test_stylesheets_exist(theme_name):
-    assert "QWidget" in theme.stylesheet(theme_name)
+def test_themes_style_the_window(window):
+    """Each theme's stylesheet parses and is applied: the status bar is painted in the colour its stylesheet
+    gives it, and the plots in their palette's background."""
+    painted = {}
+    for name in theme.THEMES:
+        sheet = theme.stylesheet(name)
+        declared = re.search(r"^QStatusBar \{ background-color: (#[0-9a-f]{6});", sheet, re.MULTILINE)
+        assert declared, f"{name}.qss gives the status bar no background"
+        window.set_theme(name)
+        assert window.menus.theme_actions[name].isChecked()
+        bar = window.statusBar().grab().toImage()  # its middle: the state label, which has no background
+        painted[name] = bar.pixelColor(bar.width() // 2, bar.height() // 2).name()
+        assert painted[name] == declared.group(1), (name, painted[name])
+        plot = window.local_view.memory_plot.widget
+        assert plot.backgroundBrush().color().name() == theme.PALETTES[name].background
+    assert len(set(painted.values())) == len(theme.THEMES)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 from typing import Any
 
 from PySide6.QtCore import Qt, Signal
@@ -16,6 +17,8 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
     QWidget,
 )
+
+from kvviz.present import model_card_rows
 
 BUILTIN = ("default", "tiny")
 
@@ -133,24 +136,14 @@ def status_and_card(status: str) -> tuple[QLabel, QLabel]:
 
 
 def card_html(card: dict[str, Any]) -> str:
-    params = card.get("parameters")
-    layer_types = card.get("layer_types") or []
-    kinds: dict[str, int] = {}
-    for kind in layer_types:
-        kinds[kind] = kinds.get(kind, 0) + 1
-    per_token = card.get("kv_bytes_per_token")
-    rows = [
-        ("name", card.get("name")),
-        ("architecture", card.get("architecture")),
-        ("parameters", f"{params / 1e6:.1f} M" if isinstance(params, int | float) else params),
-        ("layers", card.get("num_layers")),
-        ("heads (query / KV)", f"{card.get('num_attention_heads')} / {card.get('num_kv_heads')}"),
-        ("head dim", card.get("head_dim")),
-        ("layer types", ", ".join(f"{n} × {k}" for k, n in kinds.items()) or "?"),
-        ("dtype / device", f"{card.get('dtype')} / {card.get('device')}"),
-        ("KV cache per token", f"{per_token / 1024:.1f} KiB" if isinstance(per_token, int | float) else "?"),
-    ]
-    if card.get("sliding_window"):
-        rows.append(("sliding window", card["sliding_window"]))
-    body = "".join(f"<tr><td style='padding-right:8px'>{k}</td><td><b>{v}</b></td></tr>" for k, v in rows)
+    """The model card (kvviz.present.model_card_rows, as `kvviz model` prints it) as a small table."""
+    return card_table(model_card_rows(card))
+
+
+def card_table(rows: list[tuple[str, Any]]) -> str:
+    """(label, value) rows as the cards' rich text: labels plain, values bold."""
+    body = "".join(
+        f"<tr><td style='padding-right:8px'>{html.escape(str(k))}</td><td><b>{html.escape(str(v))}</b></td></tr>"
+        for k, v in rows
+    )
     return f"<table cellspacing='0'>{body}</table>"

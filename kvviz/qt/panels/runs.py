@@ -1,72 +1,26 @@
-"""The Runs table: one row per run (live, finished, failed or opened), multi-select to overlay."""
+"""The Runs table: one row per run in the run store (live, finished, failed or opened); its selection is
+the store's selection of runs to overlay."""
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
+import time
+
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QIcon, QPixmap
 from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QTableWidget, QTableWidgetItem, QWidget
 
-from kvviz.attach.request_trace import is_served
+from kvviz.present import RUN_TABLE, run_cells, run_row
 from kvviz.qt import theme
-from kvviz.qt.series import MIB, RunSeries
+from kvviz.qt.run_store import RunStore
 
-COLUMNS = (
-    "run",
-    "model",
-    "strategy",
-    "tokens",
-    "prefill ms",
-    "decode ms (mean)",
-    "decode ms (p95)",
-    "tokens/s",
-    "peak cache MiB",
-    "peak RSS MiB",
-    "top-1 agree",
-    "mean KL",
-    "first diverge",
-    "status",
-)
-
-
-def _number(value, digits: int = 1) -> str:
-    if value is None:
-        return "–"
-    return f"{value:,.{digits}f}"
-
-
-def row_values(series: RunSeries, status: str) -> list[str]:
-    """The table's text for one run, from the trace's own summary."""
-    summary = series.trace.summary()
-    strategy = series.label().split(" ", 1)[1]
-    served = is_served(series.trace)  # a server's request: timings only, its cache is the server's
-    return [
-        f"#{series.run_id}",
-        str((series.trace.model or {}).get("name", "")),
-        strategy,
-        str(summary["new_tokens"]),
-        _number(summary["prefill_ms"]),
-        _number(summary["decode_ms_mean"], 2),
-        _number(summary["decode_ms_p95"], 2),
-        _number(summary["decode_tokens_per_s"]),
-        "–" if served else _number(summary["peak_cache_bytes"] / MIB, 3),
-        "–" if served else _number(summary["peak_rss_bytes"] / MIB, 0),
-        # fidelity against the lockstep reference, when the run had one
-        _number(summary.get("top1_agreement"), 3),
-        _number(summary.get("mean_kl"), 4),
-        "–"
-        if "mean_kl" not in summary
-        else "none"
-        if summary["first_divergence"] is None
-        else f"step {summary['first_divergence']}",
-        status,
-    ]
+COLUMNS = tuple(title for title, _, _ in RUN_TABLE)
+LIVE_REFRESH_S = 0.5  # a row's numbers come from Trace.summary() (linear in the steps): twice a second is enough
 
 
 class RunsTable(QTableWidget):
-    sigSelectionChanged = Signal(list)  # run ids, in table order
-
-    def __init__(self, parent: QWidget | None = None):
+    def __init__(self, store: RunStore, parent: QWidget | None = None):
         super().__init__(0, len(COLUMNS), parent)
+        self.store = store
         self.setHorizontalHeaderLabels(COLUMNS)
         self.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
@@ -75,42 +29,63 @@ class RunsTable(QTableWidget):
         self.setAlternatingRowColors(True)
         header = self.horizontalHeader()
         header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        header.setSectionResizeMode(2, QHeaderView.ResizeMode.Stretch)
+        header.setSectionResizeMode(COLUMNS.index("strategy"), QHeaderView.ResizeMode.Stretch)
         self.setToolTip("Select several runs (Ctrl/Shift+click) to overlay them in the plots")
         self._rows: dict[int, int] = {}
+        self._stale: set[int] = set()  # rows whose numbers are older than the store's
+        self._refreshed = 0.0
         self.itemSelectionChanged.connect(self._selection_changed)
+        store.sigRunAdded.connect(self._add_run)
+        store.sigShownChanged.connect(self._show_selection)
 
-    def add_run(self, series: RunSeries, status: str, select: bool = True) -> None:
+    def _cells(self, run_id: int) -> list[str]:
+        return run_cells(run_row(f"#{run_id}", self.store.runs[run_id].trace, self.store.status(run_id)))
+
+    def _add_run(self, run_id: int) -> None:
         row = self.rowCount()
         self.insertRow(row)
-        self._rows[series.run_id] = row
+        self._rows[run_id] = row
         pixmap = QPixmap(12, 12)
-        pixmap.fill(QColor(theme.run_colour(series.run_id)))
-        for column, text in enumerate(row_values(series, status)):
+        pixmap.fill(QColor(theme.run_colour(run_id)))
+        for column, text in enumerate(self._cells(run_id)):
             item = QTableWidgetItem(text)
-            if column >= 3 and column < len(COLUMNS) - 1:
+            if RUN_TABLE[column][2]:
                 item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
-            if column == 2:
+            if COLUMNS[column] == "strategy":
                 item.setToolTip(text)
             if column == 0:
                 item.setIcon(QIcon(pixmap))
-                item.setData(Qt.ItemDataRole.UserRole, series.run_id)
+                item.setData(Qt.ItemDataRole.UserRole, run_id)
             self.setItem(row, column, item)
-        if select:
-            self.select_runs([series.run_id])
 
-    def update_run(self, series: RunSeries, status: str) -> None:
-        row = self._rows.get(series.run_id)
-        if row is None:
+    def refresh(self, live: bool) -> None:
+        """Rewrite the rows whose run changed: while a run is live at most every LIVE_REFRESH_S, else now."""
+        self._stale |= self.store.take_changed()
+        now = time.perf_counter()
+        if not self._stale or (live and now - self._refreshed < LIVE_REFRESH_S):
             return
-        for column, text in enumerate(row_values(series, status)):
-            item = self.item(row, column)
-            if item.text() != text:
-                item.setText(text)
-            if column == len(COLUMNS) - 1 and series.trace.error:
-                item.setToolTip(series.trace.error)
+        for run_id in self._stale:
+            row = self._rows[run_id]
+            for column, text in enumerate(self._cells(run_id)):
+                item = self.item(row, column)
+                if item.text() != text:
+                    item.setText(text)
+            error = self.store.runs[run_id].trace.error
+            if error:
+                self.item(row, len(COLUMNS) - 1).setToolTip(error)
+        self._stale.clear()
+        self._refreshed = now
 
     def select_runs(self, run_ids: list[int]) -> None:
+        """Select these runs' rows, as a user would (the store's selection follows)."""
+        self._select(run_ids)
+        self._selection_changed()
+
+    def _show_selection(self, run_ids: list[int]) -> None:
+        if run_ids != self.selected_runs():
+            self._select(run_ids)
+
+    def _select(self, run_ids: list[int]) -> None:
         self.blockSignals(True)
         self.clearSelection()
         mode = self.selectionMode()
@@ -120,15 +95,18 @@ class RunsTable(QTableWidget):
                 self.selectRow(self._rows[run_id])
         self.setSelectionMode(mode)
         self.blockSignals(False)
-        self._selection_changed()
 
     def selected_runs(self) -> list[int]:
         rows = sorted({index.row() for index in self.selectionModel().selectedRows()})
         return [self.item(r, 0).data(Qt.ItemDataRole.UserRole) for r in rows]
+
+    def run_ids(self) -> list[int]:
+        """Every run in the table, in table order."""
+        return [self.item(r, 0).data(Qt.ItemDataRole.UserRole) for r in range(self.rowCount())]
 
     def row_text(self, run_id: int) -> list[str]:
         row = self._rows[run_id]
         return [self.item(row, c).text() for c in range(self.columnCount())]
 
     def _selection_changed(self) -> None:
-        self.sigSelectionChanged.emit(self.selected_runs())
+        self.store.show(self.selected_runs())

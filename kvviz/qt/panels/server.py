@@ -24,7 +24,8 @@ from kvviz.attach.load import MAX_CONCURRENCY, MAX_REQUESTS
 from kvviz.attach.metrics import allocated_bytes_per_token
 from kvviz.attach.poller import base_url
 from kvviz.attach.request_trace import model_label
-from kvviz.qt.panels.model import status_and_card
+from kvviz.present import UNKNOWN, mib
+from kvviz.qt.panels.model import card_table, status_and_card
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 
@@ -133,22 +134,21 @@ def cache_html(model: str | None, cache: dict[str, Any], prediction: dict[str, A
     tokens, memory = cache.get("kv_cache_size_tokens"), cache.get("kv_cache_memory_bytes")
     allocated = allocated_bytes_per_token(cache)
     rows = [
-        ("model", model_label(model) or "?"),
-        ("cache size", f"{tokens:,} tokens" if isinstance(tokens, int | float) else "?"),
-        ("cache memory", f"{memory / 2**20:,.0f} MiB" if isinstance(memory, int | float) else "?"),
-        ("block size", cache.get("block_size", "?")),
-        ("cache dtype", cache.get("cache_dtype", "?")),
-        ("prefix caching", {True: "on", False: "off"}.get(cache.get("enable_prefix_caching"), "?")),
-        ("allocated / token", f"{allocated:,.1f} B" if allocated else "?"),
+        ("model", model_label(model) or UNKNOWN),
+        ("cache size", f"{tokens:,} tokens" if isinstance(tokens, int | float) else UNKNOWN),
+        ("cache memory", mib(memory, 0) if isinstance(memory, int | float) else UNKNOWN),
+        ("block size", cache.get("block_size", UNKNOWN)),
+        ("cache dtype", cache.get("cache_dtype", UNKNOWN)),
+        ("prefix caching", {True: "on", False: "off"}.get(cache.get("enable_prefix_caching"), UNKNOWN)),
+        ("allocated / token", f"{allocated:,.1f} B" if allocated else UNKNOWN),
     ]
     if prediction:
         ratio = prediction.get("ratio")
         rows.append(("predicted / token", f"{prediction['predicted_bytes_per_token']:,} B ({prediction['dtype']})"))
-        rows.append(("allocated ÷ predicted", f"{ratio:.4f}" if ratio else "?"))
+        rows.append(("allocated ÷ predicted", f"{ratio:.4f}" if ratio else UNKNOWN))
     else:
-        rows.append(("predicted / token", "– (choose the model's folder to predict)"))
-    body = "".join(f"<tr><td style='padding-right:8px'>{k}</td><td><b>{v}</b></td></tr>" for k, v in rows)
-    return f"<table cellspacing='0'>{body}</table>"
+        rows.append(("predicted / token", f"{UNKNOWN} (choose the model's folder to predict)"))
+    return card_table(rows)
 
 
 class LoadPanel(QGroupBox):

@@ -1,4 +1,5 @@
-"""The token stream: generated text, each token shaded by its step latency; hover shows the step."""
+"""The token stream of the run in view: generated text, each token shaded by its step latency; hover shows
+the step. It follows the run store: the run shown is the store's primary run."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ from PySide6.QtGui import QColor, QTextCharFormat, QTextCursor, QTextFormat
 from PySide6.QtWidgets import QTextEdit, QToolTip, QWidget
 
 from kvviz.attach.request_trace import STRATEGY as SERVED
+from kvviz.present import mib
 from kvviz.qt import theme
-from kvviz.qt.series import MIB, RunSeries
+from kvviz.qt.run_store import RunStore
+from kvviz.qt.series import RunSeries
 from kvviz.trace import StepRecord
 
 STEP_PROPERTY = QTextFormat.Property.UserProperty + 1
@@ -16,7 +19,8 @@ MAX_PARAGRAPH = 1500  # characters
 
 
 class TokenView(QTextEdit):
-    def __init__(self, parent: QWidget | None = None):
+    def __init__(self, store: RunStore | None = None, parent: QWidget | None = None):
+        """store: the window's RunStore, whose primary run this view shows (None: `show_run` only)."""
         super().__init__(parent)
         self.setReadOnly(True)
         self.setMouseTracking(True)
@@ -25,6 +29,14 @@ class TokenView(QTextEdit):
         self.series: RunSeries | None = None
         self._shown = 0
         self._scale_ms: float | None = None
+        self.store = store
+        if store is not None:
+            store.sigShownChanged.connect(self._follow_store)
+
+    def _follow_store(self, _shown=None) -> None:
+        primary = self.store.primary()
+        if primary is not self.series:
+            self.show_run(primary)
 
     def apply_palette(self, palette: theme.Palette) -> None:
         self.palette_ = palette
@@ -51,11 +63,11 @@ class TokenView(QTextEdit):
         series = self.series
         if series is None:
             return
-        steps = series.trace.steps
+        steps = series.trace.steps[: series.n]  # the records drawn so far: the plots show the same
         if self._shown >= len(steps):
             return
         if self._scale_ms is None or self._shown < 16:
-            decode = [s.wall_ms for s in steps[: max(len(steps), 1)] if s.phase == "decode"]
+            decode = [s.wall_ms for s in steps if s.phase == "decode"]
             if decode:
                 decode.sort()
                 # shade from the median (no colour) to twice the median (full colour)
@@ -121,7 +133,7 @@ def step_tooltip(step: StepRecord) -> str:
         f"step {step.index} ({step.phase})\n"
         f"token {step.token!r} (id {step.token_id}) at position {step.position}\n"
         f"{step.wall_ms:.1f} ms\n"
-        f"cache {step.cache_bytes / MIB:.3f} MiB (predicted {step.predicted_cache_bytes / MIB:.3f} MiB)\n"
-        f"RSS {step.rss_bytes / MIB:.0f} MiB\n"
+        f"cache {mib(step.cache_bytes, 3)} (predicted {mib(step.predicted_cache_bytes, 3)})\n"
+        f"RSS {mib(step.rss_bytes, 0)}\n"
         f"strategy {step.strategy}"
     )

@@ -11,8 +11,8 @@ from kvviz.qt import theme
 from kvviz.qt.plots.base import PlotPanel
 from kvviz.trace import SlotState
 
-KEYS_COLOUR = "#56b4e9"
-VALUES_COLOUR = "#e69f00"
+KEYS_COLOUR = theme.BLUE
+VALUES_COLOUR = theme.ORANGE
 
 
 class LayerBytesPlot(PlotPanel):

@@ -15,22 +15,19 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QComboBox
 
+from kvviz.present import number
 from kvviz.qt import theme
 from kvviz.qt.plots.base import PlotPanel
 from kvviz.qt.server_series import ServerSeries
+from kvviz.qt.theme import BLUE, GREEN, ORANGE, PURPLE, YELLOW
 
 X_LABEL = "seconds since attach"
 
-# Okabe-Ito colours: apart for the common colour blindnesses, legible on the dark and light backgrounds.
-BLUE = "#56b4e9"
-ORANGE = "#e69f00"
-GREEN = "#009e73"
-PURPLE = "#cc79a7"
-YELLOW = "#f0e442"
 
 
 def _number(value: float, digits: int = 0) -> str:
-    return "–" if not np.isfinite(value) else f"{value:,.{digits}f}"
+    """A scraped value (NaN where the server did not expose it) as text."""
+    return number(float(value) if np.isfinite(value) else None, digits)
 
 
 @dataclass

@@ -1,0 +1,153 @@
+"""How kvviz writes its numbers for people: one formatter each, shared by the CLI, the reports and the window.
+
+Standard library only (no numpy, torch or Qt), so that any front end can use it. Unknown stays
+unknown: a value of None is written as `UNKNOWN` (or left empty in a CSV cell), never as 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+UNKNOWN = "–"
+MIB = 1024 * 1024
+
+# Run statuses, as the Runs table, its CSV and the reports write them. Live: starting (asked of the
+# engine), running (the engine generates), streaming (a server sends tokens). Final: a run that could
+# not finish is "failed", everywhere.
+STARTING, RUNNING, STREAMING = "starting", "running", "streaming"
+FINISHED, CANCELLED, FAILED = "finished", "cancelled", "failed"
+FINAL_STATUSES = (FINISHED, CANCELLED, FAILED)
+
+
+def number(value: float | None, digits: int = 1) -> str:
+    """`number(1234.5)` -> "1,234.5"; None -> UNKNOWN."""
+    return UNKNOWN if value is None else f"{value:,.{digits}f}"
+
+
+def in_mib(n_bytes: float | None) -> float | None:
+    return None if n_bytes is None else n_bytes / MIB
+
+
+def mib(n_bytes: float | None, digits: int = 2, unit: bool = True) -> str:
+    """Bytes as mebibytes: `mib(1572864)` -> "1.50 MiB"; `unit=False` for a column titled in MiB."""
+    text = number(in_mib(n_bytes), digits)
+    return f"{text} MiB" if unit and n_bytes is not None else text
+
+
+def ms(value: float | None, digits: int = 1) -> str:
+    return UNKNOWN if value is None else f"{number(value, digits)} ms"
+
+
+def strategy_label(strategy: Mapping[str, Any] | None) -> str:
+    """A trace's strategy as one line: "sink (sink_tokens=4, window=60)"."""
+    strategy = strategy or {}
+    options = strategy.get("options") or {}
+    text = str(strategy.get("name") or "?")
+    if options:
+        text += " (" + ", ".join(f"{k}={v}" for k, v in options.items()) + ")"
+    return text
+
+
+def final_status(trace) -> str:
+    """How a finished run ended: failed (an error), cancelled (stopped) or finished."""
+    if trace.error:
+        return FAILED
+    return CANCELLED if trace.cancelled else FINISHED
+
+
+# -- one run as a row: the Runs table, its CSV export and the comparison report ---------------------
+
+
+def run_row(label: str, trace, status: str | None = None) -> dict[str, Any]:
+    """One run's numbers (None where unknown), keyed as kvviz.report's columns; `status` defaults to the
+    trace's final status (the window passes a live run's "running")."""
+    s = trace.summary()
+    strategy = trace.strategy or {}
+    options = strategy.get("options") or {}
+    return {
+        "run": label,
+        "model": str((trace.model or {}).get("name", "")),
+        "strategy": strategy.get("name", ""),
+        "options": " ".join(f"{k}={v}" for k, v in options.items()),
+        "label": strategy_label(strategy),
+        "prompt_tokens": trace.prompt_tokens,
+        "new_tokens": s["new_tokens"],
+        "prefill_ms": s["prefill_ms"],
+        "decode_ms_mean": s["decode_ms_mean"],
+        "decode_ms_p95": s["decode_ms_p95"],
+        "decode_tokens_per_s": s["decode_tokens_per_s"],
+        "final_cache_mib": in_mib(s["final_cache_bytes"]),
+        "peak_cache_mib": in_mib(s["peak_cache_bytes"]),
+        "peak_rss_mib": in_mib(s["peak_rss_bytes"]),
+        "top1_agreement": s.get("top1_agreement"),
+        "mean_kl": s.get("mean_kl"),
+        "first_divergence": s.get("first_divergence"),
+        "reference_perplexity": s.get("reference_perplexity"),
+        "switches": " ".join(f"{w.step}:{w.to_strategy}" for w in trace.switches),
+        "status": status or final_status(trace),
+    }
+
+
+def _divergence(row: Mapping[str, Any]) -> str:
+    if row["mean_kl"] is None:  # no reference ran
+        return UNKNOWN
+    first = row["first_divergence"]
+    return "none" if first is None else f"step {first}"
+
+
+# The window's Runs table: (title, cell text from a run_row, right-aligned).
+RUN_TABLE: list[tuple[str, Callable[[Mapping[str, Any]], str], bool]] = [
+    ("run", lambda r: r["run"], False),
+    ("model", lambda r: r["model"], False),
+    ("strategy", lambda r: r["label"], False),
+    ("tokens", lambda r: str(r["new_tokens"]), True),
+    ("prefill ms", lambda r: number(r["prefill_ms"]), True),
+    ("decode ms (mean)", lambda r: number(r["decode_ms_mean"], 2), True),
+    ("decode ms (p95)", lambda r: number(r["decode_ms_p95"], 2), True),
+    ("tokens/s", lambda r: number(r["decode_tokens_per_s"]), True),
+    ("peak cache MiB", lambda r: number(r["peak_cache_mib"], 3), True),
+    ("peak RSS MiB", lambda r: number(r["peak_rss_mib"], 0), True),
+    ("top-1 agree", lambda r: number(r["top1_agreement"], 3), True),
+    ("mean KL", lambda r: number(r["mean_kl"], 4), True),
+    ("first diverge", _divergence, True),
+    ("status", lambda r: r["status"], False),
+]
+
+
+def run_cells(row: Mapping[str, Any]) -> list[str]:
+    """The Runs table's text for one run_row, in RUN_TABLE's order."""
+    return [cell(row) for _, cell, _ in RUN_TABLE]
+
+
+# -- the model card: `kvviz model` and the window's model chooser ------------------------------------
+
+
+def model_card_rows(card: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(label, value) lines of a model card (kvviz.engine.models); missing fields read UNKNOWN."""
+
+    def field(key: str) -> str:
+        value = card.get(key)
+        return UNKNOWN if value is None else str(value)
+
+    kinds: dict[str, int] = {}
+    for kind in card.get("layer_types") or []:
+        kinds[kind] = kinds.get(kind, 0) + 1
+    layers = field("num_layers")
+    if kinds:
+        layers += " (" + ", ".join(f"{n} {kind}" for kind, n in kinds.items()) + ")"
+    params = card.get("parameters")
+    per_token = card.get("kv_bytes_per_token")
+    rows = [
+        ("name", field("name")),
+        ("architecture", field("architecture")),
+        ("parameters", f"{params / 1e6:.1f} M" if isinstance(params, int | float) else UNKNOWN),
+        ("layers", layers),
+        ("heads", f"{field('num_attention_heads')} query, {field('num_kv_heads')} KV, dim {field('head_dim')}"),
+        ("dtype", f"{field('dtype')} on {field('device')}"),
+        # predicted from the config, at the model's own precision
+        ("KV / token", f"{per_token:,} bytes ({per_token / 1024:.1f} KiB)" if isinstance(per_token, int) else UNKNOWN),
+    ]
+    if card.get("sliding_window"):
+        rows.append(("sliding window", f"{card['sliding_window']} tokens"))
+    return rows

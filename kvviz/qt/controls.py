@@ -1,0 +1,114 @@
+"""The Controls dock's body: the model (or server) chooser, the prompt, the generation settings, the
+strategy (or server load), and the Run, Switch and Stop buttons that stay in view below them.
+
+"Local model" and "vLLM server" share the prompt and the settings; the rest swaps with the mode
+(`set_mode`), and so do the buttons. The server mode's own widgets come from kvviz.qt.server_mode.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QHBoxLayout,
+    QPushButton,
+    QScrollArea,
+    QStackedWidget,
+    QTabBar,
+    QVBoxLayout,
+    QWidget,
+)
+
+from kvviz.qt.panels.generation import PromptPanel, SettingsPanel
+from kvviz.qt.panels.model import ModelPanel
+from kvviz.qt.panels.strategy import StrategyPanel
+
+LOCAL, SERVER = 0, 1  # the modes: a model run here, or a vLLM server watched
+
+
+class Controls(QWidget):
+    def __init__(self, server, parent: QWidget | None = None):
+        """server: the window's ServerMode, whose panel, load panel and buttons fill the server pages."""
+        super().__init__(parent)
+        self.model_panel = ModelPanel()
+        self.prompt_panel = PromptPanel()
+        self.settings_panel = SettingsPanel()
+        self.strategy_panel = StrategyPanel()
+        self.run_button = QPushButton("Run")
+        self.run_button.setObjectName("runButton")
+        self.run_button.setToolTip("Run (Ctrl+Enter)")
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setToolTip("Stop after the current step, keeping what was generated (Esc)")
+        self.switch_button = QPushButton("Switch")
+        self.switch_button.setToolTip(
+            "Convert the running generation's cache to the strategy chosen above, at the next step"
+        )
+        self.reference_box = QCheckBox("Compare with the exact cache (fidelity)")
+        self.reference_box.setToolTip(
+            "Run a full-precision DynamicCache reference in lockstep on the same tokens and plot KL divergence; "
+            "its time is measured apart and not counted in tokens/s"
+        )
+        self.source_tabs = QTabBar()
+        self.source_tabs.addTab("Local model")
+        self.source_tabs.addTab("vLLM server")
+        self.source_tabs.setExpanding(True)
+        self.source_tabs.setToolTip("Run a model here, or attach to a vLLM server and watch its cache")
+        self.stacks = [QStackedWidget() for _ in range(3)]  # chooser, strategy or load, buttons
+        pages = [
+            (self.model_panel, server.panel),
+            (self.strategy_panel, server.load_panel),
+            (self._buttons(), server.buttons),
+        ]
+        for stack, (local_page, server_page) in zip(self.stacks, pages, strict=True):
+            stack.addWidget(local_page)
+            stack.addWidget(server_page)
+
+        controls = QWidget()
+        controls.setObjectName("controls")
+        column = QVBoxLayout(controls)
+        column.addWidget(self.stacks[0])
+        column.addWidget(self.prompt_panel)
+        column.addWidget(self.settings_panel)
+        column.addWidget(self.stacks[1])
+        column.addStretch(0)
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setWidget(controls)
+        scroll.setMinimumWidth(330)
+        # Run and Stop stay in view below the scrolling controls.
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 6)
+        layout.addWidget(self.source_tabs)
+        layout.addWidget(scroll, 1)
+        layout.addWidget(self.stacks[2])
+
+    def _buttons(self) -> QWidget:
+        """The local mode's page under the controls: the reference check box above Run, Switch and Stop."""
+        page = QWidget()
+        column = QVBoxLayout(page)
+        column.setContentsMargins(0, 0, 0, 0)
+        reference_row = QHBoxLayout()
+        reference_row.setContentsMargins(12, 0, 9, 0)
+        reference_row.addWidget(self.reference_box)
+        buttons = QHBoxLayout()
+        buttons.setContentsMargins(9, 0, 9, 0)
+        buttons.addWidget(self.run_button, 2)
+        buttons.addWidget(self.switch_button, 1)
+        buttons.addWidget(self.stop_button, 1)
+        column.addLayout(reference_row)
+        column.addLayout(buttons)
+        return page
+
+    def set_mode(self, index: int) -> None:
+        """LOCAL or SERVER: the tab bar and the swapping pages follow, without echoing the change."""
+        for widget in (self.source_tabs, *self.stacks):
+            if widget.currentIndex() != index:
+                widget.blockSignals(True)
+                widget.setCurrentIndex(index)
+                widget.blockSignals(False)
+
+    def set_enabled(self, can_run: bool, generating: bool, loading: bool) -> None:
+        self.run_button.setEnabled(can_run)
+        self.stop_button.setEnabled(generating)
+        self.switch_button.setEnabled(generating)
+        self.reference_box.setEnabled(not generating)
+        self.model_panel.load_button.setEnabled(not generating and not loading)

@@ -1,0 +1,78 @@
+"""Drive the window from a script the way a user does: the GUI bench, the demo and the README screenshot.
+
+An application (offscreen where there is no display), waiting on the event loop, and loading and
+running through the window's own controls and worker. Only the window's public parts are used.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+
+def application(name: str = "kvviz"):
+    """The QApplication, created offscreen on Linux when there is no display."""
+    if not os.environ.get("QT_QPA_PLATFORM") and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+        if sys.platform.startswith("linux"):
+            os.environ["QT_QPA_PLATFORM"] = "offscreen"
+    from PySide6.QtWidgets import QApplication
+
+    return QApplication.instance() or QApplication([name])
+
+
+def wait(predicate: Callable[[], bool], timeout_s: float) -> bool:
+    """Run the event loop until predicate() holds or timeout_s passes; the predicate's last value."""
+    from PySide6.QtCore import QEventLoop, QTimer
+
+    loop = QEventLoop()
+    poll = QTimer()
+    poll.setInterval(20)
+    poll.timeout.connect(lambda: predicate() and loop.quit())
+    poll.start()
+    QTimer.singleShot(int(timeout_s * 1000), loop.quit)
+    if not predicate():
+        loop.exec()
+    poll.stop()
+    return predicate()
+
+
+def pause(seconds: float) -> None:
+    """Let the window run (draw, record) for a while."""
+    wait(lambda: False, seconds)
+
+
+def load(window, spec: str, timeout_s: float = 600) -> bool:
+    """Load a model through the window's worker; True when it loaded."""
+    outcome: list[bool] = []
+
+    def slot(loaded_spec: str, ok: bool) -> None:
+        outcome.append(ok)
+
+    window.sigModelReady.connect(slot)
+    try:
+        window.load_model(spec)
+        return wait(lambda: bool(outcome), timeout_s) and outcome[0]
+    finally:
+        window.sigModelReady.disconnect(slot)
+
+
+def choose(window, strategy: str, options: dict[str, Any] | None = None) -> bool:
+    """Pick a strategy and set its options in the Controls dock; False when it is not available here."""
+    panel = window.controls.strategy_panel
+    if not panel.set_current(strategy):
+        return False
+    for name, value in (options or {}).items():
+        panel.set_option(name, value)
+    return True
+
+
+def run(window, tokens: int, timeout_s: float = 900, extra_settings: dict[str, Any] | None = None) -> int | None:
+    """Run the prompt and strategy in the controls for `tokens` tokens and wait for the end; the run's id, or
+    None when Run was not possible (window.last_error says why)."""
+    window.controls.settings_panel.max_new_tokens.setValue(tokens)
+    run_id = window.start_run(extra_settings)
+    if run_id is not None:
+        wait(lambda: window.store.generating is None, timeout_s)
+    return run_id

@@ -1,0 +1,68 @@
+"""The "Local run" tab: cache memory, step latency and fidelity against tokens above the cache map,
+per-layer bytes and per-layer time below it."""
+
+from __future__ import annotations
+
+import time
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QSplitter
+
+from kvviz.attach.request_trace import is_served
+from kvviz.qt.plots import CacheMapPlot, FidelityPlot, LatencyPlot, LayerBytesPlot, LayerTimePlot, MemoryPlot
+from kvviz.qt.series import RunSeries
+
+LAYER_VIEWS_INTERVAL_S = 0.25  # the per-layer views while generating: 4 redraws a second are enough
+
+
+class LocalView(QSplitter):
+    def __init__(self, parent=None):
+        super().__init__(Qt.Orientation.Vertical, parent)
+        self.memory_plot = MemoryPlot()
+        self.latency_plot = LatencyPlot()
+        self.fidelity_plot = FidelityPlot()
+        self.fidelity_plot.hide()  # shown while a run with a reference is on screen
+        self.cache_map = CacheMapPlot()
+        self.layer_bytes_plot = LayerBytesPlot()
+        self.layer_time_plot = LayerTimePlot()
+        # the first three follow every token; the per-layer views change little from one to the next
+        self.plots = [
+            self.memory_plot,
+            self.latency_plot,
+            self.fidelity_plot,
+            self.cache_map,
+            self.layer_bytes_plot,
+            self.layer_time_plot,
+        ]
+        self.latency_plot.plot.setXLink(self.memory_plot.plot)
+        self.fidelity_plot.plot.setXLink(self.memory_plot.plot)
+
+        right = QSplitter(Qt.Orientation.Vertical)
+        right.addWidget(self.latency_plot)
+        right.addWidget(self.fidelity_plot)
+        top = QSplitter(Qt.Orientation.Horizontal)
+        top.addWidget(self.memory_plot)
+        top.addWidget(right)
+        bottom = QSplitter(Qt.Orientation.Horizontal)
+        bottom.addWidget(self.layer_bytes_plot)
+        bottom.addWidget(self.layer_time_plot)
+        self.addWidget(top)
+        self.addWidget(self.cache_map)
+        self.addWidget(bottom)
+        self.setChildrenCollapsible(False)
+        self.splitters = {"main": self, "top": top, "bottom": bottom, "right": right}  # sizes kept in the settings
+        self._last_layer_redraw = 0.0
+
+    def redraw(self, shown: list[RunSeries], primary: RunSeries | None, generating: bool) -> None:
+        """Draw the runs shown; the per-layer views at most every LAYER_VIEWS_INTERVAL_S while generating
+        (each costs a full repaint of its plot)."""
+        # Served runs have timings only: the latency plot shows them, the cache views do not.
+        local = [r for r in shown if not is_served(r.trace)]
+        local_primary = primary if primary in local else (local[-1] if local else None)
+        now = time.perf_counter()
+        full = not generating or now - self._last_layer_redraw >= LAYER_VIEWS_INTERVAL_S
+        self.fidelity_plot.setVisible(any(r.has_reference for r in local))
+        for plot in self.plots if full else self.plots[:3]:
+            plot.redraw(shown if plot is self.latency_plot else local, local_primary)
+        if full:
+            self._last_layer_redraw = now

@@ -1,0 +1,52 @@
+"""The window's File (Quit), Run and View menus. Open, save and export are added to File by
+kvviz.qt.file_actions, the Record menu by kvviz.qt.recorder."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QAction, QActionGroup, QKeySequence
+
+from kvviz.qt import theme
+
+
+class Menus:
+    def __init__(self, window):
+        bar = window.menuBar()
+        file_menu = bar.addMenu("&File")
+        quit_action = QAction("&Quit", window)
+        quit_action.setShortcut(QKeySequence("Ctrl+Q"))
+        quit_action.triggered.connect(window.close)
+        file_menu.addAction(quit_action)
+
+        run_menu = bar.addMenu("&Run")
+        self.run_action = QAction("&Run", window)
+        self.run_action.setShortcuts([QKeySequence("Ctrl+Return"), QKeySequence("Ctrl+Enter")])
+        self.run_action.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
+        self.run_action.triggered.connect(lambda *_: window.start_run())
+        self.stop_action = QAction("&Stop", window)
+        self.stop_action.setShortcut(QKeySequence(Qt.Key.Key_Escape))
+        self.stop_action.triggered.connect(window.stop_run)
+        run_menu.addAction(self.run_action)
+        run_menu.addAction(self.stop_action)
+        window.addAction(self.run_action)
+        window.addAction(self.stop_action)
+
+        view_menu = bar.addMenu("&View")
+        themes = QActionGroup(window)
+        self.theme_actions: dict[str, QAction] = {}
+        for name in theme.THEMES:
+            action = QAction(f"{name.title()} theme", window, checkable=True)
+            action.triggered.connect(lambda _=False, n=name: window.set_theme(n))
+            themes.addAction(action)
+            view_menu.addAction(action)
+            self.theme_actions[name] = action
+        view_menu.addSeparator()
+        for dock in (window.controls_dock, window.tokens_dock, window.runs_dock):
+            view_menu.addAction(dock.toggleViewAction())
+
+    def set_enabled(self, can_run: bool, generating: bool) -> None:
+        self.run_action.setEnabled(can_run)
+        self.stop_action.setEnabled(generating)
+
+    def check_theme(self, name: str) -> None:
+        self.theme_actions[name].setChecked(True)

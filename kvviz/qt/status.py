@@ -1,0 +1,91 @@
+"""What the window says about itself: the status bar line, and the error message above the plots."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psutil
+from PySide6.QtCore import QObject, Qt, QTimer
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QStatusBar, QToolButton
+
+from kvviz.present import UNKNOWN, mib, number
+from kvviz.qt.series import RunSeries
+
+
+class StatusLine(QObject):
+    """The status bar: what the window is doing, device and threads, tokens/s and cache size of the run
+    in view, and this process's RSS (sampled once a second)."""
+
+    def __init__(self, status_bar: QStatusBar, parent: QObject | None = None):
+        super().__init__(parent)
+        self.labels = {name: QLabel() for name in ("state", "device", "threads", "rate", "cache", "rss")}
+        for name in ("device", "threads", "rate", "cache", "rss"):
+            status_bar.addPermanentWidget(self.labels[name])
+        status_bar.addWidget(self.labels["state"], 1)
+        self._held = ""  # a note kept until the generation ends ("stopping after this step…")
+        self._process = psutil.Process()
+        self._rss_bytes: int | None = self._process.memory_info().rss
+        self._timer = QTimer(self)
+        self._timer.setInterval(1000)
+        self._timer.timeout.connect(self._sample_rss)
+        self._timer.start()
+
+    def say(self, text: str) -> None:
+        """A note in place of the state, until the next update."""
+        self.labels["state"].setText(text)
+
+    def hold(self, text: str) -> None:
+        """A note in place of the state, until the generation ends."""
+        self._held = text
+        self.say(text)
+
+    def update(self, state: str, generating: bool, card: dict[str, Any] | None, series: RunSeries | None) -> None:
+        """state: what the window does now; series: the run whose speed and cache are shown, if any."""
+        card = card or {}
+        labels = self.labels
+        labels["device"].setText(f"device {card.get('device', UNKNOWN)}")
+        labels["threads"].setText(f"{card.get('threads', UNKNOWN)} threads")
+        if not generating:
+            self._held = ""
+        labels["state"].setText(self._held or state)
+        rate = series.tokens_per_s if series is not None else None
+        labels["rate"].setText(f"{number(rate)} tokens/s")
+        labels["cache"].setText(f"cache {mib(series.cache_bytes)}" if series is not None else f"cache {UNKNOWN}")
+        self._show_rss()
+
+    def stop(self) -> None:
+        self._timer.stop()
+
+    def _sample_rss(self) -> None:
+        try:
+            self._rss_bytes = self._process.memory_info().rss
+        except psutil.Error:
+            return
+        self._show_rss()
+
+    def _show_rss(self) -> None:
+        self.labels["rss"].setText(f"RSS {mib(self._rss_bytes, 0)}")
+
+
+class ErrorBar(QFrame):
+    """The message above the plots: what went wrong, in words, until dismissed or the next success."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setObjectName("errorBar")
+        self.label = QLabel()
+        self.label.setWordWrap(True)
+        self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        close = QToolButton()
+        close.setText("✕")
+        close.setToolTip("Dismiss")
+        close.clicked.connect(self.hide)
+        bar = QHBoxLayout(self)
+        bar.setContentsMargins(10, 6, 6, 6)
+        bar.addWidget(self.label, 1)
+        bar.addWidget(close)
+        self.hide()
+
+    def show_message(self, text: str) -> None:
+        self.label.setText(text)
+        self.show()

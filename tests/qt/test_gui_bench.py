@@ -1,0 +1,29 @@
+"""`kvviz bench --gui` drives the window as a user does: nothing loads or decodes on the GUI thread."""
+
+from __future__ import annotations
+
+import threading
+
+
+def test_gui_bench_decodes_only_on_the_worker(qapp, monkeypatch):
+    from kvviz.engine import decode, models
+    from kvviz.qt.bench import run_gui_bench
+
+    threads: set[int] = set()
+    load, init = models.load_model, decode.Decoder.__init__
+
+    def load_noting_the_thread(*args, **kwargs):
+        threads.add(threading.get_ident())
+        return load(*args, **kwargs)
+
+    def init_noting_the_thread(self, *args, **kwargs):
+        threads.add(threading.get_ident())
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(models, "load_model", load_noting_the_thread)
+    monkeypatch.setattr(decode.Decoder, "__init__", init_noting_the_thread)
+    figures = run_gui_bench(model="tiny", new_tokens=8, repeats=1, long_tokens=48, short_tokens=24)
+    assert threads and threading.get_ident() not in threads  # the window's worker did all of it
+    assert len(threads) == 1
+    assert figures["tokens_per_s_headless"] > 0 and figures["tokens_per_s_window"] > 0  # the former: own process
+    assert figures["long_tokens"] == 48 and figures["redraw_ms_short"] > 0 and figures["worst_stall_ms"] >= 0
