@@ -261,6 +261,7 @@ def _print_summary(trace, summary, trace_path) -> None:
         ("prefill", ms(summary["prefill_ms"])),
         ("decode", f"{ms(summary['decode_ms_mean'])} mean, {ms(summary['decode_ms_p95'])} p95"),
         ("speed", f"{number(summary['decode_tokens_per_s'])} tokens/s"),
+        ("limit", _memory_bound(summary)),
         ("cache", f"{mib(summary['final_cache_bytes'])} at the end, {mib(summary['peak_cache_bytes'])} peak"),
         ("RSS", f"{mib(summary['peak_rss_bytes'])} peak"),
     ]
@@ -280,6 +281,16 @@ def _print_summary(trace, summary, trace_path) -> None:
         rows.append(("trace", str(trace_path)))
     for key, value in rows:
         print(f"{key:>9}  {value}")
+
+
+def _memory_bound(summary) -> str:
+    """The memory-bound speed at the end of the run, and the share of it the run reached."""
+    limit, share, bandwidth = (summary.get(k) for k in ("memory_bound_tokens_per_s", "share_of_memory_bound",
+                                                         "bandwidth_bytes_per_s"))
+    if limit is None:
+        return "-"
+    reached = "" if share is None else f"; this run reached {share:.0%} of it"
+    return f"{limit:.1f} tokens/s memory-bound (weights + cache read at {bandwidth / 1e9:.1f} GB/s){reached}"
 
 
 def cmd_compare(args) -> int:
