@@ -93,11 +93,11 @@ class MainWindow(QMainWindow):
         worker.sigLoadProgress.connect(self._on_load_progress)
         worker.sigModelLoaded.connect(self._on_model_loaded)
         worker.sigModelFailed.connect(self._on_model_failed)
-        worker.sigRunFailed.connect(lambda run_id, message: self.show_error(f"Run #{run_id} failed: {message}"))
-        worker.sigSwitchAccepted.connect(
-            lambda strategy: self.status_line.say(f"switching to {strategy} at the next step…")
-        )
-        worker.sigSwitchRefused.connect(lambda strategy, why: self.show_error(f"Cannot switch: {why}"))
+        # bound methods of this window, never lambdas: a lambda has no thread, so Qt would call it on the
+        # worker's thread, and widgets may only be touched on the GUI thread
+        worker.sigRunFailed.connect(self._on_run_failed)
+        worker.sigSwitchAccepted.connect(self._on_switch_accepted)
+        worker.sigSwitchRefused.connect(self._on_switch_refused)
         self.update_controls()
         self.engine.start()
         if autoload:
@@ -170,6 +170,15 @@ class MainWindow(QMainWindow):
         self.error_bar.hide()
         self.update_controls()
         self.sigModelReady.emit(spec, True)
+
+    def _on_run_failed(self, run_id: int, message: str) -> None:
+        self.show_error(f"Run #{run_id} failed: {message}")
+
+    def _on_switch_accepted(self, strategy: str) -> None:
+        self.status_line.say(f"switching to {strategy} at the next step…")
+
+    def _on_switch_refused(self, strategy: str, why: str) -> None:
+        self.show_error(f"Cannot switch: {why}")
 
     def _on_model_failed(self, spec: str, message: str) -> None:
         self.controls.model_panel.set_failed(message)
