@@ -24,6 +24,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -32,6 +33,7 @@ from pathlib import Path
 import platformdirs
 import torch
 import transformers
+from safetensors import SafetensorError
 from transformers import AutoTokenizer
 
 from kvviz.engine.model_files import (
@@ -342,6 +344,12 @@ def _writing(folder: Path, action, *args, **kwargs):
         return action(*args, **kwargs)
     except OSError as exc:
         raise CacheUnwritable(_unwritable_message(folder, exc)) from exc
+    except SafetensorError as exc:  # safetensors reports the file system's refusal as "... (os error 28)"
+        code = re.search(r"\(os error (\d+)\)", str(exc))
+        if code is None:
+            raise
+        refusal = OSError(int(code[1]), os.strerror(int(code[1])))
+        raise CacheUnwritable(_unwritable_message(folder, refusal)) from exc
 
 
 def _unwritable_message(folder: Path, exc: OSError) -> str:

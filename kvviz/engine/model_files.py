@@ -9,12 +9,14 @@ model that loads is refused if one forward pass keeps no keys and values in tran
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import json
 import os
 from collections.abc import Callable
 from pathlib import Path
 
+import gguf
 import torch
 import transformers
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
@@ -164,12 +166,16 @@ def load_directory(directory: Path, dtype: torch.dtype, progress: Progress):
 
 
 @contextlib.contextmanager
-def _gguf_tensor_progress(progress: Progress, start: float, end: float):
-    """Report transformers' walk over a GGUF's tensors through `progress`.
+def _gguf_loading(progress: Progress, start: float, end: float):
+    """Change three things transformers' GGUF loading does, while it runs.
 
-    transformers wraps that loop in its own tqdm bar ("Converting and de-quantizing GGUF
-    tensors"), which disable_progress_bar does not reach; swap the module's tqdm for a reporter
-    while loading. `progress` may raise to abandon the load (the window does when it closes).
+    It parses the file's metadata (100,000 tokenizer strings) once for the tokenizer, once for the
+    config and once for the tensors, and it builds gguf's tensor-name table (the same one) once per
+    submodule, about 400 times: hand it each of them built once (together most of a conversion's
+    time). And it walks the tensors under its own tqdm bar ("Converting and de-quantizing GGUF
+    tensors"), which disable_progress_bar does not reach: report that walk through `progress`
+    instead, which may raise to abandon the load (the window does when it closes). transformers
+    imports the first two from gguf inside each call, so swapping gguf's attributes reaches them.
     """
 
     def report(tensors, desc=None, **_):
@@ -182,12 +188,13 @@ def _gguf_tensor_progress(progress: Progress, start: float, end: float):
                 progress(f"dequantizing tensors: {i}/{total}", start + (end - start) * i / total)
             yield tensor
 
-    original = gguf_utils.tqdm
-    gguf_utils.tqdm = report
+    originals = gguf.GGUFReader, gguf.get_tensor_name_map, gguf_utils.tqdm
+    reader, name_map = (functools.cache(original) for original in originals[:2])
+    gguf.GGUFReader, gguf.get_tensor_name_map, gguf_utils.tqdm = reader, name_map, report
     try:
         yield
     finally:
-        gguf_utils.tqdm = original
+        gguf.GGUFReader, gguf.get_tensor_name_map, gguf_utils.tqdm = originals
 
 
 def load_gguf(path: Path, dtype: torch.dtype, progress: Progress, start: float = 0.1, end: float = 0.8):
@@ -197,7 +204,7 @@ def load_gguf(path: Path, dtype: torch.dtype, progress: Progress, start: float =
         f"cannot load GGUF file {path}: damaged, or an architecture transformers {transformers.__version__} "
         "cannot dequantize (run with --debug for why)"
     )
-    with quiet_transformers():
+    with quiet_transformers(), _gguf_loading(progress, start, end):
         try:
             tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
             config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
@@ -205,10 +212,7 @@ def load_gguf(path: Path, dtype: torch.dtype, progress: Progress, start: float =
             raise ModelError(cannot) from exc
         check_runnable(config, str(path))
         try:
-            with _gguf_tensor_progress(progress, start, end):
-                model = AutoModelForCausalLM.from_pretrained(
-                    path.parent, gguf_file=path.name, config=config, dtype=dtype
-                )
+            model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, config=config, dtype=dtype)
         except (OSError, ValueError, KeyError, RuntimeError) as exc:
             raise ModelError(cannot) from exc
     # transformers marks GGUF-loaded models as quantized, which blocks save_pretrained; the weights
