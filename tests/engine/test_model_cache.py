@@ -44,7 +44,9 @@ def manifest(directory):
 def kvviz(cache_dir, *args, wrap=(), preexec_fn=None):
     env = dict(os.environ, KVVIZ_CACHE_DIR=str(cache_dir), HF_HUB_OFFLINE="1")
     command = [*wrap, sys.executable, "-m", "kvviz", *args]
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, preexec_fn=preexec_fn)
+    return subprocess.run(  # in the cache folder, where `kvviz run` leaves its trace
+        command, env=env, cwd=cache_dir, capture_output=True, text=True, timeout=600, preexec_fn=preexec_fn
+    )
 
 
 def leftovers(cache_dir):
@@ -111,7 +113,7 @@ def test_missing_truncated_and_manifest_problems_are_named(cache_copy):
     (cache_copy / model_cache.MANIFEST).write_bytes(b"\x00" * 100)
     assert check(cache_copy) == "the manifest is not readable"
     (cache_copy / model_cache.MANIFEST).unlink()
-    assert check(cache_copy) == "no manifest (missing or half-written copy)"
+    assert check(cache_copy) == "no manifest: a missing or half-written copy"
 
 
 def test_abandoned_work_folders_go_unless_a_conversion_holds_the_lock(cache_copy):
@@ -175,10 +177,10 @@ def test_a_write_that_fails_half_way_leaves_nothing_and_says_what_to_do(tmp_path
     done = kvviz(tmp_path, "model", "--verify", preexec_fn=small_files_only)
     assert done.returncode == 1
     folder = tmp_path / "models"
-    assert f"cannot write the converted default model into the model cache folder {folder} (File too large)" in (
+    assert f"kvviz cannot write into the model cache folder {folder} (File too large): free some space there" in (
         done.stderr
     )
-    assert "free some space there" in done.stderr and "Traceback" not in done.stderr
+    assert "Traceback" not in done.stderr
     assert [p.name for p in folder.iterdir()] == [model_cache.LOCK_NAME]
 
 
@@ -202,16 +204,18 @@ def mounted(setup):
 @needs_mounts
 def test_a_read_only_cache_folder_still_runs_converting_in_memory(cache_copy):
     (cache_copy / model_cache.MANIFEST).unlink()
-    root = shlex.quote(str(cache_copy.parent.parent))
+    folder = shlex.quote(str(cache_copy.parent))
     done = kvviz(
         cache_copy.parent.parent,
         *("run", "--prompt", "The capital of France is", "--raw", "--max-new-tokens", "3", "--json"),
-        wrap=mounted(f"mount --bind {root} {root} && mount -o remount,bind,ro {root}"),
+        wrap=mounted(f"mount --bind {folder} {folder} && mount -o remount,bind,ro {folder}"),
     )
     assert done.returncode == 0, done.stderr
-    assert f"cannot write the converted default model into the model cache folder {cache_copy.parent}" in done.stderr
-    assert "Read-only file system" in done.stderr and "set KVVIZ_CACHE_DIR to a folder you can write" in done.stderr
-    assert "Converting in memory for this run" in done.stderr
+    assert f"the converted default model in {cache_copy} cannot be used (no manifest: " in done.stderr
+    assert (
+        f"and kvviz cannot write into the model cache folder {cache_copy.parent} (Read-only file system): "
+        "set KVVIZ_CACHE_DIR to a folder you can write, or make this one writable. Converting in memory for this run"
+    ) in done.stderr
     assert json.loads(done.stdout)["model"] == "SmolLM2-135M-Instruct"
     assert not any(bar in done.stderr for bar in BARS)
 
@@ -221,6 +225,9 @@ def test_a_full_cache_folder_is_refused_before_converting(tmp_path):
     root = shlex.quote(str(tmp_path))
     done = kvviz(tmp_path, "model", "--verify", wrap=mounted(f"mount -t tmpfs -o size=100m tmpfs {root}"))
     assert done.returncode == 1
-    assert re.search(rf"the model cache folder {re.escape(str(tmp_path / 'models'))} has 10\d MB free", done.stderr)
-    assert "needs about 560 MB: free some space there, or set KVVIZ_CACHE_DIR to a folder with room" in done.stderr
+    folder = re.escape(str(tmp_path / "models"))
+    assert re.search(rf"kvviz cannot write into the model cache folder {folder} \(10\d MB free\): free", done.stderr)
+    assert "(the converted default model takes about 560 MB), or set KVVIZ_CACHE_DIR to a folder with room" in (
+        done.stderr
+    )
     assert "dequantizing" not in done.stderr
