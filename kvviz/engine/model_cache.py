@@ -129,7 +129,8 @@ def ensure_default_model(progress: Progress = no_progress) -> Path:
     """
     target = default_cache_dir()
     source = default_gguf_path()
-    if check_converted(target, source) is None:
+    problem = check_converted(target, source)
+    if problem is None:
         _remove_abandoned_work(target.parent)
         return target
     try:

@@ -16,11 +16,9 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-import gguf
 import torch
 import transformers
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
-from transformers import modeling_gguf_pytorch_utils as gguf_utils
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 from transformers.utils import (
     CONFIG_NAME,
@@ -187,6 +185,9 @@ def _gguf_loading(progress: Progress, start: float, end: float):
                 reported = tenth
                 progress(f"dequantizing tensors: {i}/{total}", start + (end - start) * i / total)
             yield tensor
+
+    import gguf  # only where a GGUF is read: importing it costs a few tenths of a second
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
     originals = gguf.GGUFReader, gguf.get_tensor_name_map, gguf_utils.tqdm
     reader, name_map = (functools.cache(original) for original in originals[:2])
