@@ -108,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     model = sub.add_parser("model", help="load a model and print its card")
     _add_model_args(model)
     model.add_argument("--json", action="store_true", help="as JSON")
+    model.add_argument(
+        "--verify", action="store_true", help="hash the default model's converted copy in full; rebuild it if damaged"
+    )
 
     trace = sub.add_parser("trace", help="check a trace file and print its summary")
     trace.add_argument("path", type=Path)
@@ -332,9 +335,13 @@ def cmd_strategies(args) -> int:
 
 
 def cmd_model(args) -> int:
-    from kvviz.engine import models
+    from kvviz.engine import model_cache, models
     from kvviz.present import model_card_rows
 
+    if args.verify:
+        if args.model != "default":
+            raise UsageError(f"--verify checks the converted copy of the default model; --model {args.model} has none")
+        print(model_cache.verify_default_model(_stderr_progress), file=sys.stderr if args.json else sys.stdout)
     loaded = models.load_model(args.model, dtype=args.dtype, device=args.device, progress=_stderr_progress)
     if args.json:
         print(json.dumps(loaded.card, indent=2))

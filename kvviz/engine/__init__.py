@@ -5,10 +5,10 @@ Public surface, used by the CLI and by the window's worker thread:
     from kvviz.engine import models, strategies, decode
 
     loaded = models.load_model("default" | "tiny" | DIR | FILE.gguf | HUB_ID,
-                               dtype="auto", device="auto", progress=callback)   # raises models.ModelError
+                               dtype="auto", device="auto", progress=callback)   # raises kvviz.errors.ModelError
     loaded.card                                  # dict: see models.model_card
     strategies.all_strategies()                  # list[Strategy]: name, description, options, available()
-    choice = strategies.choose(name, {"key": "value"})   # raises strategies.OptionError
+    choice = strategies.choose(name, {"key": "value"})   # raises kvviz.errors.OptionError
     decoder = decode.Decoder(loaded, choice, decode.GenerationSettings(...), prompt)
     for step in decoder:                         # kvviz.trace.StepRecord, prefill first
         ...

@@ -21,7 +21,7 @@ import httpx
 from kvviz.attach.client import first_model, stream_completion
 from kvviz.attach.load import run_load
 from kvviz.attach.server import VllmServer
-from kvviz.engine.models import ensure_default_model
+from kvviz.engine.model_cache import ensure_default_model
 
 DATA = Path(__file__).parent / "data"
 # Longer than two 128-token blocks: vLLM caches and matches prefixes in whole blocks.

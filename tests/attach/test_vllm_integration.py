@@ -35,7 +35,7 @@ SHARED_PREFIX = (
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     from kvviz.attach.server import VllmServer
-    from kvviz.engine.models import ensure_default_model
+    from kvviz.engine.model_cache import ensure_default_model
 
     log = tmp_path_factory.mktemp("vllm") / "server.log"
     model_dir = ensure_default_model()
@@ -134,7 +134,7 @@ def test_cli_against_the_real_server(server, tmp_path, capsys):
 
     from kvviz.attach import session as session_mod
     from kvviz.attach_cli import add_attach_parser, cmd_attach
-    from kvviz.engine.models import ensure_default_model
+    from kvviz.engine.model_cache import ensure_default_model
 
     parser = argparse.ArgumentParser()
     add_attach_parser(parser.add_subparsers(dest="command"))

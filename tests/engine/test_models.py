@@ -1,7 +1,10 @@
+import shutil
+
 import pytest
 import torch
+import transformers
 
-from kvviz.engine import models
+from kvviz.engine import model_cache, model_files, models
 
 
 def test_default_model_card(default_model):
@@ -15,32 +18,10 @@ def test_default_model_card(default_model):
     assert 130e6 < card["parameters"] < 140e6
 
 
-def test_damaged_cached_copy_is_detected_and_rebuilt(tmp_path, monkeypatch):
-    monkeypatch.setenv("KVVIZ_CACHE_DIR", str(tmp_path))
-    directory = models.ensure_default_model()
-    assert models.check_converted(directory) is None
-    weights = directory / "model.safetensors"
-    size = weights.stat().st_size
-    with weights.open("r+b") as f:  # same size, corrupted header
-        f.seek(9)
-        f.write(b"\x00\x00\x00\x00")
-    assert "header" in models.check_converted(directory)
-    with weights.open("r+b") as f:  # half-written
-        f.truncate(size // 2)
-    assert "wrong size" in models.check_converted(directory)
-    (directory / models.MANIFEST).unlink()
-    assert "no manifest" in models.check_converted(directory)
-    rebuilt = models.ensure_default_model()
-    assert models.check_converted(rebuilt) is None
-    assert (rebuilt / "model.safetensors").stat().st_size == size
-    loaded = models.load_model("default")
-    assert loaded.card["num_layers"] == 30
-
-
 def test_local_directory_and_gguf_file(tmp_path, default_model):
-    directory = models.default_cache_dir()
+    directory = model_cache.default_cache_dir()
     assert models.load_model(str(directory)).card["num_layers"] == 30
-    gguf = models.default_gguf_path()
+    gguf = model_cache.default_gguf_path()
     assert models.load_model(str(gguf)).card["architecture"] == "LlamaForCausalLM"
 
 
@@ -69,3 +50,102 @@ def test_bad_dtype_and_device():
     if not torch.cuda.is_available():
         with pytest.raises(models.ModelError, match="no CUDA device; use --device cpu"):
             models.load_model("tiny", device="cuda")
+
+
+# -- folders kvviz cannot run are refused before any weights are read -------------------------------
+
+TOKENIZER = ("tokenizer.json", "tokenizer_config.json")
+SMALL = dict(vocab_size=100, hidden_size=32, intermediate_size=64, num_attention_heads=2)
+
+
+def model_folder(directory, config, *, tokenizer_from=None):
+    """A folder as save_pretrained writes it: a random model of `config`, with the default model's
+    tokenizer files when `tokenizer_from` is given."""
+    with model_files.quiet_transformers():
+        if isinstance(config, transformers.BertConfig):  # an encoder saved as such, as users do
+            transformers.BertModel(config).save_pretrained(directory)
+        elif config.is_encoder_decoder:
+            transformers.AutoModelForSeq2SeqLM.from_config(config).save_pretrained(directory)
+        else:
+            models.build_random_model(config).save_pretrained(directory)
+    for name in TOKENIZER if tokenizer_from else ():
+        shutil.copy(tokenizer_from / name, directory / name)
+    return directory
+
+
+def refusal(directory):
+    with pytest.raises(models.ModelError) as refused:
+        models.load_model(str(directory))
+    return str(refused.value)
+
+
+def test_an_empty_folder_says_what_a_model_folder_holds(tmp_path):
+    message = refusal(tmp_path)
+    assert message.startswith(f"{tmp_path} is empty: a model folder holds config.json, the weights (model.safetensors")
+    assert "the tokenizer files (one of tokenizer.json, tokenizer.model, vocab.json" in message
+    assert "sentencepiece or tiktoken installed" not in message
+
+
+def test_an_incomplete_folder_names_what_is_missing(tmp_path, converted_copy):
+    llama = model_folder(tmp_path / "llama", transformers.LlamaConfig(num_hidden_layers=2, **SMALL))
+    assert refusal(llama).startswith(
+        f"{llama} is not a complete model folder: missing tokenizer files (tokenizer.json, tokenizer.model, "
+    )
+    tokenizer_only = tmp_path / "tokenizer-only"
+    tokenizer_only.mkdir()
+    for name in TOKENIZER:
+        shutil.copy(converted_copy / name, tokenizer_only / name)
+    assert refusal(tokenizer_only).startswith(
+        f"{tokenizer_only} is not a complete model folder: missing config.json and weights (model.safetensors or "
+    )
+
+
+def test_an_encoder_is_refused_with_the_reason(tmp_path):
+    bert = model_folder(tmp_path, transformers.BertConfig(num_hidden_layers=2, **SMALL))
+    assert refusal(bert) == (
+        f"{bert} is BertModel, an encoder (its config says is_decoder: false): it reads a whole text at once "
+        "and keeps no KV cache; kvviz needs a decoder-only causal language model"
+    )
+
+
+def test_an_encoder_decoder_is_refused_with_the_reason(tmp_path, converted_copy):
+    config = transformers.BartConfig(
+        vocab_size=100, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
+    )
+    bart = model_folder(tmp_path, config, tokenizer_from=converted_copy)
+    assert refusal(bart).startswith(f"{bart} is BartForConditionalGeneration, an encoder-decoder model: kvviz follows")
+
+
+def test_a_model_type_without_a_causal_head_is_refused(tmp_path):
+    transformers.ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2).save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"")  # never read: the config already says no
+    (tmp_path / "tokenizer.json").write_text("{}")
+    assert refusal(tmp_path).startswith(
+        f"{tmp_path} is vit: transformers has no causal language-model head for model_type 'vit'"
+    )
+
+
+def test_a_decoder_that_keeps_no_kv_cache_is_refused(tmp_path, converted_copy):
+    mamba = model_folder(
+        tmp_path, transformers.MambaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2),
+        tokenizer_from=converted_copy,
+    )
+    assert refusal(mamba).startswith(
+        f"{mamba} is MambaForCausalLM, which keeps no keys and values in a KV cache (a state-space or "
+    )
+
+
+def test_a_damaged_or_unknown_config_is_named(tmp_path, converted_copy):
+    llama = model_folder(
+        tmp_path, transformers.LlamaConfig(num_hidden_layers=2, **SMALL), tokenizer_from=converted_copy
+    )
+    assert models.load_model(str(llama)).card["num_layers"] == 2  # complete, a decoder: it loads
+    config = llama / "config.json"
+    text = config.read_text()
+    config.write_bytes(b"\xff" * len(text))
+    assert refusal(llama) == f"{config} is not valid JSON: it should be the config.json save_pretrained writes"
+    config.write_text(text.replace('"model_type": "llama"', '"model_type": "no-such-model"'))
+    assert refusal(llama).startswith(
+        f"{config} has model_type 'no-such-model', which transformers {transformers.__version__} cannot read"
+    )
