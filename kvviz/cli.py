@@ -159,6 +159,11 @@ def _settings(args):
     )
 
 
+def _stderr_notice(message: str) -> None:
+    if message:
+        print(f"\nkvviz: {message}", file=sys.stderr, flush=True)
+
+
 def _stderr_progress(message: str, fraction: float | None) -> None:
     pct = "" if fraction is None else f" [{fraction * 100:3.0f}%]"
     print(f"kvviz:{pct} {message}", file=sys.stderr, flush=True)
@@ -218,7 +223,7 @@ def cmd_run(args) -> int:
     trace_path = _trace_path(args, choice.name)
     loaded = models.load_model(args.model, dtype=args.dtype, device=args.device, progress=_stderr_progress)
     _check_switch_order(choice, switches, loaded.model)
-    decoder = decode.Decoder(loaded, choice, settings, prompt, reference=args.reference)
+    decoder = decode.Decoder(loaded, choice, settings, prompt, reference=args.reference, notify=_stderr_notice)
     stream = not (args.json or args.quiet)
     if not args.json:
         print(f"kvviz: {loaded.card['name']}, {choice.label()}, prompt {decoder.prompt_tokens} tokens", file=sys.stderr)
@@ -247,7 +252,8 @@ def cmd_run(args) -> int:
     summary = decoder.trace.summary()
     if args.json:
         out = {"model": loaded.card["name"], "strategy": decoder.trace.strategy, "prompt_tokens": decoder.prompt_tokens}
-        out.update(summary, cancelled=decoder.trace.cancelled, compile_ms=decoder.trace.compile_ms)
+        out.update(summary, cancelled=decoder.trace.cancelled, compile_ms=decoder.trace.compile_ms,
+                   warm_up_ms=decoder.trace.warm_up_ms)
         out["trace"] = str(trace_path) if trace_path else None
         print(json.dumps(out, indent=2))
     else:
@@ -280,6 +286,8 @@ def _print_summary(trace, summary, trace_path) -> None:
         rows.append(("switch", f"before step {switch.step}: {change}"))
     if trace.compile_ms is not None:
         rows.append(("compile", f"{trace.compile_ms / 1000:.1f} s (not in the step times)"))
+    if trace.warm_up_ms is not None:
+        rows.append(("warm-up", f"{trace.warm_up_ms / 1000:.1f} s before the first step (not in the step times)"))
     if trace_path:
         rows.append(("trace", str(trace_path)))
     for key, value in rows:

@@ -102,7 +102,8 @@ class Trace:
     steps: list[StepRecord] = field(default_factory=list)
     switches: list[Switch] = field(default_factory=list)
     cancelled: bool = False
-    compile_ms: float | None = None
+    compile_ms: float | None = None  # torch.compile before the first decode step, not in any step's time
+    warm_up_ms: float | None = None  # the strategy's one-time preparation (kernel builds), before the prefill
     error: str | None = None
     weight_bytes: int | None = None  # weights a decode step reads (every parameter once)
     bandwidth_bytes_per_s: float | None = None  # this machine's memory read bandwidth, measured once
@@ -140,6 +141,7 @@ class Trace:
             "settings": self.settings,
             "cancelled": self.cancelled,
             "compile_ms": self.compile_ms,
+            "warm_up_ms": self.warm_up_ms,
             "error": self.error,
             "weight_bytes": self.weight_bytes,
             "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
@@ -285,6 +287,7 @@ def from_dict(data: Any, source: str = "trace") -> Trace:
         switches=switches,
         cancelled=bool(data.get("cancelled", False)),
         compile_ms=data.get("compile_ms"),
+        warm_up_ms=data.get("warm_up_ms"),
         error=data.get("error"),
         weight_bytes=data.get("weight_bytes"),
         bandwidth_bytes_per_s=data.get("bandwidth_bytes_per_s"),

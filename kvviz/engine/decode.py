@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
 import psutil
@@ -161,8 +161,10 @@ class Decoder:
         settings: GenerationSettings,
         prompt: str,
         reference: bool = False,
+        notify: Callable[[str], None] | None = None,
     ):
         settings.check()
+        self.notify = notify or (lambda message: None)  # what a long one-time pause is doing
         self.loaded = loaded
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
@@ -267,6 +269,7 @@ class Decoder:
         new = ids  # what the next step feeds a cache: the prompt, then each new token
         try:
             with torch.inference_mode():
+                self._warm_up()
                 for index in range(self.settings.max_new_tokens):
                     if self._cancel.is_set():
                         self.trace.cancelled = True
@@ -278,6 +281,9 @@ class Decoder:
                     forward = None
                     if self._compile and not prefill:
                         compiled = compiled or self._compile_decode(fed)
+                        if compiled is None:  # stopped while compiling
+                            self.trace.cancelled = True
+                            break
                         forward = compiled
                     started = time.perf_counter()
                     logits = self.run.forward(fed, forward)[:, -1, :]
@@ -307,13 +313,43 @@ class Decoder:
         finally:
             timer.remove()
 
+    def _warm_up(self) -> None:
+        """The strategy's one-time preparation, before the prefill and apart from every step's time."""
+        started = time.perf_counter()
+        if self.run.strategy.warm_up(self.run.choice.options, self.model.device, self.notify):
+            self.trace.warm_up_ms = (time.perf_counter() - started) * 1000.0
+
     def _compile_decode(self, fed: torch.Tensor):
-        """Compile the decode forward once, timed apart, on a throw-away step that is then undone."""
+        """Compile the decode forward once, timed apart, on a throw-away step that is then undone.
+
+        The compile (tens of seconds) runs on a helper thread so that Stop can end the run meanwhile; a
+        stopped compile finishes on its own thread and is thrown away. Returns None when stopped.
+        """
+        self.notify("compiling the decode step with torch.compile (tens of seconds, once per run)")
         compiled = torch.compile(self.model.forward, dynamic=False)
         started = time.perf_counter()
-        self.run.call(fed, compiled)
+        done = threading.Event()
+        failures: list[BaseException] = []
+
+        def warm() -> None:
+            try:
+                with torch.inference_mode():
+                    self.run.call(fed, compiled)
+            except BaseException as exc:  # noqa: BLE001 - raised again on the decoding thread
+                failures.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=warm, name="kvviz-compile", daemon=True).start()
+        while not done.wait(0.1) and not self._cancel.is_set():
+            pass
+        if self._cancel.is_set():
+            return None
+        if failures:
+            raise failures[0]
         self.run.cache.crop(-fed.shape[-1])
         self.trace.compile_ms = (time.perf_counter() - started) * 1000.0
+        self.notify("")
         return compiled
 
     def _record(self, index, prefill, token, piece, wall_ms, layer_ms, fidelity) -> StepRecord:

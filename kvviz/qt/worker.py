@@ -18,6 +18,8 @@ from typing import Any
 
 from PySide6.QtCore import QCoreApplication, QEvent, QObject, QThread, Signal, Slot
 
+from kvviz.errors import ModelError, OptionError, UsageError
+
 log = logging.getLogger(__name__)
 
 # OpenMP threads that busy-wait between parallel regions starve the thread that decodes when more
@@ -63,6 +65,7 @@ class Worker(QObject):
     sigRunFailed = Signal(int, str)  # run id, user-facing message (the trace, if any, carries it too)
     sigSwitchAccepted = Signal(str)  # strategy: it takes over at the next step
     sigSwitchRefused = Signal(str, str)  # strategy, why not
+    sigRunNotice = Signal(int, str)  # run id, what a long one-time pause is doing ("" once it is over)
 
     def __init__(self):
         super().__init__()
@@ -149,7 +152,7 @@ class Worker(QObject):
             return
         try:
             decoder.request_switch(strategies.choose(strategy, options))
-        except strategies.OptionError as exc:
+        except OptionError as exc:
             self.sigSwitchRefused.emit(strategy, str(exc))
             return
         self.sigSwitchAccepted.emit(strategy)
@@ -167,7 +170,8 @@ class Worker(QObject):
             choice = strategies.choose(request["strategy"], dict(request.get("options") or {}))
             settings = decode.GenerationSettings(**request.get("settings", {}))
             decoder = decode.Decoder(
-                self.loaded, choice, settings, request["prompt"], reference=bool(request.get("reference"))
+                self.loaded, choice, settings, request["prompt"], reference=bool(request.get("reference")),
+                notify=lambda message: self.sigRunNotice.emit(run_id, message),
             )
             with self._lock:
                 self._decoder = decoder
@@ -191,11 +195,10 @@ class Worker(QObject):
 
 
 def _message(exc: BaseException) -> str:
-    """The engine's own errors are written for users; anything else gets its type name."""
-    name = type(exc).__name__
-    if name in {"ModelError", "OptionError"}:
+    """kvviz's own errors are written for users; anything else gets its type name."""
+    if isinstance(exc, (ModelError, OptionError, UsageError)):
         return str(exc)
-    return f"{name}: {exc}"
+    return f"{type(exc).__name__}: {exc}"
 
 
 class WorkerThread(QThread):

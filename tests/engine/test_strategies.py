@@ -102,3 +102,39 @@ def test_context_limit_counts_the_positions_a_strategy_uses(tiny_model):
     decoder = decode.Decoder(tiny_model, strategies.choose("sink", {"window": "16"}), long_run, "hello")
     steps = iter(decoder)
     assert [next(steps).index for _ in range(3)] == [0, 1, 2]
+
+
+def test_stop_while_compiling_ends_the_run_at_once(tiny_model):
+    import time
+
+    settings = decode.GenerationSettings(max_new_tokens=20, raw=True, stop_at_eos=False)
+    notices = []
+
+    def notice(message):  # the user presses Stop as soon as the window says it is compiling
+        notices.append(message)
+        if "compiling" in message:
+            decoder.cancel()
+
+    decoder = decode.Decoder(tiny_model, strategies.choose("static", {"compile": "true"}), settings, "stop me",
+                             notify=notice)
+    steps = iter(decoder)
+    next(steps)  # the prefill; the next step compiles first
+    started = time.monotonic()
+    assert list(steps) == []
+    assert time.monotonic() - started < 5  # did not wait for the compile to finish
+    assert decoder.trace.cancelled and decoder.trace.compile_ms is None
+    assert any("compiling" in n for n in notices)
+
+
+def test_quanto_kernels_load_before_the_prefill_and_apart_from_it(tiny_model):
+    settings = decode.GenerationSettings(max_new_tokens=3, raw=True, stop_at_eos=False)
+    notices = []
+    choice = strategies.choose("quantized", {"q_group_size": "32", "residual_length": "2"})
+    decoder = decode.Decoder(tiny_model, choice, settings, "warm me", notify=notices.append)
+    steps = list(decoder)
+    assert decoder.trace.warm_up_ms is not None and len(steps) == 3
+    assert any("quanto" in n for n in notices)
+    hqq = decode.Decoder(tiny_model, strategies.choose("quantized", {"backend": "hqq", "q_group_size": "32"}),
+                         settings, "no warm-up")
+    list(hqq)
+    assert hqq.trace.warm_up_ms is None

@@ -63,7 +63,8 @@ def test_refused_switch_shows_the_reason_and_the_run_goes_on(qtbot, drive, windo
         with qtbot.waitSignal(window.engine.worker.sigSwitchRefused, timeout=60000) as refused:
             assert window.switch_strategy()
         assert refused.args[0] == "static" and "has already evicted tokens" in refused.args[1]
-        assert "has already evicted tokens" in window.last_error
+        # the window's own slot runs on the GUI thread, once the queued signal is delivered
+        qtbot.waitUntil(lambda: "has already evicted tokens" in window.last_error, timeout=5000)
         window.stop_run()
     assert window.store.runs[run_id].trace.switches == []
 

@@ -156,6 +156,11 @@ class Strategy:
         """A new, empty cache for `model` (None for no cache); `capacity` is the token slots a run needs."""
         raise NotImplementedError
 
+    def warm_up(self, options: dict, device: torch.device, notify) -> bool:
+        """One-time preparation before the first step (kernel builds), timed apart from the steps;
+        `notify(message)` says what is happening while it lasts. True if there was any."""
+        return False
+
     def predictor(self, options: dict, geometry: Geometry, capacity: int) -> CachePredictor:
         """The size this strategy's cache should have after each step, from the config alone."""
         return CachePredictor(geometry)

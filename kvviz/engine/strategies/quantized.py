@@ -3,6 +3,7 @@
 import importlib.util
 import math
 
+import torch
 from transformers import QuantizedCache
 
 from kvviz.engine.geometry import Geometry
@@ -115,6 +116,17 @@ class Quantized(Strategy):
                 f"values per layer, which must be a multiple of the group size (try a divisor of {per_token})"
             )
         return None
+
+    def warm_up(self, options, device, notify) -> bool:
+        if options["backend"] != "quanto":
+            return False
+        import optimum.quanto  # noqa: F401 - registers quanto's operators
+
+        # quanto builds its C++/CUDA kernels on their first use, once per install (about a minute); unpacking a
+        # few bytes here keeps that out of the first decode step
+        notify("loading quanto's kernels (the first time after installing, quanto builds them: about a minute)")
+        torch.ops.quanto.unpack(torch.zeros(8, 2, dtype=torch.uint8, device=device), 4)
+        return True
 
     def make_cache(self, model, options, capacity):
         backend = options["backend"]

@@ -1,5 +1,8 @@
 """transformers' StaticCache: every token slot preallocated up front and written in place."""
 
+import os
+import shutil
+
 from transformers import StaticCache
 
 from kvviz.engine.predict import CachePredictor
@@ -24,6 +27,19 @@ class Static(Strategy):
         Option("compile", "bool", False, "run decode steps under torch.compile (compile time reported apart)"),
     )
     preallocates = True
+
+    def model_problem(self, model, geometry, options):
+        if not options["compile"]:
+            return None
+        if not getattr(model, "_can_compile_fullgraph", False):
+            return f"cannot run with compile=true: transformers does not compile {type(model).__name__} as one graph"
+        compiler = os.environ.get("CXX") or "g++"
+        if model.device.type == "cpu" and not shutil.which(compiler):
+            return (
+                f"cannot run with compile=true: torch.compile needs a C++ compiler on the CPU and {compiler!r} is not "
+                "installed (install g++, or set CXX); run with compile=false instead"
+            )
+        return None
 
     def make_cache(self, model, options, capacity):
         return StaticCache(config=model.config, max_cache_len=capacity)
