@@ -131,7 +131,7 @@ def model_card(model: PreTrainedModel, name: str) -> dict[str, Any]:
 
 # The shape of the `tiny` model; tests build other families with it too.
 TINY_SHAPE = dict(
-    hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2
+    hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2
 )
 
 

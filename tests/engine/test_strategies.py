@@ -138,3 +138,12 @@ def test_quanto_kernels_load_before_the_prefill_and_apart_from_it(tiny_model):
                          settings, "no warm-up")
     list(hqq)
     assert hqq.trace.warm_up_ms is None
+
+
+def test_every_strategy_runs_on_the_tiny_model_with_its_default_options(tiny_model):
+    settings = decode.GenerationSettings(max_new_tokens=3, raw=True, stop_at_eos=False)
+    for strategy in strategies.all_strategies():
+        if not strategy.available()[0]:
+            continue
+        decoder = decode.Decoder(tiny_model, strategies.choose(strategy.name), settings, "defaults")
+        assert len(list(decoder)) == 3, strategy.name
