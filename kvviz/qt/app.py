@@ -100,15 +100,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _open_traces(window, paths: list[str]) -> list[str]:
-    from kvviz.attach.session import SessionError
-    from kvviz.qt.file_actions import read_kept
-    from kvviz.trace import TraceError
+    from kvviz.formats import read_kept
+    from kvviz.jsonfile import KeptFileError
 
     problems = []
     for path in paths:
         try:
             window.show_kept(read_kept(path))
-        except (TraceError, SessionError) as exc:
+        except KeptFileError as exc:
             problems.append(str(exc))
             window.show_error(str(exc))
     return problems
