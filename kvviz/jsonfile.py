@@ -22,6 +22,7 @@ import errno
 import json
 import math
 import os
+import re
 import secrets
 import signal
 import stat
@@ -41,6 +42,7 @@ class KeptFileError(ValueError):
     """A file kvviz reads is unreadable or not what it claims; the message names the file and the problem."""
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 _DEFERRED_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM") if hasattr(signal, name))
 
 
@@ -110,6 +112,8 @@ def _cannot_open(path: Path, exc: OSError) -> str:
 
 
 def _decode(raw: bytes, path, kind: str, error: type[KeptFileError]) -> str:
+    if raw.startswith((b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")):
+        raise error(f"{path} is not a {kind}: it is UTF-32 text; kvviz files are UTF-8")
     if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
         raise error(f"{path} is not a {kind}: it is UTF-16 text; kvviz files are UTF-8")
     if raw.startswith(b"\xef\xbb\xbf"):  # a byte-order mark some editors add to UTF-8
@@ -244,20 +248,12 @@ def _finite(value: Any) -> Any:
     if kind is float:
         return value if math.isfinite(value) else None
     if kind is str:
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return value.encode("utf-8", "surrogateescape" if _escaped(value) else "replace").decode("utf-8", "replace")
-        return value
+        return value if value.isascii() else _LONE_SURROGATE.sub("\ufffd", value)
     if kind is dict:
         return {_finite(str(k)): _finite(v) for k, v in value.items()}
     if kind is list or kind is tuple:
         return [_finite(v) for v in value]
     return value
-
-
-def _escaped(text: str) -> bool:
-    return all("\udc80" <= c <= "\udcff" for c in text if "\ud800" <= c <= "\udfff")
 
 
 @contextlib.contextmanager

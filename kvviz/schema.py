@@ -99,6 +99,10 @@ def _text_ok(text: str, where) -> str:
     return text
 
 
+def _num(x: float) -> str:
+    return f"{int(x):,}" if float(x).is_integer() and abs(x) < 1e18 else f"{x:g}"
+
+
 def _or_null(expected: str, null: bool) -> str:
     return f"{expected} or null" if null else expected
 
@@ -108,21 +112,22 @@ def _or_null(expected: str, null: bool) -> str:
 
 @dataclass(frozen=True)
 class Int:
-    """A whole number (not true/false, not 2.0) in [min, max]."""
+    """A whole number (not true/false, not 2.0) in [min, max]; `what` names it in messages ("a byte count")."""
 
     min: int | None = None
     max: int | None = MAX_INT
     null: bool = False
+    what: str = ""
 
     @property
     def expected(self) -> str:
         if self.min is not None and self.max is not None and self.max != MAX_INT:
-            text = f"a whole number from {self.min:,} to {self.max:,}"
+            text = f"a whole number from {_num(self.min)} to {_num(self.max)}"
         elif self.min is not None:
-            text = f"a whole number >= {self.min:,}"
+            text = f"a whole number >= {_num(self.min)}"
         else:
             text = "a whole number"
-        return _or_null(text, self.null)
+        return _or_null(f"{self.what} ({text})" if self.what else text, self.null)
 
     def check(self, value: Any, where) -> int | None:
         if value is None and self.null:
@@ -142,17 +147,18 @@ class Number:
     max: float | None = None
     null: bool = False
     infinite: bool = False  # also +/-Infinity (a histogram's last bucket bound)
+    what: str = ""
 
     @property
     def expected(self) -> str:
         text = "a number" if self.infinite else "a finite number"
         if self.min is not None and self.max is not None:
-            text += f" from {self.min:g} to {self.max:g}"
+            text += f" from {_num(self.min)} to {_num(self.max)}"
         elif self.min is not None:
-            text += f" >= {self.min:g}"
+            text += f" >= {_num(self.min)}"
         elif self.max is not None:
-            text += f" <= {self.max:g}"
-        return _or_null(text, self.null)
+            text += f" <= {_num(self.max)}"
+        return _or_null(f"{self.what} ({text})" if self.what else text, self.null)
 
     def check(self, value: Any, where) -> float | None:
         if value is None and self.null:
@@ -233,11 +239,11 @@ class Pair:
 
     first: Any
     second: Any
-    what: str = "pair"
+    what: str = ""  # e.g. "span [slot state, count]"; spelled out from the items when empty
 
     @property
     def expected(self) -> str:
-        return f"a {self.what} [{self.first.expected}, {self.second.expected}]"
+        return f"a {self.what}" if self.what else f"a pair [{self.first.expected}, {self.second.expected}]"
 
     def check(self, value: Any, where) -> list:
         if type(value) is not list or len(value) != 2:
@@ -324,12 +330,17 @@ class Field:
     required: bool = True
     default: Any = None
 
+    @property
+    def stands_in(self) -> bool:
+        """Whether the default also stands in for null (it does where it is a value, e.g. [] or "own")."""
+        return not self.required and self.default is not None and self.default is not _ABSENT
+
     def missing(self) -> Any:
         return type(self.default)() if isinstance(self.default, (list, dict)) else self.default
 
 
 def optional(spec: Any, default: Any = None) -> Field:
-    """A field older or other writers may leave out; `default` stands in for it."""
+    """A field older or other writers may leave out; `default` stands in for it, and for null."""
     return Field(spec, required=False, default=default)
 
 
@@ -368,7 +379,10 @@ class Record:
         out = {}
         for key, declared in self.fields.items():
             if key in value:
-                out[key] = declared.spec.check(value[key], (where, key))
+                if value[key] is None and declared.stands_in:
+                    out[key] = declared.missing()
+                else:
+                    out[key] = declared.spec.check(value[key], (where, key))
             elif declared.required:
                 raise Refusal((where, key), f"{declared.spec.expected}; the field is missing", show_found=False)
             elif declared.default is not _ABSENT:
@@ -406,11 +420,10 @@ class FileFormat:
         if found != self.name:
             hint = self.hints.get(found, "") if isinstance(found, str) else ""
             raise self.error(f'{source} is not a {self.kind}: expected "format": "{self.name}" at the top level{hint}')
-        if data.get("version") != self.version:
-            raise self.error(
-                f"{source} is a {self.kind} of version {describe(data.get('version'))}; "
-                f"this kvviz reads version {self.version}"
-            )
+        version = data.get("version")
+        if version != self.version or type(version) is not int:
+            shown = _short(version) if isinstance(version, str) else describe(version)
+            raise self.error(f"{source} is a {self.kind} of version {shown}; this kvviz reads version {self.version}")
         try:
             checked = self.schema.check(data, None)
         except Refusal as refusal:
