@@ -216,10 +216,13 @@ def from_dict(data: Any, source: str = "trace") -> Trace:
 MAX_POSITIONS = 2**22
 MAX_MS = 86_400_000.0  # one day: no single step or layer takes longer
 
-_BYTES = Int(0, MAX_BYTES)
-_BYTES_OR_UNKNOWN = Int(0, MAX_BYTES, null=True)
-_POSITIONS = Int(0, MAX_POSITIONS)
+_BYTES = Int(0, MAX_BYTES, what="a byte count")
+_BYTES_OR_UNKNOWN = Int(0, MAX_BYTES, null=True, what="a byte count")
+_POSITIONS = Int(0, MAX_POSITIONS, what="a number of positions")
+_MS = Number(0, MAX_MS, what="a time in ms")
+_MS_OR_UNKNOWN = Number(0, MAX_MS, null=True, what="a time in ms")
 _OPTIONS = MapOf(Json(depth=1))
+_SPAN = Pair(Int(0, max(SlotState)), _POSITIONS, what="span [slot state 0-6, count >= 0]")
 
 _LAYER = Record(
     {
@@ -227,9 +230,9 @@ _LAYER = Record(
         "values_bytes": _BYTES,
         "seq_len": _POSITIONS,
         "capacity": _POSITIONS,
-        "layer_ms": optional(Number(0, MAX_MS, null=True)),
+        "layer_ms": optional(_MS_OR_UNKNOWN),
         "storage": optional(MapOf(_BYTES, keys=STORAGE_KINDS), {}),
-        "spans": optional(ListOf(Pair(Int(0, max(SlotState)), _POSITIONS, what="span [slot state 0-6, count]")), []),
+        "spans": optional(ListOf(_SPAN), []),
     },
     what="a layer record (an object)",
 )
@@ -293,9 +296,9 @@ _STEP = Record(
     {
         "index": Int(0),
         "phase": Text(("prefill", "decode")),
-        "token_id": Int(-1, null=True),  # -1: what kvviz wrote for "unknown" before null
+        "token_id": Int(-1, null=True, what="a token id (-1 or null: unknown)"),  # -1: what older kvviz wrote
         "token": Text(),
-        "wall_ms": Number(0, MAX_MS),
+        "wall_ms": _MS,
         "cache_bytes": _BYTES_OR_UNKNOWN,
         "predicted_cache_bytes": _BYTES_OR_UNKNOWN,
         "rss_bytes": _BYTES_OR_UNKNOWN,
@@ -303,10 +306,10 @@ _STEP = Record(
         "layers": ListOf(_LAYER),
         "cuda_bytes": optional(_BYTES_OR_UNKNOWN),
         "position": optional(Int(0), 0),
-        "kl": optional(Number(0, null=True)),
+        "kl": optional(Number(0, null=True, what="a KL divergence in nats")),
         "top1_agree": optional(Flag(null=True)),
-        "ref_logprob": optional(Number(max=0, null=True)),
-        "reference_ms": optional(Number(0, MAX_MS, null=True)),
+        "ref_logprob": optional(Number(max=0, null=True, what="a log-probability")),
+        "reference_ms": optional(_MS_OR_UNKNOWN),
     },
     rules=(_step_adds_up,),
     what="a step record (an object)",
@@ -376,16 +379,16 @@ _TRACE = Record(
     {
         "model": _CARD,
         "strategy": Record(
-            {"name": Text(nonempty=True), "options": optional(MapOf(Json(depth=1), null=True), {})},
+            {"name": Text(nonempty=True), "options": optional(_OPTIONS, {})},
             what="an object with the strategy's name and options",
         ),
-        "prompt": optional(Text(null=True), ""),
+        "prompt": optional(Text(), ""),
         "prompt_tokens": _POSITIONS,
-        "settings": optional(MapOf(Json(depth=1), null=True), {}),
-        "cancelled": optional(Flag(null=True), False),
-        "compile_ms": optional(Number(0, MAX_MS, null=True)),
+        "settings": optional(MapOf(Json(depth=1)), {}),
+        "cancelled": optional(Flag(), False),
+        "compile_ms": optional(_MS_OR_UNKNOWN),
         "error": optional(Text(null=True)),
-        "switches": optional(ListOf(_SWITCH, null=True), []),
+        "switches": optional(ListOf(_SWITCH), []),
         "steps": ListOf(_STEP),
         "summary": optional(Json(depth=3)),  # derived again from the steps on load
     },
@@ -404,13 +407,13 @@ def _build(data: dict) -> Trace:
         steps.append(StepRecord(**step))
     return Trace(
         model=data["model"],
-        strategy={"name": name, "options": data["strategy"]["options"] or {}},
-        prompt=data["prompt"] or "",
+        strategy={"name": name, "options": data["strategy"]["options"]},
+        prompt=data["prompt"],
         prompt_tokens=data["prompt_tokens"],
-        settings=data["settings"] or {},
+        settings=data["settings"],
         steps=steps,
-        switches=[Switch(**s) for s in data["switches"] or []],
-        cancelled=bool(data["cancelled"]),
+        switches=[Switch(**s) for s in data["switches"]],
+        cancelled=data["cancelled"],
         compile_ms=data["compile_ms"],
         error=data["error"],
     )

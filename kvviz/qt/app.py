@@ -88,14 +88,14 @@ def main(argv: list[str] | None = None) -> int:
         if not window._closing:  # the loop ended some other way (an exception): still stop the worker
             window.save_settings()
             window.shutdown()
-    if args.smoke_test:
+    if args.smoke_test or problems:  # an --open file that could not be read: status 1, as the message said
         status = outcome["status"]
     if window.thread_stuck:
         # A model load that cannot be interrupted (e.g. inside from_pretrained) is still running;
         # the settings are saved, so leave now rather than hang or abort in the thread's destructor.
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(0)
+        os._exit(int(status))
     return int(status)
 
 
@@ -110,6 +110,7 @@ def _open_traces(window, paths: list[str]) -> list[str]:
         except KeptFileError as exc:
             problems.append(str(exc))
             window.show_error(str(exc))
+            print(f"kvviz: error: {exc}", file=sys.stderr)
     return problems
 
 

@@ -88,9 +88,9 @@ class RunSeries:
             x = base + step.index
             row[X] = x
             row[WALL_MS] = step.wall_ms
-            row[CACHE_MIB] = step.cache_bytes / MIB
-            row[PREDICTED_MIB] = step.predicted_cache_bytes / MIB
-            row[RSS_MIB] = step.rss_bytes / MIB
+            row[CACHE_MIB] = _mib_or_nan(step.cache_bytes)
+            row[PREDICTED_MIB] = _mib_or_nan(step.predicted_cache_bytes)
+            row[RSS_MIB] = _mib_or_nan(step.rss_bytes)
             row[KL] = np.nan if step.kl is None else step.kl
             self.has_reference = self.has_reference or step.kl is not None
             previous = self.latest.strategy if self.latest is not None else None
@@ -197,3 +197,8 @@ class RunSeries:
         if options:
             text += " (" + ", ".join(f"{k}={v}" for k, v in options.items()) + ")"
         return f"#{self.run_id} {text}"
+
+
+def _mib_or_nan(n: int | None) -> float:
+    """Bytes in MiB; an unknown value (a served request's) stays unknown: NaN, which plots leave out."""
+    return np.nan if n is None else n / MIB

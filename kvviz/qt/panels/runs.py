@@ -48,8 +48,8 @@ def row_values(series: RunSeries, status: str) -> list[str]:
         _number(summary["decode_ms_mean"], 2),
         _number(summary["decode_ms_p95"], 2),
         _number(summary["decode_tokens_per_s"]),
-        "–" if served else _number(summary["peak_cache_bytes"] / MIB, 3),
-        "–" if served else _number(summary["peak_rss_bytes"] / MIB, 0),
+        "–" if served or summary["peak_cache_bytes"] is None else _number(summary["peak_cache_bytes"] / MIB, 3),
+        "–" if served or summary["peak_rss_bytes"] is None else _number(summary["peak_rss_bytes"] / MIB, 0),
         # fidelity against the lockstep reference, when the run had one
         _number(summary.get("top1_agreement"), 3),
         _number(summary.get("mean_kl"), 4),
