@@ -198,7 +198,15 @@ def from_dict(data: Any, source: str = "session") -> Session:
 
 # -- the file's schema ----------------------------------------------------------------------------------
 
-_LABELS = MapOf(Json(depth=0))  # vllm:cache_config_info labels: text, numbers, true/false
+# vllm:cache_config_info labels: text, numbers, true/false; the two kvviz computes with are numbers
+_LABELS = Record(
+    {
+        "kv_cache_size_tokens": maybe(Number(0, null=True, what="a number of tokens")),
+        "kv_cache_memory_bytes": maybe(Number(0, null=True, what="a byte count")),
+    },
+    extra=Json(depth=0),
+    what="an object of the server's cache labels",
+)
 
 
 def _in_order(items: str, key: str, strict: bool = False):
