@@ -75,6 +75,8 @@ def _read_bytes(path: Path, error: type[KeptFileError]) -> bytes:
         fd = os.open(path, flags)
     except OSError as exc:
         raise error(_cannot_open(path, exc)) from None
+    except ValueError:  # a NUL character in the name
+        raise error(f"cannot read {str(path)!r}: that is not a possible file name") from None
     try:
         info = os.fstat(fd)
         if stat.S_ISDIR(info.st_mode):
