@@ -168,19 +168,6 @@ def write_json(path: str | os.PathLike, data: Any | Callable[[], Any]) -> Path:
     return path
 
 
-def check_writable(path: str | os.PathLike) -> None:
-    """Raise OSError (naming the path and why) unless `write_json(path, ...)` can work: checked before
-    a long run, so that its result is not lost at the end."""
-    path = Path(path)
-    if path.is_dir():
-        raise IsADirectoryError(errno.EISDIR, "it is a folder", str(path))
-    if not path.parent.is_dir():
-        raise FileNotFoundError(errno.ENOENT, "the folder does not exist", str(path.parent))
-    tmp, fd = _create_part(path)
-    os.close(fd)
-    os.unlink(tmp)
-
-
 def part_name(path: Path, pid: int, tag: str) -> Path:
     """The temporary file of a save to `path` by process `pid`: hidden, beside it, unique."""
     return path.with_name(f".{path.name}.{pid}-{tag}.part")

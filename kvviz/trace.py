@@ -82,10 +82,10 @@ class LayerRecord:
 class StepRecord:
     index: int
     phase: str  # "prefill" or "decode"
-    token_id: int | None  # None: unknown (a server's stream carries text, not ids)
+    token_id: int | None  # None: unknown (a served request's step, see kvviz.attach.request_trace)
     token: str
     wall_ms: float
-    cache_bytes: int | None  # None: unknown (a served request's cache is the server's)
+    cache_bytes: int | None  # None: unknown, as are the two below
     predicted_cache_bytes: int | None
     rss_bytes: int | None
     strategy: str
@@ -161,11 +161,7 @@ def _step_dict(step: StepRecord) -> dict[str, Any]:
 
 
 def summarize(steps: list[StepRecord]) -> dict[str, Any]:
-    """Numbers a user compares runs by. Decode statistics exclude the prefill step.
-
-    Byte figures are None where steps exist but none measured them (a served request); a run with
-    no steps holds nothing (0).
-    """
+    """Numbers a user compares runs by. Decode statistics exclude the prefill step."""
     decode_ms = np.array([s.wall_ms for s in steps if s.phase == "decode"], dtype=float)
     prefill = [s.wall_ms for s in steps if s.phase == "prefill"]
     mean = float(decode_ms.mean()) if decode_ms.size else None
@@ -175,9 +171,10 @@ def summarize(steps: list[StepRecord]) -> dict[str, Any]:
         "decode_ms_mean": mean,
         "decode_ms_p95": float(np.percentile(decode_ms, 95)) if decode_ms.size else None,
         "decode_tokens_per_s": 1000.0 / mean if mean else None,
-        "peak_cache_bytes": _peak([s.cache_bytes for s in steps]),
-        "final_cache_bytes": steps[-1].cache_bytes if steps else 0,
-        "peak_rss_bytes": _peak([s.rss_bytes for s in steps]),
+        # None where no step measured it (a served request's steps carry no cache or RSS bytes)
+        "peak_cache_bytes": max((s.cache_bytes for s in steps if s.cache_bytes is not None), default=None),
+        "final_cache_bytes": steps[-1].cache_bytes if steps else None,
+        "peak_rss_bytes": max((s.rss_bytes for s in steps if s.rss_bytes is not None), default=None),
     }
     compared = [s for s in steps if s.kl is not None]
     if compared:
@@ -190,11 +187,6 @@ def summarize(steps: list[StepRecord]) -> dict[str, Any]:
             reference_ms_mean=_mean_of_known([s.reference_ms for s in compared]),
         )
     return summary
-
-
-def _peak(values: list[int | None]) -> int | None:
-    known = [v for v in values if v is not None]
-    return max(known) if known else (None if values else 0)
 
 
 def _mean_of_known(values: list[float | None], then=float) -> float | None:

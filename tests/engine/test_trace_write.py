@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -15,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kvviz import jsonfile, trace
-from kvviz.jsonfile import check_writable, part_name, write_json
+from kvviz.jsonfile import part_name, write_json
 
 # A child that builds a big trace (3,000 steps x 30 layers, about 15 MB of JSON) and saves it. The save
 # announces itself from inside (where signals wait) and pauses, so the parent's signal lands mid-save.
@@ -116,17 +115,3 @@ def test_parts_a_killed_save_left_are_removed_by_the_next_save(tmp_path):
     trace.Trace(model={}, strategy={"name": "dynamic", "options": {}}).save(path)
     assert _parts(tmp_path) == sorted([running.name, other.name])
     assert trace.load(path).steps == []
-
-
-def test_check_writable_before_a_long_run(tmp_path):
-    check_writable(tmp_path / "fine.json")
-    assert list(tmp_path.iterdir()) == []
-    with pytest.raises(FileNotFoundError, match="the folder does not exist"):
-        check_writable(tmp_path / "no" / "x.json")
-    with pytest.raises(IsADirectoryError, match="it is a folder"):
-        check_writable(tmp_path)
-    if os.geteuid() != 0:  # root writes anywhere
-        locked = tmp_path / "locked"
-        locked.mkdir(mode=0o500)
-        with pytest.raises(PermissionError):
-            check_writable(locked / "x.json")
