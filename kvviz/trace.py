@@ -389,6 +389,9 @@ _TRACE = Record(
         "cancelled": optional(Flag(), False),
         "compile_ms": optional(_MS_OR_UNKNOWN),
         "error": optional(Text(null=True)),
+        # the memory-bound floor's inputs (main's Trace.weight_bytes and bandwidth_bytes_per_s)
+        "weight_bytes": optional(_BYTES_OR_UNKNOWN),
+        "bandwidth_bytes_per_s": optional(Number(0, null=True, what="bytes per second")),
         "switches": optional(ListOf(_SWITCH), []),
         "steps": ListOf(_STEP),
         "summary": optional(Json(depth=3)),  # derived again from the steps on load
