@@ -6,13 +6,13 @@ a huge file, another encoding, invalid UTF-8, a file cut short, nesting deeper t
 parse. Every refusal is a `KeptFileError` (or the subclass the caller names) with a message of
 kvviz's own; what the JSON means is checked afterwards by the format's schema (`kvviz.schema`).
 
-`write_json(path, data)` is the one way kvviz saves a file: serialised first (non-finite numbers
-become null, so the file is always valid JSON), written to a unique temporary file in the same
-folder, flushed to disk and renamed over `path`, so that a reader or a crash never sees half a
-file. The temporary file is removed on any failure, and ones a killed kvviz left behind are removed
-on the next save to the same path. On the main thread SIGINT and SIGTERM are held back until the
-save is complete, then take effect: Ctrl-C during the final save of a run still leaves the whole
-trace.
+`write_atomic(path, bytes)` is the one way kvviz saves a file (`write_json` for JSON, where
+non-finite numbers become null so that the file is always valid JSON): written to a unique
+temporary file in the same folder, flushed to disk and renamed over `path`, so that a reader or a
+crash never sees half a file. The temporary file is removed on any failure, and ones a killed kvviz
+left behind are removed on the next save to the same path. On the main thread SIGINT and SIGTERM
+are held back until the save is complete, then take effect: Ctrl-C during the final save of a run
+still leaves the whole trace.
 """
 
 from __future__ import annotations
@@ -138,25 +138,35 @@ def _mib(n: int) -> str:
 
 
 def write_json(path: str | os.PathLike, data: Any | Callable[[], Any]) -> Path:
-    """Save `data` (or what the callable `data` returns, built while signals wait) as JSON at `path`.
+    """Save `data` (or what the callable `data` returns, built while signals wait) as JSON at `path`:
+    `write_atomic`, with NaN and infinities written as null."""
 
-    Raises OSError (with the path) if the folder is missing or not writable or the disk is full;
-    `path` is then unchanged and no temporary file is left.
+    def encoded() -> bytes:
+        content = data() if callable(data) else data
+        try:
+            return _dumps(content)
+        except (ValueError, UnicodeEncodeError):  # a NaN or a lone surrogate somewhere: walk and mend, then dump
+            return _dumps(_finite(content))
+
+    return write_atomic(path, encoded)
+
+
+def write_atomic(path: str | os.PathLike, data: bytes | Callable[[], bytes]) -> Path:
+    """The one way kvviz saves a file (a trace, a session, a CSV): whole or not at all, never a `.part` left.
+
+    `data` may be a callable, run while SIGINT and SIGTERM wait. Raises OSError (naming the path or
+    its folder) if the folder is missing or not writable or the disk is full; `path` is then unchanged.
     """
     path = Path(path)
     with deferred_signals():
         content = data() if callable(data) else data
-        try:
-            encoded = _dumps(content)
-        except (ValueError, UnicodeEncodeError):  # a NaN or a lone surrogate somewhere: walk and mend, then dump
-            encoded = _dumps(_finite(content))
         if path.is_dir():
             raise IsADirectoryError(errno.EISDIR, "it is a folder", str(path))
         remove_stale_parts(path)
         tmp, fd = _create_part(path)
         try:
             with os.fdopen(fd, "wb") as out:
-                out.write(encoded)
+                out.write(content)
                 out.flush()
                 os.fsync(out.fileno())
             os.replace(tmp, path)

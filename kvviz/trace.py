@@ -238,7 +238,7 @@ _LAYER = Record(
     what="a layer record (an object)",
 )
 
-_CARD = Record(
+MODEL_CARD = Record(  # also the card of other formats' files (kvviz-eval)
     {
         "name": optional(Text(), ""),
         "architecture": maybe(Text(null=True)),
@@ -257,6 +257,11 @@ _CARD = Record(
     },
     extra=Json(depth=2),
     what="a model card (an object)",
+)
+
+STRATEGY = Record(
+    {"name": Text(nonempty=True), "options": optional(_OPTIONS, {})},
+    what="an object with the strategy's name and options",
 )
 
 _SWITCH = Record(
@@ -378,11 +383,8 @@ def _switches_in_order(trace: dict, where) -> None:
 
 _TRACE = Record(
     {
-        "model": _CARD,
-        "strategy": Record(
-            {"name": Text(nonempty=True), "options": optional(_OPTIONS, {})},
-            what="an object with the strategy's name and options",
-        ),
+        "model": MODEL_CARD,
+        "strategy": STRATEGY,
         "prompt": optional(Text(), ""),
         "prompt_tokens": _POSITIONS,
         "settings": optional(MapOf(Json(depth=1)), {}),
