@@ -11,8 +11,6 @@ A trace file is JSON:
 
 from __future__ import annotations
 
-import json
-import math
 import os
 from dataclasses import asdict, dataclass, field
 from enum import IntEnum
@@ -20,6 +18,25 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from kvviz.jsonfile import KeptFileError, write_json
+from kvviz.schema import (
+    MAX_BYTES,
+    FileFormat,
+    Flag,
+    Int,
+    Json,
+    ListOf,
+    MapOf,
+    Number,
+    Pair,
+    Record,
+    Refusal,
+    Text,
+    at,
+    maybe,
+    optional,
+)
 
 FORMAT = "kvviz-trace"
 VERSION = 1
@@ -146,17 +163,22 @@ class Trace:
             "weight_bytes": self.weight_bytes,
             "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
             "switches": [asdict(s) for s in self.switches],
-            "steps": [asdict(s) for s in self.steps],
+            "steps": [_step_dict(s) for s in self.steps],
             "summary": self.summary(),
         }
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write atomically, so that an interrupted save never leaves half a file."""
-        path = Path(path)
-        tmp = path.with_name(path.name + ".part")
-        tmp.write_text(json.dumps(self.to_dict(), indent=None, separators=(",", ":")), encoding="utf-8")
-        os.replace(tmp, path)
-        return path
+        """Write atomically and completely, even when Ctrl-C comes during the save (`kvviz.jsonfile`)."""
+        return write_json(path, self.to_dict)
+
+
+def _step_dict(step: StepRecord) -> dict[str, Any]:
+    """`asdict(step)` without its deep copies (about 2.5x faster): a save holds Ctrl-C back while it runs."""
+    layers = [
+        dict(vars(layer), storage=dict(layer.storage), spans=[list(span) for span in layer.spans])
+        for layer in step.layers
+    ]
+    return dict(vars(step), layers=layers)
 
 
 def summarize(steps: list[StepRecord]) -> dict[str, Any]:
@@ -180,126 +202,260 @@ def summarize(steps: list[StepRecord]) -> dict[str, Any]:
         disagree = [s.index for s in compared if not s.top1_agree]
         summary.update(
             mean_kl=float(np.mean([s.kl for s in compared])),
-            top1_agreement=float(np.mean([s.top1_agree for s in compared])),
+            top1_agreement=float(np.mean([bool(s.top1_agree) for s in compared])),
             first_divergence=disagree[0] if disagree else None,
-            reference_perplexity=float(np.exp(-np.mean([s.ref_logprob for s in compared]))),
-            reference_ms_mean=float(np.mean([s.reference_ms for s in compared])),
+            reference_perplexity=_mean_of_known([s.ref_logprob for s in compared], lambda m: float(np.exp(-m))),
+            reference_ms_mean=_mean_of_known([s.reference_ms for s in compared]),
         )
     return summary
 
 
-class TraceError(ValueError):
-    """A file is not a readable kvviz trace; the message says what is wrong."""
+def _mean_of_known(values: list[float | None], then=float) -> float | None:
+    known = [v for v in values if v is not None]
+    return then(float(np.mean(known))) if known else None
 
 
-_STEP_KEYS = {
-    "index": int,
-    "phase": str,
-    "token_id": int,
-    "token": str,
-    "wall_ms": (int, float),
-    "cache_bytes": int,
-    "predicted_cache_bytes": int,
-    "rss_bytes": int,
-    "layers": list,
-}
-_LAYER_KEYS = {"keys_bytes": int, "values_bytes": int, "seq_len": int, "capacity": int}
-
-
-def read_json(path: str | os.PathLike, kind: str = "kvviz trace", error: type[ValueError] = TraceError) -> Any:
-    """A kept file's JSON; `error` names what is wrong (unreadable, not UTF-8 JSON text)."""
-    path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise error(f"cannot read {path}: {exc.strerror or exc}") from None
-    try:
-        return json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise error(f"{path} is not a {kind}: it is not JSON text ({exc})") from None
+class TraceError(KeptFileError):
+    """A file is not a readable kvviz trace; the message says what is wrong and where."""
 
 
 def load(path: str | os.PathLike) -> Trace:
-    """Read and validate a trace file. Raises TraceError naming the first problem found."""
-    return from_dict(read_json(path), source=str(path))
+    """Read and check a trace file. Raises TraceError naming the file, the field and what was expected."""
+    return FILE_FORMAT.read(path)
 
 
 def from_dict(data: Any, source: str = "trace") -> Trace:
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise TraceError(f'{source} is not a kvviz trace: expected "format": "{FORMAT}" at the top level')
-    if data.get("version") != VERSION:
-        raise TraceError(
-            f"{source} is a kvviz trace of version {data.get('version')!r}; this kvviz reads version {VERSION}"
+    """A trace from its parsed JSON, checked like a file (`source` names it in messages)."""
+    return FILE_FORMAT.parse(data, source)
+
+
+# -- the file's schema ----------------------------------------------------------------------------------
+
+# The most positions (prompt tokens, cache slots) a trace may claim. 2**22 = 4,194,304 is four times the
+# longest context of the open models kvviz runs; the cache map of a run that long already takes
+# 4 MiB per layer to draw, and a damaged file that claims 10**9 positions is refused here, before
+# any array is sized by it.
+MAX_POSITIONS = 2**22
+MAX_MS = 86_400_000.0  # one day: no single step or layer takes longer
+
+_BYTES = Int(0, MAX_BYTES, what="a byte count")
+_BYTES_OR_UNKNOWN = Int(0, MAX_BYTES, null=True, what="a byte count")
+_POSITIONS = Int(0, MAX_POSITIONS, what="a number of positions")
+_MS = Number(0, MAX_MS, what="a time in ms")
+_MS_OR_UNKNOWN = Number(0, MAX_MS, null=True, what="a time in ms")
+_OPTIONS = MapOf(Json(depth=1))
+_SPAN = Pair(Int(0, max(SlotState)), _POSITIONS, what="span [slot state 0-6, count >= 0]")
+
+_LAYER = Record(
+    {
+        "keys_bytes": _BYTES,
+        "values_bytes": _BYTES,
+        "seq_len": _POSITIONS,
+        "capacity": _POSITIONS,
+        "layer_ms": optional(_MS_OR_UNKNOWN),
+        "storage": optional(MapOf(_BYTES, keys=STORAGE_KINDS), {}),
+        "spans": optional(ListOf(_SPAN), []),
+    },
+    what="a layer record (an object)",
+)
+
+MODEL_CARD = Record(  # also the card of other formats' files (kvviz-eval)
+    {
+        "name": optional(Text(), ""),
+        "architecture": maybe(Text(null=True)),
+        "model_type": maybe(Text(null=True)),
+        "parameters": maybe(Int(0, null=True)),
+        "num_layers": maybe(Int(0, null=True)),
+        "num_attention_heads": maybe(Int(0, null=True)),
+        "num_kv_heads": maybe(Int(0, null=True)),
+        "head_dim": maybe(Int(0, null=True)),
+        "layer_types": maybe(ListOf(Text(), null=True)),
+        "sliding_window": maybe(Int(0, null=True)),
+        "dtype": maybe(Text(null=True)),
+        "device": maybe(Text(null=True)),
+        "kv_bytes_per_token": maybe(Int(0, MAX_BYTES, null=True)),
+        "max_position_embeddings": maybe(Int(0, null=True)),
+    },
+    extra=Json(depth=2),
+    what="a model card (an object)",
+)
+
+STRATEGY = Record(
+    {"name": Text(nonempty=True), "options": optional(_OPTIONS, {})},
+    what="an object with the strategy's name and options",
+)
+
+_SWITCH = Record(
+    {"step": Int(0), "from_strategy": Text(), "to_strategy": Text(), "options": optional(_OPTIONS, {})},
+    what="a switch record (an object with step, from_strategy, to_strategy, options)",
+)
+
+
+def _step_adds_up(step: dict, where) -> None:
+    layers = step["layers"]
+    for j, layer in enumerate(layers):
+        total = layer["keys_bytes"] + layer["values_bytes"]
+        if layer["storage"] and sum(layer["storage"].values()) != total:
+            raise Refusal(
+                at(where, "layers", j, "storage"),
+                f"byte counts by kind that add up to keys_bytes + values_bytes ({total:,})",
+                sum(layer["storage"].values()),
+            )
+        if layer["seq_len"] > layer["capacity"]:
+            raise Refusal(
+                at(where, "layers", j, "seq_len"),
+                f"at most the layer's capacity ({layer['capacity']:,} slots)",
+                layer["seq_len"],
+            )
+    if step["cache_bytes"] is not None:
+        total = sum(layer["keys_bytes"] + layer["values_bytes"] for layer in layers)
+        if step["cache_bytes"] != total:
+            raise Refusal(
+                at(where, "cache_bytes"),
+                f"the sum of the layers' keys_bytes + values_bytes ({total:,})",
+                step["cache_bytes"],
+            )
+    if step["kl"] is not None and step["top1_agree"] is None:
+        raise Refusal(at(where, "top1_agree"), "true or false (the step has a reference KL)", None)
+
+
+_STEP = Record(
+    {
+        "index": Int(0),
+        "phase": Text(("prefill", "decode")),
+        "token_id": Int(-1, null=True, what="a token id (-1 or null: unknown)"),  # -1: what older kvviz wrote
+        "token": Text(),
+        "wall_ms": _MS,
+        "cache_bytes": _BYTES_OR_UNKNOWN,
+        "predicted_cache_bytes": _BYTES_OR_UNKNOWN,
+        "rss_bytes": _BYTES_OR_UNKNOWN,
+        "strategy": optional(Text(nonempty=True, null=True)),  # absent: the trace's strategy
+        "layers": ListOf(_LAYER),
+        "cuda_bytes": optional(_BYTES_OR_UNKNOWN),
+        "position": optional(Int(0), 0),
+        "kl": optional(Number(0, null=True, what="a KL divergence in nats")),
+        "top1_agree": optional(Flag(null=True)),
+        "ref_logprob": optional(Number(max=0, null=True, what="a log-probability")),
+        "reference_ms": optional(_MS_OR_UNKNOWN),
+    },
+    rules=(_step_adds_up,),
+    what="a step record (an object)",
+)
+
+
+def _steps_in_order(trace: dict, where) -> None:
+    """Steps numbered 0, 1, ... with positions that only grow, each layer's positions within the run's."""
+    prompt = trace["prompt_tokens"]
+    width = None
+    previous = 0
+    for i, step in enumerate(trace["steps"]):
+        here = at(where, "steps", i)
+        if step["index"] != i:
+            raise Refusal(at(here, "index"), f"{i} (steps are numbered 0, 1, 2, ... in order)", step["index"])
+        seen = prompt + i  # tokens the model had been fed when this step was measured
+        if step["position"] > seen or step["position"] < previous:
+            raise Refusal(
+                at(here, "position"),
+                f"a position from {previous:,} to prompt_tokens + index ({seen:,})",
+                step["position"],
+            )
+        previous = step["position"]
+        if width is not None and len(step["layers"]) != width:
+            raise Refusal(at(here, "layers"), f"{width} layer records, as in the steps before", step["layers"])
+        width = len(step["layers"])
+        for j, layer in enumerate(step["layers"]):
+            _layer_within(layer, seen, at(here, "layers", j))
+
+
+def _layer_within(layer: dict, seen: int, where) -> None:
+    if layer["seq_len"] > seen:
+        raise Refusal(at(where, "seq_len"), f"at most the {seen:,} tokens fed so far", layer["seq_len"])
+    held = preallocated = 0
+    for state, count in layer["spans"]:
+        if state == SlotState.PREALLOCATED:
+            preallocated += count
+        else:
+            held += count
+    if held > seen:
+        raise Refusal(
+            at(where, "spans"),
+            f"spans covering at most the {seen:,} positions fed so far (they cover {held:,})",
+            show_found=False,
         )
-    for key, kind in (("model", dict), ("strategy", dict), ("steps", list), ("prompt_tokens", int)):
-        if not isinstance(data.get(key), kind):
-            raise TraceError(f"{source}: field {key!r} is missing or not a {kind.__name__}")
+    if preallocated > layer["capacity"]:
+        raise Refusal(
+            at(where, "spans"),
+            f"at most capacity ({layer['capacity']:,}) preallocated slots (there are {preallocated:,})",
+            show_found=False,
+        )
+
+
+def _switches_in_order(trace: dict, where) -> None:
+    last = 0
+    for i, switch in enumerate(trace["switches"]):
+        if not last <= switch["step"] <= len(trace["steps"]):
+            raise Refusal(
+                at(where, "switches", i, "step"),
+                f"a step from {last} to the number of steps ({len(trace['steps'])}), in order",
+                switch["step"],
+            )
+        last = switch["step"]
+
+
+_TRACE = Record(
+    {
+        "model": MODEL_CARD,
+        "strategy": STRATEGY,
+        "prompt": optional(Text(), ""),
+        "prompt_tokens": _POSITIONS,
+        "settings": optional(MapOf(Json(depth=1)), {}),
+        "cancelled": optional(Flag(), False),
+        "compile_ms": optional(_MS_OR_UNKNOWN),
+        "warm_up_ms": optional(_MS_OR_UNKNOWN),
+        "error": optional(Text(null=True)),
+        # the memory-bound floor's inputs
+        "weight_bytes": optional(_BYTES_OR_UNKNOWN),
+        "bandwidth_bytes_per_s": optional(Number(0, null=True, what="bytes per second")),
+        "switches": optional(ListOf(_SWITCH), []),
+        "steps": ListOf(_STEP),
+        "summary": optional(Json(depth=3)),  # derived again from the steps on load
+    },
+    rules=(_steps_in_order, _switches_in_order),
+)
+
+
+def _build(data: dict) -> Trace:
+    name = data["strategy"]["name"]
     steps = []
-    for i, raw_step in enumerate(data["steps"]):
-        _check_fields(raw_step, _STEP_KEYS, f"{source}: steps[{i}]")
-        layers = []
-        for j, raw_layer in enumerate(raw_step["layers"]):
-            _check_fields(raw_layer, _LAYER_KEYS, f"{source}: steps[{i}].layers[{j}]")
-            layers.append(
-                LayerRecord(
-                    keys_bytes=raw_layer["keys_bytes"],
-                    values_bytes=raw_layer["values_bytes"],
-                    seq_len=raw_layer["seq_len"],
-                    capacity=raw_layer["capacity"],
-                    layer_ms=raw_layer.get("layer_ms"),
-                    storage=dict(raw_layer.get("storage") or {}),
-                    spans=[list(s) for s in raw_layer.get("spans") or []],
-                )
-            )
-        steps.append(
-            StepRecord(
-                index=raw_step["index"],
-                phase=raw_step["phase"],
-                token_id=raw_step["token_id"],
-                token=raw_step["token"],
-                wall_ms=float(raw_step["wall_ms"]),
-                cache_bytes=raw_step["cache_bytes"],
-                predicted_cache_bytes=raw_step["predicted_cache_bytes"],
-                rss_bytes=raw_step["rss_bytes"],
-                strategy=raw_step.get("strategy", data["strategy"].get("name", "")),
-                layers=layers,
-                cuda_bytes=raw_step.get("cuda_bytes"),
-                position=raw_step.get("position", 0),
-                kl=raw_step.get("kl"),
-                top1_agree=raw_step.get("top1_agree"),
-                ref_logprob=raw_step.get("ref_logprob"),
-                reference_ms=raw_step.get("reference_ms"),
-            )
-        )
-    switches = []
-    for i, raw_switch in enumerate(data.get("switches") or []):
-        try:
-            switches.append(Switch(**raw_switch))
-        except TypeError:
-            raise TraceError(f"{source}: switches[{i}] is not a switch record") from None
+    for raw in data["steps"]:
+        step = dict(raw, layers=[LayerRecord(**layer) for layer in raw["layers"]])
+        step["strategy"] = step["strategy"] or name
+        if step["token_id"] == -1:
+            step["token_id"] = None
+        steps.append(StepRecord(**step))
     return Trace(
         model=data["model"],
-        strategy=data["strategy"],
-        prompt=data.get("prompt", ""),
+        strategy={"name": name, "options": data["strategy"]["options"]},
+        prompt=data["prompt"],
         prompt_tokens=data["prompt_tokens"],
-        settings=data.get("settings") or {},
+        settings=data["settings"],
         steps=steps,
-        switches=switches,
-        cancelled=bool(data.get("cancelled", False)),
-        compile_ms=data.get("compile_ms"),
-        warm_up_ms=data.get("warm_up_ms"),
-        error=data.get("error"),
-        weight_bytes=data.get("weight_bytes"),
-        bandwidth_bytes_per_s=data.get("bandwidth_bytes_per_s"),
+        switches=[Switch(**s) for s in data["switches"]],
+        cancelled=data["cancelled"],
+        compile_ms=data["compile_ms"],
+        warm_up_ms=data["warm_up_ms"],
+        error=data["error"],
+        weight_bytes=data["weight_bytes"],
+        bandwidth_bytes_per_s=data["bandwidth_bytes_per_s"],
     )
 
 
-def _check_fields(obj: Any, fields: dict[str, Any], where: str) -> None:
-    if not isinstance(obj, dict):
-        raise TraceError(f"{where} is not an object")
-    for key, kind in fields.items():
-        value = obj.get(key)
-        if isinstance(value, bool) or not isinstance(value, kind):
-            raise TraceError(f"{where}: field {key!r} is missing or has the wrong type")
-        if isinstance(value, float) and not math.isfinite(value):
-            raise TraceError(f"{where}: field {key!r} is not a finite number")
+FILE_FORMAT = FileFormat(
+    name=FORMAT,
+    version=VERSION,
+    kind="kvviz trace",
+    schema=_TRACE,
+    build=_build,
+    error=TraceError,
+    hints={"kvviz-attach": " (it is a server session: open it in the window or with `kvviz attach FILE`)"},
+)

@@ -13,16 +13,33 @@ load, so the file keeps raw measurements only and a later kvviz can derive more 
 
 from __future__ import annotations
 
-import json
+import math
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvviz.attach.client import RequestRecord
-from kvviz.attach.metrics import Deriver, Point, Snapshot, allocated_bytes_per_token
-from kvviz.trace import read_json
+from kvviz.attach.client import RequestRecord, TokenTiming
+from kvviz.attach.metrics import Deriver, Histogram, Point, Snapshot, allocated_bytes_per_token
+from kvviz.jsonfile import KeptFileError, write_json
+from kvviz.schema import (
+    MAX_BYTES,
+    FileFormat,
+    Int,
+    Json,
+    ListOf,
+    MapOf,
+    Number,
+    Pair,
+    Record,
+    Refusal,
+    Text,
+    at,
+    maybe,
+    optional,
+)
+from kvviz.trace import MAX_POSITIONS
 
 FORMAT = "kvviz-attach"
 VERSION = 1
@@ -42,8 +59,8 @@ _DTYPES = {
 }
 
 
-class SessionError(ValueError):
-    """A file is not a readable kvviz attach session; the message says what is wrong."""
+class SessionError(KeptFileError):
+    """A file is not a readable kvviz attach session; the message says what is wrong and where."""
 
 
 def kv_dtype_name(cache_dtype: str | None, server_dtype: str | None, config_dtype: str | None) -> tuple[str, str]:
@@ -165,77 +182,202 @@ class Session:
         }
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write atomically, so that an interrupted save never leaves half a file."""
-        path = Path(path)
-        tmp = path.with_name(path.name + ".part")
-        tmp.write_text(json.dumps(self.to_dict(), separators=(",", ":")), encoding="utf-8")
-        os.replace(tmp, path)
-        return path
+        """Write atomically and completely, even when Ctrl-C comes during the save (`kvviz.jsonfile`).
+        A histogram's +Inf bucket bound is written as null (JSON has no infinity) and read back as +Inf."""
+        return write_json(path, self.to_dict)
 
 
 def load(path: str | os.PathLike) -> Session:
-    return from_dict(read_json(path, "kvviz attach session", SessionError), source=str(path))
-
-
-def _need(data: dict, key: str, kind, source: str, optional: bool = False):
-    value = data.get(key)
-    if value is None and optional:
-        return None
-    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
-        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise SessionError(f"{source}: field {key!r} is missing or not a {names}")
-    return value
+    """Read and check a session file. Raises SessionError naming the file, the field and what was expected."""
+    return FILE_FORMAT.read(path)
 
 
 def from_dict(data: Any, source: str = "session") -> Session:
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        hint = (
-            " (it is a local-run trace: open it with `kvviz trace`)"
-            if isinstance(data, dict) and data.get("format") == "kvviz-trace"
-            else ""
+    return FILE_FORMAT.parse(data, source)
+
+
+# -- the file's schema ----------------------------------------------------------------------------------
+
+# vllm:cache_config_info labels: text, numbers, true/false; the two kvviz computes with are numbers
+_LABELS = Record(
+    {
+        "kv_cache_size_tokens": maybe(Number(0, null=True, what="a number of tokens")),
+        "kv_cache_memory_bytes": maybe(Number(0, null=True, what="a byte count")),
+    },
+    extra=Json(depth=0),
+    what="an object of the server's cache labels",
+)
+
+
+def _in_order(items: str, key: str, strict: bool = False):
+    """A rule: the `key` of each item of the list `items` does not decrease (strictly grows)."""
+
+    def rule(record: dict, where) -> None:
+        values = [item[key] for item in record[items] if item[key] is not None]
+        for i, (a, b) in enumerate(zip(values, values[1:], strict=False)):
+            if b < a or (strict and b == a):
+                raise Refusal(at(where, items, i + 1, key), f"a value {'above' if strict else 'at least'} {a:g}", b)
+
+    return rule
+
+
+def _cumulative(histogram: dict, where) -> None:
+    buckets = histogram["buckets"]
+    for i, (bound, count) in enumerate(buckets):
+        if bound is None and i != len(buckets) - 1:
+            raise Refusal(at(where, "buckets", i, 0), "a finite bound (only the last bucket is +Inf)", None)
+        if i and (bound is not None and bound <= buckets[i - 1][0] or count < buckets[i - 1][1]):
+            raise Refusal(at(where, "buckets", i), "a bucket above the one before (cumulative counts)", [bound, count])
+
+
+_HISTOGRAM = Record(
+    {
+        # null: +Inf, the last bucket (JSON has no infinity); older files wrote the Infinity literal
+        "buckets": ListOf(Pair(Number(null=True, infinite=True), Number(0), what="bucket [upper bound, count]")),
+        "count": Number(0),
+        "sum": Number(),
+    },
+    rules=(_cumulative,),
+    what="a histogram (an object with buckets, count, sum)",
+)
+
+_SNAPSHOT = Record(
+    {
+        "t": Number(0),
+        "usage": optional(Number(0, 1, null=True)),
+        "usage_metric": optional(Text(null=True)),
+        "running": optional(Number(0, null=True)),
+        "waiting": optional(Number(0, null=True)),
+        "counters": optional(MapOf(Number(0)), {}),
+        "histograms": optional(MapOf(_HISTOGRAM), {}),
+        "cache": optional(_LABELS, {}),
+        "model": optional(Text(null=True)),
+        "process_start": optional(Number(null=True)),
+        "error": optional(Text(null=True)),
+    },
+    what="a scrape record (an object)",
+)
+
+_TOKEN = Record({"index": Int(0), "text": Text(), "t": Number(0)}, what="a token timing (an object)")
+
+
+def _tokens_numbered(record: dict, where) -> None:
+    for i, token in enumerate(record["tokens"]):
+        if token["index"] != i:
+            raise Refusal(
+                at(where, "tokens", i, "index"), f"{i} (tokens are numbered 0, 1, 2, ... in order)", token["index"]
+            )
+
+
+_REQUEST = Record(
+    {
+        "prompt": Text(),
+        "max_tokens": Int(0),
+        "started": Number(0),
+        "tokens": ListOf(_TOKEN),
+        "finish_reason": optional(Text(null=True)),
+        "prompt_tokens": optional(Int(0, MAX_POSITIONS, null=True)),
+        "completion_tokens": optional(Int(0, null=True)),
+        "total_s": optional(Number(0, null=True)),
+        "error": optional(Text(null=True)),
+        "tag": optional(Text(), "own"),
+    },
+    rules=(_tokens_numbered, _in_order("tokens", "t")),
+    what="a request record (an object)",
+)
+
+_PREDICTION = Record(
+    {
+        "model_dir": Text(),
+        "dtype": Text(),
+        "dtype_from": optional(Text(), ""),
+        "predicted_bytes_per_token": Int(0, MAX_BYTES),
+        "allocated_bytes_per_token": optional(Number(0, null=True)),
+        "ratio": optional(Number(0, null=True)),
+    },
+    null=True,
+    what="a prediction (an object) or null",
+)
+
+_LOAD = Record(
+    {
+        "requested": Int(0),
+        "completed": Int(0),
+        "failed": Int(0),
+        "not_started": Int(0),
+        "wall_s": Number(0),
+        "concurrency": maybe(Int(0)),
+        "sent": maybe(Int(0)),
+        "completion_tokens": maybe(Int(0)),
+        "ttft_median_s": maybe(Number(0, null=True)),
+        "errors": maybe(ListOf(Text())),
+    },
+    null=True,
+    extra=Json(depth=1),
+    what="a load summary (an object) or null",
+)
+
+_NOTES = ListOf(Pair(Number(), Text(), what="note [time, message]"))
+
+_SESSION = Record(
+    {
+        "url": Text(nonempty=True),
+        "model": optional(Text(null=True)),
+        "started": Number(0),
+        "finished": optional(Number(0, null=True)),
+        "interval": optional(Number(0, 3600, null=True)),
+        "cache": _LABELS,
+        "prediction": optional(_PREDICTION),
+        "snapshots": ListOf(_SNAPSHOT),
+        "requests": ListOf(_REQUEST),
+        "load": optional(_LOAD),
+        "errors": optional(_NOTES, []),
+        "events": optional(_NOTES, []),
+        "summary": optional(Json(depth=3)),  # derived again from the snapshots on load
+    },
+    rules=(_in_order("snapshots", "t"),),
+)
+
+
+def _snapshot(data: dict) -> Snapshot:
+    histograms = {
+        key: Histogram(
+            buckets=[(math.inf if bound is None else bound, count) for bound, count in h["buckets"]],
+            count=h["count"],
+            sum=h["sum"],
         )
-        raise SessionError(f'{source} is not a kvviz attach session: expected "format": "{FORMAT}"{hint}')
-    if data.get("version") != VERSION:
-        raise SessionError(
-            f"{source} is a kvviz attach session of version {data.get('version')!r}; this kvviz reads version {VERSION}"
-        )
-    _need(data, "url", str, source)
-    _need(data, "started", (int, float), source)
-    for key in ("snapshots", "requests"):
-        _need(data, key, list, source)
-    _need(data, "cache", dict, source)
-    snapshots = []
-    for i, raw in enumerate(data["snapshots"]):
-        where = f"{source}: snapshots[{i}]"
-        if not isinstance(raw, dict):
-            raise SessionError(f"{where} is not an object")
-        _need(raw, "t", (int, float), where)
-        try:
-            snapshots.append(Snapshot.from_dict(raw))
-        except (TypeError, KeyError, ValueError) as exc:
-            raise SessionError(f"{where} is malformed ({exc})") from None
-    requests = []
-    for i, raw in enumerate(data["requests"]):
-        where = f"{source}: requests[{i}]"
-        if not isinstance(raw, dict):
-            raise SessionError(f"{where} is not an object")
-        _need(raw, "prompt", str, where)
-        _need(raw, "tokens", list, where)
-        try:
-            requests.append(RequestRecord.from_dict(raw))
-        except (TypeError, KeyError, ValueError) as exc:
-            raise SessionError(f"{where} is malformed ({exc})") from None
+        for key, h in data["histograms"].items()
+    }
+    return Snapshot(**dict(data, histograms=histograms))
+
+
+def _request(data: dict) -> RequestRecord:
+    return RequestRecord(**dict(data, tokens=[TokenTiming(**t) for t in data["tokens"]]))
+
+
+def _build(data: dict) -> Session:
     return Session(
         url=data["url"],
-        model=data.get("model"),
-        started=float(data["started"]),
-        finished=data.get("finished"),
-        interval=float(data.get("interval") or 0.5),
+        model=data["model"],
+        started=data["started"],
+        finished=data["finished"],
+        interval=data["interval"] or 0.5,
         cache=data["cache"],
-        prediction=data.get("prediction"),
-        snapshots=snapshots,
-        requests=requests,
-        load=data.get("load"),
-        errors=[list(e) for e in data.get("errors") or []],
-        events=[list(e) for e in data.get("events") or []],
+        prediction=data["prediction"],
+        snapshots=[_snapshot(s) for s in data["snapshots"]],
+        requests=[_request(r) for r in data["requests"]],
+        load=data["load"],
+        errors=data["errors"],
+        events=data["events"],
     )
+
+
+FILE_FORMAT = FileFormat(
+    name=FORMAT,
+    version=VERSION,
+    kind="kvviz attach session",
+    schema=_SESSION,
+    build=_build,
+    error=SessionError,
+    hints={"kvviz-trace": " (it is a local-run trace: open it with `kvviz trace`)"},
+)

@@ -88,29 +88,29 @@ def main(argv: list[str] | None = None) -> int:
         if not window.closing:  # the loop ended some other way (an exception): still stop the worker
             window.save_settings()
             window.shutdown()
-    if args.smoke_test:
+    if args.smoke_test or problems:  # an --open file that could not be read: status 1, as the message said
         status = outcome["status"]
     if window.engine.stuck:
         # A model load that cannot be interrupted (e.g. inside from_pretrained) is still running;
         # the settings are saved, so leave now rather than hang or abort in the thread's destructor.
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(0)
+        os._exit(int(status))
     return int(status)
 
 
 def _open_traces(window, paths: list[str]) -> list[str]:
-    from kvviz.attach.session import SessionError
-    from kvviz.qt.file_actions import read_kept
-    from kvviz.trace import TraceError
+    from kvviz.formats import read_kept
+    from kvviz.jsonfile import KeptFileError
 
     problems = []
     for path in paths:
         try:
             window.show_kept(read_kept(path))
-        except (TraceError, SessionError) as exc:
+        except KeptFileError as exc:
             problems.append(str(exc))
             window.show_error(str(exc))
+            print(f"kvviz: error: {exc}", file=sys.stderr)
     return problems
 
 

@@ -17,9 +17,8 @@ from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QFileDialog, QMainWindow, QMenu, QMessageBox
 
 from kvviz import present, report
-from kvviz.attach import session as session_file
-from kvviz.trace import Trace, TraceError, read_json
-from kvviz.trace import from_dict as trace_from_dict
+from kvviz.formats import read_kept
+from kvviz.jsonfile import KeptFileError
 
 TRACE_FILTER = "kvviz traces and server sessions (*.json);;All files (*)"
 
@@ -43,7 +42,7 @@ class FileActions(QObject):
         """
         try:
             kept = read_kept(path)
-        except (TraceError, session_file.SessionError) as exc:
+        except KeptFileError as exc:
             self.show_message("Could not open", f"Could not open {Path(path).name}: {exc}")
             return None
         return self.window.show_kept(kept)
@@ -180,14 +179,6 @@ class FileActions(QObject):
                 event.acceptProposedAction()
                 return True
         return False
-
-
-def read_kept(path: str | os.PathLike) -> Trace | session_file.Session:
-    """A trace or a server session, told apart by the file's "format" field."""
-    data = read_json(path)
-    if isinstance(data, dict) and data.get("format") == session_file.FORMAT:
-        return session_file.from_dict(data, source=str(path))
-    return trace_from_dict(data, source=str(path))
 
 
 def _render_svg(widget, path: Path) -> None:

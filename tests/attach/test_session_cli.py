@@ -41,10 +41,10 @@ def test_round_trip(tmp_path):
         (lambda d: d.update(format="kvviz-trace"), "local-run trace"),
         (lambda d: d.update(format="other"), 'expected "format": "kvviz-attach"'),
         (lambda d: d.update(version=2), "version 2"),
-        (lambda d: d.pop("url"), "'url'"),
-        (lambda d: d.update(snapshots={}), "'snapshots'"),
-        (lambda d: d["snapshots"][0].pop("t"), r"snapshots\[0\]"),
-        (lambda d: d["snapshots"][1].update(bogus=1), r"snapshots\[1\] is malformed"),
+        (lambda d: d.pop("url"), "url: expected non-empty text; the field is missing"),
+        (lambda d: d.update(snapshots={}), "snapshots: expected a list"),
+        (lambda d: d["snapshots"][0].pop("t"), r"snapshots\[0\]\.t: expected"),
+        (lambda d: d["snapshots"][1].update(usage=2), r"snapshots\[1\]\.usage: expected a finite number from 0 to 1"),
     ],
 )
 def test_validation_messages(tmp_path, mutate, message):

@@ -102,11 +102,14 @@ def test_open_trace_file_adds_a_run(qtbot, window, tmp_path):
     from kvviz.trace import LayerRecord, SlotState, StepRecord, Trace
     from kvviz.trace import load as load_trace
 
-    layers = [LayerRecord(keys_bytes=512, values_bytes=512, seq_len=5, capacity=5, spans=[[int(SlotState.FULL), 5]])]
+    def layers(i):  # one layer holding the 4 prompt tokens and i generated ones, 256 bytes each
+        return [LayerRecord(keys_bytes=128 * (4 + i), values_bytes=128 * (4 + i), seq_len=4 + i, capacity=4 + i,
+                            spans=[[int(SlotState.FULL), 4 + i]])]
+
     steps = [
         StepRecord(index=i, phase="prefill" if i == 0 else "decode", token_id=1, token="a", wall_ms=10.0 + i,
-                   cache_bytes=1024 * (i + 1), predicted_cache_bytes=1024 * (i + 1), rss_bytes=1, strategy="dynamic",
-                   layers=layers)
+                   cache_bytes=256 * (4 + i), predicted_cache_bytes=256 * (4 + i), rss_bytes=1, strategy="dynamic",
+                   layers=layers(i))
         for i in range(3)
     ]
     path = Trace(model={"name": "m"}, strategy={"name": "dynamic", "options": {}}, prompt="p", prompt_tokens=4,

@@ -1,0 +1,39 @@
+"""Every kind of file kvviz reads, and the one reader for all of them.
+
+`read_kept(path)` reads any kvviz file (the window's File > Open, drag and drop and ``--open``):
+the file's ``"format"`` field picks the `FileFormat` declared in the module listed here, whose
+schema checks it before anything is built. Modules load only when their format is read, so reading
+a trace imports neither the attach client nor torch.
+
+A new format adds one line here and a ``FILE_FORMAT`` in its own module; no reader code.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any
+
+from kvviz.jsonfile import KeptFileError, read_json
+from kvviz.schema import FileFormat
+
+# "format" field -> the module that declares FILE_FORMAT for it
+FORMATS = {
+    "kvviz-trace": "kvviz.trace",
+    "kvviz-attach": "kvviz.attach.session",
+}
+
+
+def file_format(name: str) -> FileFormat:
+    return importlib.import_module(FORMATS[name]).FILE_FORMAT
+
+
+def read_kept(path: str | os.PathLike) -> Any:
+    """The object a kvviz file holds (a Trace, a Session, ...). Raises KeptFileError (the format's own
+    subclass once the format is known) naming the file, the field and what was expected."""
+    data = read_json(path)
+    name = data.get("format") if isinstance(data, dict) else None
+    if not isinstance(name, str) or name not in FORMATS:
+        known = ", ".join(f'"{n}"' for n in FORMATS)
+        raise KeptFileError(f'{path} is not a kvviz file: expected "format" at the top level to be one of {known}')
+    return file_format(name).parse(data, str(path))
