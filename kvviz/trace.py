@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from enum import IntEnum
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ import numpy as np
 
 FORMAT = "kvviz-trace"
 VERSION = 1
+ATTENTION_SINK_POSITIONS = 4  # the first positions whose share of attention the attention view follows
 
 
 class SlotState(IntEnum):
@@ -55,6 +56,9 @@ class LayerRecord:
     layer_ms: float | None = None
     storage: dict[str, int] = field(default_factory=dict)  # bytes by STORAGE_KINDS
     spans: list[list[int]] = field(default_factory=list)
+    # Where KV heads hold different positions (per-head eviction): run-length pairs [KV heads holding the
+    # position, count] covering the same positions as `spans`; None when every head holds the same ones.
+    head_spans: list[list[int]] | None = None
 
     @property
     def total_bytes(self) -> int:
@@ -80,6 +84,13 @@ class StepRecord:
     top1_agree: bool | None = None
     ref_logprob: float | None = None  # reference log-probability of the token chosen
     reference_ms: float | None = None  # the reference's own step time, not in wall_ms
+    scoring_ms: float | None = None  # part of wall_ms an evicting cache spent choosing what to keep (None: none)
+    # The attention view (None unless asked for): per layer, the share of the current token's attention, averaged
+    # over query heads, that lands on the first ATTENTION_SINK_POSITIONS positions...
+    attention_sink: list[float] | None = None
+    # ... and that attention itself, [layers, positions 0..position-1] (numpy float32, evicted positions 0): kept
+    # in memory for the live view, not written to trace files.
+    attention: Any = field(default=None, repr=False, compare=False, metadata={"saved": False})
 
 
 @dataclass
@@ -125,7 +136,7 @@ class Trace:
             "compile_ms": self.compile_ms,
             "error": self.error,
             "switches": [asdict(s) for s in self.switches],
-            "steps": [asdict(s) for s in self.steps],
+            "steps": [_saved(s) for s in self.steps],
             "summary": self.summary(),
         }
 
@@ -136,6 +147,13 @@ class Trace:
         tmp.write_text(json.dumps(self.to_dict(), indent=None, separators=(",", ":")), encoding="utf-8")
         os.replace(tmp, path)
         return path
+
+
+def _saved(step: StepRecord) -> dict[str, Any]:
+    """A step as written to a file: every field but those marked not saved (the live attention rows)."""
+    saved = {f.name: getattr(step, f.name) for f in fields(step) if f.metadata.get("saved", True)}
+    saved["layers"] = [asdict(layer) for layer in step.layers]
+    return saved
 
 
 def summarize(steps: list[StepRecord]) -> dict[str, Any]:
@@ -227,6 +245,7 @@ def from_dict(data: Any, source: str = "trace") -> Trace:
                     layer_ms=raw_layer.get("layer_ms"),
                     storage=dict(raw_layer.get("storage") or {}),
                     spans=[list(s) for s in raw_layer.get("spans") or []],
+                    head_spans=raw_layer.get("head_spans"),
                 )
             )
         steps.append(
@@ -247,6 +266,8 @@ def from_dict(data: Any, source: str = "trace") -> Trace:
                 top1_agree=raw_step.get("top1_agree"),
                 ref_logprob=raw_step.get("ref_logprob"),
                 reference_ms=raw_step.get("reference_ms"),
+                scoring_ms=raw_step.get("scoring_ms"),
+                attention_sink=raw_step.get("attention_sink"),
             )
         )
     switches = []
