@@ -117,6 +117,9 @@ def attention_received(query: torch.Tensor, key: torch.Tensor, mask, scaling: fl
     kv_heads, n_keys = key.shape[1], key.shape[2]
     group = heads // kv_heads
     keys_t = key.transpose(-1, -2)  # [batch, kv_heads, head_dim, keys]
+    if last == 1 and mask is None:  # a decoding step: the newest query sees every key
+        newest = query[:, :, -1].reshape(batch, kv_heads, group, head_dim)
+        return (torch.matmul(newest, keys_t) * scaling).softmax(dim=-1, dtype=torch.float32)
     total = torch.zeros((batch, kv_heads, group, n_keys), dtype=torch.float32, device=query.device)
     for start in range(new - last, new, QUERY_CHUNK):
         stop = min(start + QUERY_CHUNK, new)

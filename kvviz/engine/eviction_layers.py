@@ -35,6 +35,7 @@ class EvictionLayer(KvvizLayer):
     is_compileable = False
     is_croppable = False
     per_head = True  # False: every KV head keeps the same positions
+    token_state: tuple[str, ...] = ()  # attributes [batch, kv_heads, held, ...] that follow the kept tokens
 
     def __init__(self, index: int, budget: int):
         super().__init__()
@@ -122,23 +123,27 @@ class EvictionLayer(KvvizLayer):
         """Keep only the held tokens at `index` ``[batch, kv_heads or 1, kept]`` in each KV head.
 
         One index row (a per-layer choice) selects along the token axis; per-head rows select from the heads
-        laid end to end, which copies only what is kept (faster than `gather` with an expanded index).
+        laid end to end, which copies only what is kept (faster than `gather` with an expanded index). Every
+        per-token tensor named in `token_state` goes along.
         """
+        names = ("keys", "values", "positions", *self.token_state)
         if index.shape[:2] == (1, 1):
             row = index[0, 0]
-            self.keys = self.keys.index_select(2, row)
-            self.values = self.values.index_select(2, row)
-            self.positions = self.positions.index_select(2, row)
+            for name in names:
+                setattr(self, name, getattr(self, name).index_select(2, row))
             return
         batch, kv_heads, held = self.positions.shape
-        flat = (index + torch.arange(batch * kv_heads, device=index.device).view(batch, kv_heads, 1) * held).view(-1)
-        shape = index.shape
-
-        def select(tensor: torch.Tensor) -> torch.Tensor:
+        heads = torch.arange(batch * kv_heads, device=index.device).view(batch, kv_heads, 1)
+        flat = (index + heads * held).view(-1)
+        for name in names:
+            tensor = getattr(self, name)
             rows = tensor.reshape(batch * kv_heads * held, -1).index_select(0, flat)
-            return rows.view(*shape, *tensor.shape[3:])
+            setattr(self, name, rows.view(*index.shape, *tensor.shape[3:]))
 
-        self.keys, self.values, self.positions = select(self.keys), select(self.values), select(self.positions)
+    def drop(self, index: torch.Tensor) -> None:
+        """Drop one held token per KV head, at `index` ``[batch, kv_heads or 1, 1]`` (a decoding step)."""
+        stays = torch.arange(self.positions.shape[-1] - 1, device=index.device)
+        self.keep(stays + (stays >= index))
 
     # -- what kvviz reads --------------------------------------------------------------------------
 

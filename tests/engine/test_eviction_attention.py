@@ -78,6 +78,12 @@ def test_tova_keeps_what_the_newest_query_attends_to_most_in_every_head():
     expected = sorted(newest.topk(10).indices.tolist())
     assert kept(layer) == [expected, expected]
     assert layer.keys.shape == (1, KV_HEADS, 10, DIM)
+    # a decoding step: the one token the newest query attends to least goes
+    query, keys = feed(layer, 1, seed=2)
+    newest = eager_weights(query, keys)[0, :, -1].mean(dim=0)
+    candidates = expected + [13]
+    expected = sorted(p for i, p in enumerate(candidates) if i != int(newest.argmin()))
+    assert kept(layer) == [expected, expected]
 
 
 def test_h2o_keeps_recent_and_heaviest_by_accumulated_attention_per_head():

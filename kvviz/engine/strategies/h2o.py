@@ -11,6 +11,7 @@ the query heads that share it.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from kvviz.engine.attention_scores import attention_received
 from kvviz.engine.eviction_layers import EvictionLayer, top_indices
@@ -19,15 +20,18 @@ from kvviz.engine.strategies.eviction import EvictionStrategy, budget_option
 
 
 class H2OLayer(EvictionLayer):
+    token_state = ("sums",)
+
     def __init__(self, index: int, budget: int, recent: int):
         super().__init__(index, budget)
         self.recent = recent
         self.sums: torch.Tensor | None = None  # [batch, kv_heads, held] accumulated attention, float32
 
     def appended(self, new: int) -> None:
-        batch, kv_heads = self.positions.shape[:2]
-        fresh = torch.zeros((batch, kv_heads, new), dtype=torch.float32, device=self.device)
-        self.sums = fresh if self.sums is None else torch.cat([self.sums, fresh], dim=-1)
+        if self.sums is None:
+            self.sums = torch.zeros(self.positions.shape, dtype=torch.float32, device=self.device)
+        else:
+            self.sums = F.pad(self.sums, (0, new))
         self.ask_for_attention()  # every step: the sums grow below the budget too
 
     def choose(self, query, key, mask, scaling) -> None:
@@ -36,11 +40,12 @@ class H2OLayer(EvictionLayer):
         if held <= self.budget:
             return
         older = held - self.recent
+        if held == self.budget + 1:  # a decoding step: the lightest older token of each head goes
+            self.drop(self.sums[..., :older].argmin(dim=-1, keepdim=True))
+            return
         heavy = top_indices(self.sums[..., :older], self.budget - self.recent)
         recent = torch.arange(older, held, device=self.device).expand(*heavy.shape[:2], self.recent)
-        index = torch.cat([heavy, recent], dim=-1)
-        self.keep(index)
-        self.sums = self.sums.gather(2, index)
+        self.keep(torch.cat([heavy, recent], dim=-1))
 
     def reset(self) -> None:
         super().reset()

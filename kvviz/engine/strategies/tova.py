@@ -23,8 +23,11 @@ class TOVALayer(EvictionLayer):
     def choose(self, query, key, mask, scaling) -> None:
         if key.shape[-2] <= self.budget:
             return
-        newest = attention_received(query, key, mask, scaling, last=1)  # [batch, kv_heads, group, keys]
-        self.keep(top_indices(newest.mean(dim=(1, 2)), self.budget).unsqueeze(1))
+        newest = attention_received(query, key, mask, scaling, last=1).mean(dim=(1, 2))  # [batch, keys]
+        if key.shape[-2] == self.budget + 1:  # a decoding step: one token goes
+            self.drop(newest.argmin(dim=-1, keepdim=True).unsqueeze(1))
+        else:
+            self.keep(top_indices(newest, self.budget).unsqueeze(1))
 
 
 class TOVA(EvictionStrategy):
