@@ -107,8 +107,9 @@ def install(model) -> None:
 def attention_received(query: torch.Tensor, key: torch.Tensor, mask, scaling: float, last: int) -> torch.Tensor:
     """Attention probabilities of the `last` newest queries on each key, summed over those queries.
 
-    `query` ``[batch, heads, new, head_dim]``, `key` ``[batch, kv_heads, keys, head_dim]``; the new queries
-    are the newest positions, so without a mask query i of n sees the keys up to ``keys - n + i``. Returns
+    `query` ``[batch, heads, new, head_dim]``, `key` ``[batch, kv_heads, keys, head_dim]``. Without a mask,
+    what SDPA did: a single query sees every key, and several see causally from the first key (transformers
+    leaves the mask out only then: no past, or a static cache's unwritten slots after the prompt). Returns
     ``[batch, kv_heads, group, keys]`` in float32, query heads grouped by the KV head they share (the order of
     transformers' `repeat_kv`). Computed as eager attention does (products in the model's dtype, softmax in
     float32), in chunks of queries, without repeating keys for the groups.
@@ -117,7 +118,7 @@ def attention_received(query: torch.Tensor, key: torch.Tensor, mask, scaling: fl
     kv_heads, n_keys = key.shape[1], key.shape[2]
     group = heads // kv_heads
     keys_t = key.transpose(-1, -2)  # [batch, kv_heads, head_dim, keys]
-    if last == 1 and mask is None:  # a decoding step: the newest query sees every key
+    if new == 1 and mask is None:  # a decoding step: the one query sees every key
         newest = query[:, :, -1].reshape(batch, kv_heads, group, head_dim)
         return (torch.matmul(newest, keys_t) * scaling).softmax(dim=-1, dtype=torch.float32)
     total = torch.zeros((batch, kv_heads, group, n_keys), dtype=torch.float32, device=query.device)
@@ -127,9 +128,8 @@ def attention_received(query: torch.Tensor, key: torch.Tensor, mask, scaling: fl
         block = query[:, :, start:stop].reshape(batch, kv_heads, group * queries, head_dim)
         logits = (torch.matmul(block, keys_t) * scaling).view(batch, kv_heads, group, queries, n_keys)
         if mask is None:
-            if start < new - 1:  # the newest query sees every key; older ones not the keys after them
-                newest_visible = torch.arange(start, stop, device=query.device) + (n_keys - new)
-                hidden = torch.arange(n_keys, device=query.device)[None, :] > newest_visible[:, None]
+            if new > 1:  # SDPA's is_causal: query i sees keys 0 .. i
+                hidden = torch.arange(n_keys, device=query.device)[None, :] > torch.arange(start, stop)[:, None]
                 logits = logits.masked_fill(hidden, float("-inf"))
         elif mask.dtype == torch.bool:
             logits = logits.masked_fill(~mask[:, :, None, start:stop, :n_keys], float("-inf"))

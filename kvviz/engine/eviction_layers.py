@@ -42,6 +42,7 @@ class EvictionLayer(KvvizLayer):
         self.index = index  # the decoder layer this cache layer belongs to (attention requests name it)
         self.budget = budget
         self.positions: torch.Tensor | None = None  # [batch, kv_heads, held], absolute positions
+        self.fed_positions: torch.Tensor | None = None  # positions of the keys the last update() returned
         self.seen = 0  # positions numbered so far
         self.unscored = 0  # feeds since the last time attention arrived
         self.scoring_ms = 0.0
@@ -65,7 +66,7 @@ class EvictionLayer(KvvizLayer):
         full_keys = torch.cat([self.keys, key_states], dim=-2)
         full_values = torch.cat([self.values, value_states], dim=-2)
         self.keys, self.values = full_keys, full_values
-        self.positions = torch.cat([self.positions, fresh], dim=-1)
+        self.positions = self.fed_positions = torch.cat([self.positions, fresh], dim=-1)
         self.seen += new
         self.appended(new)
         return full_keys, full_values
@@ -80,7 +81,7 @@ class EvictionLayer(KvvizLayer):
         return self.budget
 
     def reset(self) -> None:
-        self.keys = self.values = self.positions = None
+        self.keys = self.values = self.positions = self.fed_positions = None
         self.is_initialized = False
         self.seen = self.unscored = 0
         self.scoring_ms = 0.0
@@ -170,8 +171,7 @@ class EvictionLayer(KvvizLayer):
         return [[int(h), int(n)] for h, n in zip(heads, runs, strict=True)]
 
     def attended_positions(self, n_keys: int, total: int) -> torch.Tensor:
-        # between update() and the policy's choice, `positions` describes exactly the keys attention saw
-        return self.positions[0]
+        return self.fed_positions[0]
 
     def took_over(self, dropped: int) -> None:
         """A live switch fed this layer what another cache held, after `dropped` older tokens were gone."""

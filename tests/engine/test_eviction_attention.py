@@ -46,14 +46,15 @@ def test_attention_received_equals_eager(new, past):
     torch.manual_seed(0)
     query = torch.randn(1, HEADS, new, DIM)
     key = torch.randn(1, KV_HEADS, past + new, DIM)
-    expected = grouped(eager_weights(query, key, causal_additive(new, past + new)))
-    # causal without a mask (what SDPA gets), and with transformers' boolean mask
-    torch.testing.assert_close(attention_received(query, key, None, SCALE, last=new), expected)
-    boolean = causal_additive(new, past + new) == 0
-    torch.testing.assert_close(attention_received(query, key, boolean, SCALE, last=new), expected)
-    # only the newest queries
-    last = grouped(eager_weights(query, key, causal_additive(new, past + new))[:, :, -1:])
-    torch.testing.assert_close(attention_received(query, key, None, SCALE, last=1), last)
+    causal = causal_additive(new, past + new)
+    expected = grouped(eager_weights(query, key, causal))
+    # with transformers' boolean mask, and without one where transformers leaves it out (one query, or no past)
+    torch.testing.assert_close(attention_received(query, key, causal == 0, SCALE, last=new), expected)
+    if new == 1 or past == 0:
+        torch.testing.assert_close(attention_received(query, key, None, SCALE, last=new), expected)
+    # only the newest query
+    newest = grouped(eager_weights(query, key, causal)[:, :, -1:])
+    torch.testing.assert_close(attention_received(query, key, causal == 0, SCALE, last=1), newest)
 
 
 def feed(layer, n, query_heads=HEADS, seed=0):
@@ -62,7 +63,9 @@ def feed(layer, n, query_heads=HEADS, seed=0):
     keys = torch.randn(1, KV_HEADS, n, DIM, generator=generator)
     full_keys, _ = layer.update(keys, torch.randn(1, KV_HEADS, n, DIM, generator=generator))
     query = torch.randn(1, query_heads, n, DIM, generator=generator)
-    layer.attended(layer.index, query, full_keys, None, SCALE)
+    n_keys = full_keys.shape[-2]
+    mask = causal_additive(n, n_keys) == 0 if 1 < n < n_keys else None  # as transformers builds it for SDPA
+    layer.attended(layer.index, query, full_keys, mask, SCALE)
     return query, full_keys
 
 
@@ -169,9 +172,13 @@ def test_attention_view_off_costs_nothing_and_changes_nothing(default_model):
     assert all(s.attention is None and s.attention_sink is None and s.scoring_ms is None for s in plain)
 
 
-@pytest.mark.parametrize("name,options", [("h2o", {"budget": 12, "recent": 4}), ("sink", {"window": 8})])
-def test_attention_view_follows_what_evicting_caches_hold(default_model, name, options):
+@pytest.mark.parametrize(
+    "name,options",
+    [("h2o", {"budget": 12, "recent": 4}), ("knorm", {"budget": 12}), ("sink", {"window": 8}), ("static", {})],
+)
+def test_attention_view_follows_what_caches_hold(default_model, name, options):
     steps, _ = watched_run(default_model, name, options)
+    np.testing.assert_allclose(steps[0].attention.sum(axis=1), 1.0, rtol=1e-5)
     for before, step in zip(steps, steps[1:], strict=False):
         np.testing.assert_allclose(step.attention.sum(axis=1), 1.0, rtol=1e-5)
         # attention only on what the cache held before this step, and on the new token itself
