@@ -146,6 +146,13 @@ class EvictionLayer(KvvizLayer):
         stays = torch.arange(self.positions.shape[-1] - 1, device=index.device)
         self.keep(stays + (stays >= index))
 
+    def keep_best(self, scores: torch.Tensor) -> None:
+        """Keep the `budget` tokens with the highest `scores` ``[batch, kv_heads or 1, held]``."""
+        if scores.shape[-1] == self.budget + 1:
+            self.drop(scores.argmin(dim=-1, keepdim=True))
+        else:
+            self.keep(top_indices(scores, self.budget))
+
     # -- what kvviz reads --------------------------------------------------------------------------
 
     def take_scoring_ms(self) -> float | None:

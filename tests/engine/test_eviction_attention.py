@@ -131,6 +131,15 @@ def test_knorm_keeps_the_lowest_norm_keys_per_head():
     expected = [sorted((-keys[0, head].norm(dim=-1)).topk(6).indices.tolist()) for head in range(KV_HEADS)]
     assert kept(layer) == expected
     torch.testing.assert_close(layer.keys[0, 0], keys[0, 0, expected[0]])
+    # a decoding step: the highest norm of the seven goes
+    new_key = torch.randn(1, KV_HEADS, 1, DIM)
+    layer.update(new_key, torch.randn(1, KV_HEADS, 1, DIM))
+    keys = torch.cat([keys, new_key], dim=2)
+    for head in range(KV_HEADS):
+        candidates = expected[head] + [15]
+        norms = keys[0, head, candidates].norm(dim=-1)
+        expected[head] = [p for i, p in enumerate(candidates) if i != int(norms.argmax())]
+    assert kept(layer) == expected
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ already saw them.
 
 from __future__ import annotations
 
-from kvviz.engine.eviction_layers import EvictionLayer, top_indices
+from kvviz.engine.eviction_layers import EvictionLayer
 from kvviz.engine.strategies.eviction import EvictionStrategy, budget_option
 
 
@@ -17,8 +17,7 @@ class KeyNormLayer(EvictionLayer):
         if self.get_seq_length() <= self.budget:
             return
         with self.timed():
-            norms = self.keys.float().norm(dim=-1)  # [batch, kv_heads, held]
-            self.keep(top_indices(-norms, self.budget))
+            self.keep_best(-self.keys.float().norm(dim=-1))  # [batch, kv_heads, held]
 
 
 class KeyNorm(EvictionStrategy):

@@ -9,7 +9,7 @@ step that evicts exactly one token; a longer prompt is cut to the budget by its 
 from __future__ import annotations
 
 from kvviz.engine.attention_scores import attention_received
-from kvviz.engine.eviction_layers import EvictionLayer, top_indices
+from kvviz.engine.eviction_layers import EvictionLayer
 from kvviz.engine.strategies.eviction import EvictionStrategy, budget_option
 
 
@@ -23,11 +23,8 @@ class TOVALayer(EvictionLayer):
     def choose(self, query, key, mask, scaling) -> None:
         if key.shape[-2] <= self.budget:
             return
-        newest = attention_received(query, key, mask, scaling, last=1).mean(dim=(1, 2))  # [batch, keys]
-        if key.shape[-2] == self.budget + 1:  # a decoding step: one token goes
-            self.drop(newest.argmin(dim=-1, keepdim=True).unsqueeze(1))
-        else:
-            self.keep(top_indices(newest, self.budget).unsqueeze(1))
+        newest = attention_received(query, key, mask, scaling, last=1)  # [batch, kv_heads, group, keys]
+        self.keep_best(newest.mean(dim=(1, 2)).unsqueeze(1))
 
 
 class TOVA(EvictionStrategy):
