@@ -27,6 +27,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from kvviz.errors import OptionError
+
 NAME = "kvviz_sdpa"
 QUERY_CHUNK = 256  # queries scored at once: bounds the [heads, queries, keys] block of a long prefill
 
@@ -96,12 +98,16 @@ def unsupported(model) -> str | None:
 
 
 def install(model) -> None:
-    """Route the model's attention through `sdpa_with_scores` (checked with `unsupported` first).
-
-    The same SDPA call runs, so outputs do not change; runs that ask nothing pay nothing more.
-    """
+    """Route the model's attention through `sdpa_with_scores` (checked with `unsupported` first); raises
+    OptionError if transformers cannot switch this model's attention. The same SDPA call runs, so outputs do
+    not change; runs that ask nothing pay nothing more."""
     if model.config._attn_implementation != NAME:
         model.set_attn_implementation(NAME)
+    if model.config._attn_implementation != NAME:  # transformers declined: the model's attention is its own code
+        raise OptionError(
+            f"cannot read the attention of {type(model).__name__}: its attention does not go through "
+            "transformers' AttentionInterface"
+        )
 
 
 def attention_received(query: torch.Tensor, key: torch.Tensor, mask, scaling: float, last: int) -> torch.Tensor:

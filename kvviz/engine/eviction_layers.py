@@ -103,7 +103,8 @@ class EvictionLayer(KvvizLayer):
             self.choose(query, key, mask, scaling)
 
     def ask_for_attention(self) -> None:
-        # a live switch feeds held tokens without a forward, so one feed may go unscored; two cannot
+        # a live switch feeds held tokens without a forward, so one feed in a row may go unscored; two mean that
+        # attention never arrives
         if self.unscored >= 2:
             raise RuntimeError(
                 "an attention-scored cache got no attention scores: the model's attention does not run through "
