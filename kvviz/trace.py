@@ -12,7 +12,7 @@ A trace file is JSON:
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from enum import IntEnum
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from kvviz.schema import (
 
 FORMAT = "kvviz-trace"
 VERSION = 1
+ATTENTION_SINK_POSITIONS = 4  # the first positions whose share of attention the attention view follows
 
 
 class SlotState(IntEnum):
@@ -72,6 +73,9 @@ class LayerRecord:
     layer_ms: float | None = None
     storage: dict[str, int] = field(default_factory=dict)  # bytes by STORAGE_KINDS
     spans: list[list[int]] = field(default_factory=list)
+    # Where KV heads hold different positions (per-head eviction): run-length pairs [KV heads holding the
+    # position, count] covering the same positions as `spans`; None when every head holds the same ones.
+    head_spans: list[list[int]] | None = None
 
     @property
     def total_bytes(self) -> int:
@@ -97,6 +101,16 @@ class StepRecord:
     top1_agree: bool | None = None
     ref_logprob: float | None = None  # reference log-probability of the token chosen
     reference_ms: float | None = None  # the reference's own step time, not in wall_ms
+    scoring_ms: float | None = None  # part of wall_ms an evicting cache spent choosing what to keep (None: none)
+    # The attention view (None unless asked for): per layer, the share of the current token's attention, averaged
+    # over query heads, that lands on the first ATTENTION_SINK_POSITIONS positions...
+    attention_sink: list[float] | None = None
+    # ... and that attention itself, [layers, positions 0..position-1] (numpy float32, evicted positions 0): kept
+    # in memory for the live view, not written to trace files.
+    attention: Any = field(default=None, repr=False, compare=False, metadata={"saved": False})
+
+
+_NOT_SAVED = {f.name for f in fields(StepRecord) if not f.metadata.get("saved", True)}
 
 
 @dataclass
@@ -173,12 +187,15 @@ class Trace:
 
 
 def _step_dict(step: StepRecord) -> dict[str, Any]:
-    """`asdict(step)` without its deep copies (about 2.5x faster): a save holds Ctrl-C back while it runs."""
+    """A step as written to a file: `asdict(step)` without its deep copies (about 2.5x faster: a save holds
+    Ctrl-C back while it runs), and without the fields marked not saved (the live attention rows)."""
     layers = [
         dict(vars(layer), storage=dict(layer.storage), spans=[list(span) for span in layer.spans])
         for layer in step.layers
     ]
-    return dict(vars(step), layers=layers)
+    saved = {name: value for name, value in vars(step).items() if name not in _NOT_SAVED}
+    saved["layers"] = layers
+    return saved
 
 
 def summarize(steps: list[StepRecord]) -> dict[str, Any]:
@@ -245,6 +262,7 @@ _MS = Number(0, MAX_MS, what="a time in ms")
 _MS_OR_UNKNOWN = Number(0, MAX_MS, null=True, what="a time in ms")
 _OPTIONS = MapOf(Json(depth=1))
 _SPAN = Pair(Int(0, max(SlotState)), _POSITIONS, what="span [slot state 0-6, count >= 0]")
+_HEAD_SPAN = Pair(Int(0, 2**16), _POSITIONS, what="head span [KV heads holding the positions, count >= 0]")
 
 _LAYER = Record(
     {
@@ -255,6 +273,7 @@ _LAYER = Record(
         "layer_ms": optional(_MS_OR_UNKNOWN),
         "storage": optional(MapOf(_BYTES, keys=STORAGE_KINDS), {}),
         "spans": optional(ListOf(_SPAN), []),
+        "head_spans": optional(ListOf(_HEAD_SPAN, null=True)),
     },
     what="a layer record (an object)",
 )
@@ -337,6 +356,9 @@ _STEP = Record(
         "top1_agree": optional(Flag(null=True)),
         "ref_logprob": optional(Number(max=0, null=True, what="a log-probability")),
         "reference_ms": optional(_MS_OR_UNKNOWN),
+        "scoring_ms": optional(_MS_OR_UNKNOWN),
+        # a share of a softmax's mass: 1 give or take float rounding
+        "attention_sink": optional(ListOf(Number(0, 1.001, what="a share of attention"), null=True)),
     },
     rules=(_step_adds_up,),
     what="a step record (an object)",
@@ -386,6 +408,13 @@ def _layer_within(layer: dict, seen: int, where) -> None:
         raise Refusal(
             at(where, "spans"),
             f"at most capacity ({layer['capacity']:,}) preallocated slots (there are {preallocated:,})",
+            show_found=False,
+        )
+    per_head = sum(count for _, count in layer["head_spans"] or ())
+    if per_head > seen:
+        raise Refusal(
+            at(where, "head_spans"),
+            f"head spans covering at most the {seen:,} positions fed so far (they cover {per_head:,})",
             show_found=False,
         )
 

@@ -13,7 +13,8 @@ import inspect
 
 import torch
 
-from kvviz.engine import measure
+from kvviz.engine import attention_scores, measure
+from kvviz.engine.attention_view import AttentionView
 from kvviz.engine.convert import convert, refusal
 from kvviz.engine.geometry import Geometry
 from kvviz.engine.strategies import StrategyChoice, get
@@ -46,6 +47,9 @@ class CacheRun:
         self.seen = 0  # tokens the model has processed
         self.evicted = False  # whether any token seen has been dropped
         self.predicted_bytes = 0  # what the cache should hold after the last feed
+        self.scoring_ms: float | None = None  # of the last feed: time an evicting cache spent choosing what to keep
+        self.attention: AttentionView | None = None  # of the last feed, when watching attention
+        self._watch_attention = False
         self._cache_kw = cache_keyword(model)
         self._keeps_logits = keeps_logits(model)
         self.choice, self.strategy, self.cache, self.predictor = self._build(choice)
@@ -67,8 +71,13 @@ class CacheRun:
         """Feed `input_ids` ``[1, n]`` (the whole sequence when there is no cache); returns the logits
         of the last `logits_to_keep` positions ``[1, kept, vocab]`` (0: every position)."""
         n = input_ids.shape[-1]
-        logits = self.call(input_ids, forward, logits_to_keep)
-        self.seen = n if self.cache is None else self.seen + n
+        total = n if self.cache is None else self.seen + n
+        view = AttentionView(self.cache, self.geometry.num_layers, total) if self._watch_attention else None
+        with attention_scores.watching(view):
+            logits = self.call(input_ids, forward, logits_to_keep)
+        self.attention = view
+        self.scoring_ms = measure.scoring_ms(self.cache)
+        self.seen = total
         self.position = self.cache.get_seq_length() if self.strategy.renumbers_positions else self.seen
         self.evicted = self.evicted or self.strategy.has_evicted(self.choice.options, self.seen)
         self.predicted_bytes = self.predictor.after_step(n)
@@ -85,6 +94,15 @@ class CacheRun:
             kwargs["position_ids"] = torch.arange(self.position, self.position + n, device=input_ids.device)[None]
         logits = (forward or self.model)(input_ids=input_ids, **kwargs).logits
         return logits if self._keeps_logits or not logits_to_keep else logits[:, -logits_to_keep:]
+
+    def watch_attention(self, on: bool) -> None:
+        """Record the current token's attention per layer at each feed (`attention`), or stop (costs nothing)."""
+        if on:
+            problem = attention_scores.unsupported(self.model)
+            if problem:
+                raise OptionError(f"the attention view {problem}")
+            attention_scores.install(self.model)
+        self._watch_attention = on
 
     # -- switching ---------------------------------------------------------------------------------
 

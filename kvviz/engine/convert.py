@@ -11,7 +11,7 @@ import torch
 from transformers.cache_utils import BaseQuantizedLayer, DynamicSlidingWindowLayer, StaticLayer
 
 from kvviz.engine.geometry import Geometry
-from kvviz.engine.layers import SinkLayer
+from kvviz.engine.layers import KvvizLayer
 from kvviz.engine.strategies import StrategyChoice, get
 
 
@@ -74,6 +74,6 @@ def convert(cache, new_cache, position: int, seen: int) -> int:
         target.update(keys.contiguous(), values.contiguous())
         if isinstance(target, DynamicSlidingWindowLayer):
             target.cumulative_length = position
-        if isinstance(target, SinkLayer):
-            target.evicted += seen - moved
+        if isinstance(target, KvvizLayer):
+            target.took_over(seen - moved)
     return moved

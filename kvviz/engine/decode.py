@@ -242,6 +242,13 @@ class Decoder:
                 raise OptionError(f"cannot switch from {self.run.choice.name!r} to {choice.name!r}: {problem}")
             self._pending = choice
 
+    def watch_attention(self, on: bool) -> None:
+        """From the next step on, record where the current token's attention goes (the attention view), or stop.
+        Raises OptionError if this model's attention cannot be read."""
+        if on and self._compile:
+            raise OptionError("runs under torch.compile cannot show their attention; start a run without compile")
+        self.run.watch_attention(on)
+
     # -- the loop ----------------------------------------------------------------------------------
 
     def _pick(self, ids: torch.Tensor, logits: torch.Tensor) -> int:
@@ -370,7 +377,10 @@ class Decoder:
             layers=layers,
             cuda_bytes=measure.cuda_bytes(self.model.device),
             position=self.prompt_tokens + index,
+            scoring_ms=self.run.scoring_ms,
         )
+        if self.run.attention is not None:
+            record.attention, record.attention_sink = self.run.attention.rows, self.run.attention.sink_share()
         if fidelity is not None:
             record.kl, record.top1_agree, record.ref_logprob, record.reference_ms = fidelity
         return record

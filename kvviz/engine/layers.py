@@ -16,6 +16,23 @@ class KvvizLayer(CacheLayerMixin):
         """Run-length pairs (state, count) covering positions 0, 1, ... seen so far."""
         raise NotImplementedError
 
+    def head_spans(self) -> list[list[int]] | None:
+        """Run-length pairs [KV heads holding it, count] over the positions seen, when heads hold different
+        positions; None when every KV head holds the same ones."""
+        return None
+
+    def attended_positions(self, n_keys: int, total: int) -> torch.Tensor:
+        """Absolute positions of the `n_keys` keys the last `update()` returned, ``[kv_heads or 1, n_keys]``,
+        once `total` positions are numbered (what the attention view draws them at)."""
+        raise NotImplementedError
+
+    def took_over(self, dropped: int) -> None:
+        """A live switch fed this layer what another cache held; `dropped` older tokens were already gone."""
+
+    def take_scoring_ms(self) -> float | None:
+        """Milliseconds spent choosing what to keep since the last call; None for layers that choose nothing."""
+        return None
+
 
 def rotate_keys(keys: torch.Tensor, shift: int, inv_freq: torch.Tensor) -> torch.Tensor:
     """Move RoPE-rotated keys by `shift` positions (negative: towards the start).
@@ -88,6 +105,13 @@ class SinkLayer(KvvizLayer):
         held = self.get_seq_length()
         sinks = min(self.sink_tokens, held)
         return [(SlotState.SINK, sinks), (SlotState.EVICTED, self.evicted), (SlotState.FULL, held - sinks)]
+
+    def attended_positions(self, n_keys: int, total: int) -> torch.Tensor:
+        sinks = min(self.sink_tokens, n_keys)
+        return torch.cat([torch.arange(sinks), torch.arange(total - (n_keys - sinks), total)])[None]
+
+    def took_over(self, dropped: int) -> None:
+        self.evicted += dropped
 
     def get_seq_length(self) -> int:
         return 0 if self.keys is None else self.keys.shape[-2]

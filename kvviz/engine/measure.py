@@ -94,7 +94,8 @@ def measure_layer(layer, counter: StorageCounter) -> LayerRecord:
         return LayerRecord(keys, values, seen, layer.max_cache_len, storage=storage, spans=spans)
     held = layer.keys.shape[-2] if layer.keys.dim() == 4 else 0
     if isinstance(layer, KvvizLayer):
-        return LayerRecord(keys, values, held, held, storage=storage, spans=_spans(*layer.slot_spans()))
+        return LayerRecord(keys, values, held, held, storage=storage, spans=_spans(*layer.slot_spans()),
+                           head_spans=layer.head_spans())
     if isinstance(layer, DynamicSlidingWindowLayer):
         seen = layer.cumulative_length
         spans = _spans((SlotState.EVICTED, seen - held), (SlotState.FULL, held))
@@ -154,6 +155,13 @@ def weight_read_bytes(model) -> int:
             continue
         total += counter.bytes_of(parameter)
     return total
+
+
+def scoring_ms(cache) -> float | None:
+    """Milliseconds the cache's layers spent choosing what to keep since last asked; None if none of them chooses."""
+    spent = [layer.take_scoring_ms() for layer in getattr(cache, "layers", ()) if isinstance(layer, KvvizLayer)]
+    spent = [ms for ms in spent if ms is not None]
+    return sum(spent) if spent else None
 
 
 def rss_bytes() -> int:

@@ -11,19 +11,37 @@ from typing import Any
 
 from kvviz.engine.strategies.base import Option, Strategy, StrategyChoice
 from kvviz.engine.strategies.dynamic import Dynamic
+from kvviz.engine.strategies.h2o import H2O
+from kvviz.engine.strategies.knorm import KeyNorm
 from kvviz.engine.strategies.none import NoCache
 from kvviz.engine.strategies.offloaded import Offloaded, OffloadedStatic
 from kvviz.engine.strategies.quantized import Quantized
 from kvviz.engine.strategies.sink import Sink
 from kvviz.engine.strategies.sliding import Sliding
+from kvviz.engine.strategies.snapkv import SnapKV
 from kvviz.engine.strategies.static import Static
+from kvviz.engine.strategies.tova import TOVA
 from kvviz.errors import OptionError
 
 __all__ = ["Option", "OptionError", "Strategy", "StrategyChoice", "all_strategies", "capacity_for", "choose", "get",
            "parse_assignments"]
 
 STRATEGIES: dict[str, Strategy] = {
-    s.name: s for s in (NoCache(), Dynamic(), Static(), Quantized(), Sliding(), Sink(), Offloaded(), OffloadedStatic())
+    s.name: s
+    for s in (
+        NoCache(),
+        Dynamic(),
+        Static(),
+        Quantized(),
+        Sliding(),
+        Sink(),
+        H2O(),
+        TOVA(),
+        SnapKV(),
+        KeyNorm(),
+        Offloaded(),
+        OffloadedStatic(),
+    )
 }
 
 

@@ -1,0 +1,192 @@
+"""Cache layers that keep a budget of tokens chosen by importance (H2O, TOVA, SnapKV, key norm).
+
+An `EvictionLayer` holds keys and values ``[batch, kv_heads, held, head_dim]`` and, beside them, the
+absolute position of every token each KV head holds (``positions``, ``[batch, kv_heads, held]``). Policies
+that choose per KV head keep different positions in different heads, the same number in each, so the
+tensors stay rectangular; kept tokens are gathered into new, smaller tensors (real memory reduction).
+
+Each feed goes like this: `update()` appends the new tokens and returns everything held plus them, so this
+step attends to all of them; then the policy chooses what to keep. A policy that needs no attention
+(key norm) chooses at once in `appended()`. One that needs it asks `attention_scores.expect()` and chooses in
+`attended()`, called by kvviz's attention function right after the layer's attention ran. Kept keys keep their
+RoPE rotation: nothing is renumbered, so the model numbers new tokens by the tokens seen (the caller passes
+position ids), and `get_seq_length()` is the number held, which makes transformers' causal mask right for the
+new tokens (offset 0: every held token is older than every new one).
+
+Time spent scoring and choosing is added up per layer and read with `take_scoring_ms()`.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import torch
+
+from kvviz.engine import attention_scores
+from kvviz.engine.layers import KvvizLayer
+from kvviz.trace import SlotState
+
+
+class EvictionLayer(KvvizLayer):
+    """Keeps at most `budget` tokens per KV head; subclasses say which (see the module docstring)."""
+
+    is_sliding = False
+    is_compileable = False
+    is_croppable = False
+    per_head = True  # False: every KV head keeps the same positions
+    token_state: tuple[str, ...] = ()  # attributes [batch, kv_heads, held, ...] that follow the kept tokens
+
+    def __init__(self, index: int, budget: int):
+        super().__init__()
+        self.index = index  # the decoder layer this cache layer belongs to (attention requests name it)
+        self.budget = budget
+        self.positions: torch.Tensor | None = None  # [batch, kv_heads, held], absolute positions
+        self.fed_positions: torch.Tensor | None = None  # positions of the keys the last update() returned
+        self.seen = 0  # positions numbered so far
+        self.unscored = 0  # feeds since the last time attention arrived
+        self.scoring_ms = 0.0
+
+    # -- the cache-layer API -----------------------------------------------------------------------
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        batch, kv_heads = key_states.shape[:2]
+        self.keys = key_states.new_empty((batch, kv_heads, 0, key_states.shape[-1]))
+        self.values = value_states.new_empty((batch, kv_heads, 0, value_states.shape[-1]))
+        self.positions = torch.empty((batch, kv_heads, 0), dtype=torch.long, device=self.device)
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        new = key_states.shape[-2]
+        batch, kv_heads = key_states.shape[:2]
+        fresh = torch.arange(self.seen, self.seen + new, device=self.device).expand(batch, kv_heads, new)
+        full_keys = torch.cat([self.keys, key_states], dim=-2)
+        full_values = torch.cat([self.values, value_states], dim=-2)
+        self.keys, self.values = full_keys, full_values
+        self.positions = self.fed_positions = torch.cat([self.positions, fresh], dim=-1)
+        self.seen += new
+        self.appended(new)
+        return full_keys, full_values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.get_seq_length() + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[-2]
+
+    def get_max_length(self) -> int:
+        return self.budget
+
+    def reset(self) -> None:
+        self.keys = self.values = self.positions = self.fed_positions = None
+        self.is_initialized = False
+        self.seen = self.unscored = 0
+        self.scoring_ms = 0.0
+
+    # -- what policies use -------------------------------------------------------------------------
+
+    def appended(self, new: int) -> None:
+        """Called by `update()` once `new` tokens were appended: choose now, or ask for attention."""
+        raise NotImplementedError
+
+    def choose(self, query: torch.Tensor, key: torch.Tensor, mask, scaling: float) -> None:
+        """Keep what the policy keeps, from the attention the new queries paid to what `update()` returned
+        (`query` and `key` as attention saw them; see `attention_scores.attention_received`)."""
+        raise NotImplementedError
+
+    def attended(self, layer_index: int, query, key, mask, scaling: float) -> None:
+        self.unscored = 0
+        with self.timed():
+            self.choose(query, key, mask, scaling)
+
+    def ask_for_attention(self) -> None:
+        # a live switch feeds held tokens without a forward, so one feed in a row may go unscored; two mean that
+        # attention never arrives
+        if self.unscored >= 2:
+            raise RuntimeError(
+                "an attention-scored cache got no attention scores: the model's attention does not run through "
+                f"kvviz's {attention_scores.NAME!r} function (use the strategy's make_cache, which installs it)"
+            )
+        self.unscored += 1
+        attention_scores.expect(self.index, self.keys, self)
+
+    @contextmanager
+    def timed(self):
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.scoring_ms += (time.perf_counter() - started) * 1000.0
+
+    def keep(self, index: torch.Tensor) -> None:
+        """Keep only the held tokens at `index` ``[batch, kv_heads or 1, kept]`` in each KV head.
+
+        One index row (a per-layer choice) selects along the token axis; per-head rows select from the heads
+        laid end to end, which copies only what is kept (faster than `gather` with an expanded index). Every
+        per-token tensor named in `token_state` goes along.
+        """
+        names = ("keys", "values", "positions", *self.token_state)
+        if index.shape[:2] == (1, 1):
+            row = index[0, 0]
+            for name in names:
+                setattr(self, name, getattr(self, name).index_select(2, row))
+            return
+        batch, kv_heads, held = self.positions.shape
+        heads = torch.arange(batch * kv_heads, device=index.device).view(batch, kv_heads, 1)
+        flat = (index + heads * held).view(-1)
+        for name in names:
+            tensor = getattr(self, name)
+            rows = tensor.reshape(batch * kv_heads * held, -1).index_select(0, flat)
+            setattr(self, name, rows.view(*index.shape, *tensor.shape[3:]))
+
+    def drop(self, index: torch.Tensor) -> None:
+        """Drop one held token per KV head, at `index` ``[batch, kv_heads or 1, 1]`` (a decoding step)."""
+        stays = torch.arange(self.positions.shape[-1] - 1, device=index.device)
+        self.keep(stays + (stays >= index))
+
+    def keep_best(self, scores: torch.Tensor) -> None:
+        """Keep the `budget` tokens with the highest `scores` ``[batch, kv_heads or 1, held]``."""
+        if scores.shape[-1] == self.budget + 1:
+            self.drop(scores.argmin(dim=-1, keepdim=True))
+        else:
+            self.keep(top_indices(scores, self.budget))
+
+    # -- what kvviz reads --------------------------------------------------------------------------
+
+    def take_scoring_ms(self) -> float | None:
+        spent, self.scoring_ms = self.scoring_ms, 0.0
+        return spent
+
+    def holders(self) -> torch.Tensor:
+        """Per position 0 .. seen-1: how many KV heads hold it (batch 0), on the CPU."""
+        counts = torch.zeros(self.seen, dtype=torch.long)
+        if self.positions is not None and self.positions.numel():
+            held = self.positions[0].reshape(-1).cpu()
+            counts.index_add_(0, held, torch.ones_like(held))
+        return counts
+
+    def slot_spans(self) -> list[tuple[SlotState, int]]:
+        held, runs = torch.unique_consecutive(self.holders() > 0, return_counts=True)
+        return [(SlotState.FULL if h else SlotState.EVICTED, int(n)) for h, n in zip(held, runs, strict=True)]
+
+    def head_spans(self) -> list[list[int]] | None:
+        if not self.per_head:
+            return None
+        heads, runs = torch.unique_consecutive(self.holders(), return_counts=True)
+        return [[int(h), int(n)] for h, n in zip(heads, runs, strict=True)]
+
+    def attended_positions(self, n_keys: int, total: int) -> torch.Tensor:
+        return self.fed_positions[0]
+
+    def took_over(self, dropped: int) -> None:
+        """A live switch fed this layer what another cache held, after `dropped` older tokens were gone."""
+        self.positions += dropped
+        self.seen += dropped
+
+
+def top_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the `k` highest scores along the last axis, in ascending order (kept tokens stay in order)."""
+    return scores.topk(k, dim=-1).indices.sort(dim=-1).values

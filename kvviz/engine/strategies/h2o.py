@@ -1,0 +1,73 @@
+"""H2O (Zhang et al., 2023, "Heavy-Hitter Oracle"): keep the tokens that have received the most attention.
+
+Every token held carries its accumulated attention: the sum of the attention probabilities every query has
+paid it since it entered the cache (at the prefill, all prompt queries, causally). Once a layer holds more
+than `budget`, each KV head keeps the `recent` newest tokens plus the `budget - recent` older ones with the
+highest sums (the heavy hitters), and the sums of what is dropped are forgotten. As in the paper's
+implementation the choice is per head; with grouped-query attention a KV head's sums add up the attention of
+the query heads that share it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kvviz.engine.attention_scores import attention_received
+from kvviz.engine.eviction_layers import EvictionLayer, top_indices
+from kvviz.engine.strategies.base import Option
+from kvviz.engine.strategies.eviction import EvictionStrategy, budget_option
+
+
+class H2OLayer(EvictionLayer):
+    token_state = ("sums",)
+
+    def __init__(self, index: int, budget: int, recent: int):
+        super().__init__(index, budget)
+        self.recent = recent
+        self.sums: torch.Tensor | None = None  # [batch, kv_heads, held] accumulated attention, float32
+
+    def appended(self, new: int) -> None:
+        if self.sums is None:
+            self.sums = torch.zeros(self.positions.shape, dtype=torch.float32, device=self.device)
+        else:
+            self.sums = F.pad(self.sums, (0, new))
+        self.ask_for_attention()  # every step: the sums grow below the budget too
+
+    def choose(self, query, key, mask, scaling) -> None:
+        self.sums += attention_received(query, key, mask, scaling, last=query.shape[2]).sum(dim=2)
+        held = self.sums.shape[-1]
+        if held <= self.budget:
+            return
+        older = held - self.recent
+        if held == self.budget + 1:  # a decoding step: the lightest older token of each head goes
+            self.drop(self.sums[..., :older].argmin(dim=-1, keepdim=True))
+            return
+        heavy = top_indices(self.sums[..., :older], self.budget - self.recent)
+        recent = torch.arange(older, held, device=self.device).expand(*heavy.shape[:2], self.recent)
+        self.keep(torch.cat([heavy, recent], dim=-1))
+
+    def reset(self) -> None:
+        super().reset()
+        self.sums = None
+
+
+class H2O(EvictionStrategy):
+    name = "h2o"
+    description = "H2O heavy hitters: per KV head, the most-attended tokens so far plus the most recent ones"
+    options = (
+        budget_option(minimum=2),
+        Option("recent", "int", 0, "most recent tokens always kept; 0 means half the budget", minimum=0),
+    )
+
+    def check_options(self, options):
+        if options["recent"] >= options["budget"]:
+            return (
+                f"option 'recent' of strategy 'h2o' ({options['recent']}) must be smaller than 'budget' "
+                f"({options['budget']}), to leave room for heavy hitters"
+            )
+        return None
+
+    def make_layer(self, index, options):
+        recent = options["recent"] or options["budget"] // 2
+        return H2OLayer(index, options["budget"], recent)

@@ -1,0 +1,107 @@
+"""SnapKV (Li et al., 2024): compress the prompt once, by what its last queries attend to; decoding appends.
+
+At the prefill, if the prompt is longer than `budget`, each KV head keeps the last `window` prompt tokens (the
+observation window) plus the `budget - window` earlier tokens that the window's queries attend to most:
+attention summed over the window's queries, averaged over the query heads that share the KV head, then
+max-pooled over neighbouring positions (`kernel`) so that kept tokens come with their context. Tokens fed
+after the prefill are all kept, so the cache grows again from `budget`.
+
+The prompt is whatever the cache holds at its first forward: fed one token at a time from the start (a
+teacher-forced evaluation), it never compresses. After a live switch the held tokens are the prompt and the
+first step's own queries are the observation window.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kvviz.engine.attention_scores import attention_received
+from kvviz.engine.eviction_layers import EvictionLayer, top_indices
+from kvviz.engine.predict import CachePredictor
+from kvviz.engine.strategies.base import Option
+from kvviz.engine.strategies.eviction import EvictionStrategy, budget_option
+
+
+class SnapKVLayer(EvictionLayer):
+    def __init__(self, index: int, budget: int, window: int, kernel: int):
+        super().__init__(index, budget)
+        self.window = window
+        self.kernel = kernel
+        self.compressed = False  # the prompt has been dealt with; everything after it is kept
+
+    def appended(self, new: int) -> None:
+        if self.compressed:
+            return
+        if self.get_seq_length() <= self.budget:
+            self.compressed = True  # the prompt fits
+        else:
+            self.ask_for_attention()
+
+    def choose(self, query, key, mask, scaling) -> None:
+        new, held = query.shape[2], key.shape[-2]
+        prompt = held if held == new else held - new  # a prefill, or the tokens a live switch fed
+        observed = min(self.window, new)
+        received = attention_received(query, key, mask, scaling, last=observed).mean(dim=2)
+        candidates = received[..., : prompt - self.window]  # [batch, kv_heads, positions before the window]
+        pooled = F.max_pool1d(candidates, kernel_size=self.kernel, stride=1, padding=self.kernel // 2)
+        chosen = top_indices(pooled, self.budget - self.window)
+        kept_tail = torch.arange(prompt - self.window, held, device=self.device).expand(*chosen.shape[:2], -1)
+        self.keep(torch.cat([chosen, kept_tail], dim=-1))
+        self.compressed = True
+
+    def get_max_length(self) -> int:
+        return -1  # decoded tokens are appended without limit
+
+    def reset(self) -> None:
+        super().reset()
+        self.compressed = False
+
+
+class SnapKVPredictor(CachePredictor):
+    """The first feed (the prompt, or what a live switch moved in) is cut to `budget`; later feeds are added."""
+
+    def __init__(self, geometry, budget: int):
+        super().__init__(geometry)
+        self.budget = budget
+        self.first_feed: int | None = None
+
+    def after_step(self, new_tokens: int) -> int:
+        if self.first_feed is None:
+            self.first_feed = new_tokens
+        return super().after_step(new_tokens)
+
+    def layer_bytes(self, i, window, new) -> int:
+        appended = self.seen + new - self.first_feed
+        return (min(self.first_feed, self.budget) + appended) * self.geometry.token_bytes
+
+
+class SnapKV(EvictionStrategy):
+    name = "snapkv"
+    description = "SnapKV: cut the prompt to `budget` by what its last `window` queries attend to; decoding appends"
+    options = (
+        budget_option(minimum=2),
+        Option("window", "int", 32, "last prompt tokens whose queries choose (the observation window), all kept",
+               minimum=1),
+        Option("kernel", "int", 5, "max-pooling width over positions (odd)", minimum=1),
+    )
+
+    def check_options(self, options):
+        if options["window"] >= options["budget"]:
+            return (
+                f"option 'window' of strategy 'snapkv' ({options['window']}) must be smaller than 'budget' "
+                f"({options['budget']}), to leave room for the tokens it chooses"
+            )
+        if options["kernel"] % 2 == 0:
+            return f"option 'kernel' of strategy 'snapkv' must be an odd number, not {options['kernel']}"
+        return None
+
+    def make_layer(self, index, options):
+        return SnapKVLayer(index, options["budget"], options["window"], options["kernel"])
+
+    def predictor(self, options, geometry, capacity):
+        return SnapKVPredictor(geometry, options["budget"])
+
+    def has_evicted(self, options, seen) -> bool:
+        # from the tokens seen alone it cannot tell whether the prompt was longer than the budget: say it may have
+        return seen > options["budget"]

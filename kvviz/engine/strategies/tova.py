@@ -1,0 +1,36 @@
+"""TOVA (Oren et al., 2024, "Transformers are Multi-State RNNs"): drop what the current token attends to least.
+
+Once a layer holds more than `budget` tokens, it keeps the `budget` tokens on which the newest query's
+attention, averaged over all query heads, is highest: one decision per layer, the same tokens in every KV
+head (as in the authors' code; with grouped-query attention every query head counts once). At each decoding
+step that evicts exactly one token; a longer prompt is cut to the budget by its last query.
+"""
+
+from __future__ import annotations
+
+from kvviz.engine.attention_scores import attention_received
+from kvviz.engine.eviction_layers import EvictionLayer
+from kvviz.engine.strategies.eviction import EvictionStrategy, budget_option
+
+
+class TOVALayer(EvictionLayer):
+    per_head = False
+
+    def appended(self, new: int) -> None:
+        if self.get_seq_length() > self.budget:
+            self.ask_for_attention()
+
+    def choose(self, query, key, mask, scaling) -> None:
+        if key.shape[-2] <= self.budget:
+            return
+        newest = attention_received(query, key, mask, scaling, last=1)  # [batch, kv_heads, group, keys]
+        self.keep_best(newest.mean(dim=(1, 2)).unsqueeze(1))
+
+
+class TOVA(EvictionStrategy):
+    name = "tova"
+    description = "TOVA: once over `budget`, drop the token the current query attends to least (one choice per layer)"
+    options = (budget_option(),)
+
+    def make_layer(self, index, options):
+        return TOVALayer(index, options["budget"])
