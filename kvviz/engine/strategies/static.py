@@ -24,6 +24,7 @@ class Static(Strategy):
         Option("compile", "bool", False, "run decode steps under torch.compile (compile time reported apart)"),
     )
     preallocates = True
+    exact = True
 
     def make_cache(self, model, options, capacity):
         return StaticCache(config=model.config, max_cache_len=capacity)
