@@ -4,7 +4,8 @@ Each strategy reads the document through its own cache, one token at a time (str
 every token exactly: a chunk per forward), and the command prints per strategy the perplexity
 overall and over segments, the cache's size and the speed; `--out DIR` keeps one `kvviz-eval` file
 per strategy and `summary.csv`. Ctrl-C or SIGTERM stops the evaluation, keeps and writes what was
-measured, and exits 130 or 143. `kvviz trace FILE` prints a kept evaluation file's summary.
+measured, and exits 130 or 143; a strategy that fails does not stop the others (exit status 1 then).
+`kvviz trace FILE` prints a kept evaluation file's summary.
 """
 
 from __future__ import annotations
@@ -160,22 +161,24 @@ def _print_footer(evaluations) -> None:
 
 
 def _save(evaluations, out: Path) -> dict[int, str]:
-    """Write every started evaluation and the summary CSV; Ctrl-C and SIGTERM wait until it is done."""
+    """Write every started evaluation and the summary CSV; returns the files by evaluation index."""
     from kvviz import evaluation
 
     files: dict[int, str] = {}
-    with signals_deferred():
-        for i, e in enumerate(evaluations):
-            if not e.started:
-                continue
-            path = out / f"eval-{i + 1}-{e.result.strategy['name']}.json"
-            try:
-                e.result.save(path)
-            except OSError as exc:
-                raise RuntimeError(f"cannot write {path}: {exc.strerror or exc}") from None
-            files[i] = str(path)
-        rows = [evaluation.summary_row(e.result, files.get(i)) for i, e in enumerate(evaluations) if e.started]
+    for i, e in enumerate(evaluations):
+        if not e.started:
+            continue
+        path = out / f"eval-{i + 1}-{e.result.strategy['name']}.json"
+        try:
+            e.result.save(path)
+        except OSError as exc:
+            raise RuntimeError(f"cannot write {path}: {exc.strerror or exc}") from None
+        files[i] = str(path)
+    rows = [evaluation.summary_row(e.result, files.get(i)) for i, e in enumerate(evaluations) if e.started]
+    try:
         evaluation.write_summary_csv(rows, out / "summary.csv")
+    except OSError as exc:
+        raise RuntimeError(f"cannot write {out / 'summary.csv'}: {exc.strerror or exc}") from None
     return files
 
 

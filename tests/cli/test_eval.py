@@ -130,3 +130,15 @@ def test_reading_an_evaluation_file_does_not_import_torch(tmp_path):
     assert run_and_list_heavy_imports("trace", str(path)) == "HEAVY [] STATUS 0"
     assert run_and_list_heavy_imports("eval", "--model", "tiny", "--builtin", "bible", "--strategies",
                                       "dynamic") == "HEAVY [] STATUS 2"
+
+
+def test_trace_refuses_a_damaged_evaluation_file_by_field(tmp_path):
+    from tests.engine.test_evaluate_file import sample_run
+
+    data = sample_run().to_dict()
+    data["records"]["cache_bytes"][3] = -1
+    path = tmp_path / "e.json"
+    path.write_text(json.dumps(data))
+    result = kvviz("trace", str(path))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"{path}: field records.cache_bytes[3] must be an integer >= 0 or null" in result.stderr
