@@ -109,7 +109,8 @@ def prepare(loaded: LoadedModel, document: Document, choices: list[StrategyChoic
 class Evaluation:
     """One strategy over one document's tokens: iterate to get a `TokenRecord` per prediction.
 
-    Raises `OptionError` at construction if the strategy cannot run on this model. `cancel` (shared
+    Raises `OptionError` at construction if the strategy cannot run on this model or number that many
+    tokens within its context (`prepare` cuts documents to fit). `cancel` (shared
     between evaluations, so that one Stop stops all) is checked between forwards; what was measured
     stays in `result`.
     """
@@ -118,6 +119,10 @@ class Evaluation:
                  cancel: threading.Event | None = None, chunk: int = CHUNK):
         if len(token_ids) < 2:
             raise OptionError("an evaluation needs at least 2 tokens: one fed, one predicted")
+        usable = usable_tokens(loaded.model, [choice], len(token_ids))
+        if usable < len(token_ids):
+            raise OptionError(f"{choice.label()} can read at most {usable:,} tokens within the model's context of "
+                              f"{context_length(loaded.model):,}, not {len(token_ids):,}; cut the document first")
         self.model = loaded.model
         self.ids = torch.tensor([token_ids], device=self.model.device)
         self.run = CacheRun(self.model, choice, capacity_for(choice, len(token_ids)))

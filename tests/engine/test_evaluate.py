@@ -162,6 +162,10 @@ def test_prepare_cuts_at_the_context_unless_every_strategy_streams(tiny_model):
     assert len(ids) == 5000 and notice is None  # attention sinks renumber what they keep: no context limit
     ids, _, notice = evaluate.prepare(tiny_model, alice, [dynamic], 100)
     assert len(ids) == 100 and notice is None
+    ids, record, _ = evaluate.prepare(tiny_model, alice, [sink], 4100)
+    evaluate.Evaluation(tiny_model, sink, ids, record)
+    with pytest.raises(OptionError, match="dynamic can read at most 4,096 tokens within the model's context"):
+        evaluate.Evaluation(tiny_model, dynamic, ids, record)
 
 
 def test_prepare_refuses_what_has_nothing_to_predict(tiny_model, tmp_path):
