@@ -32,7 +32,11 @@ SEGMENTS_NOTE = (
 
 def add_eval_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
-        "eval", help="perplexity along a long document through each strategy's cache (StreamingLLM's evaluation)"
+        "eval", help="perplexity along a long document through each strategy's cache (StreamingLLM's evaluation)",
+        description="Feed a document through each strategy's cache one token at a time (strategies that keep every "
+        "token exactly: a chunk per forward) and score every next token. Prints per strategy the perplexity overall, "
+        "by quarter of the document and before/after the cache first dropped a token, the cache's size and tokens/s. "
+        "Ctrl-C keeps and writes what was measured.",
     )
     parser.add_argument("--model", default="default", help="default, tiny, a model directory, a .gguf file or a hub id")
     parser.add_argument("--dtype", default="auto", help="auto (float32 on CPU), float32, bfloat16 or float16")
