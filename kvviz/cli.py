@@ -21,6 +21,7 @@ from pathlib import Path
 from kvviz import __version__
 from kvviz.attach_cli import add_attach_parser, cmd_attach
 from kvviz.errors import ModelError, OptionError, UsageError
+from kvviz.eval_cli import add_eval_parser, cmd_eval, show_eval_file
 
 
 class Terminated(KeyboardInterrupt):
@@ -96,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--out", type=Path, required=True, help="folder for traces, summary.csv and report.md")
 
     add_attach_parser(sub)
+    add_eval_parser(sub)
 
     demo = sub.add_parser("demo", help="a scripted tour of the window, sized for a 1080p screen recording")
     demo.add_argument("--record", type=Path, default=None, help="record it to this MP4 (or GIF) file")
@@ -362,6 +364,8 @@ def cmd_model(args) -> int:
 def cmd_trace(args) -> int:
     from kvviz import trace as trace_mod
 
+    if show_eval_file(args.path, args.json):  # an evaluation file (kvviz eval --out) rather than a trace
+        return 0
     try:
         loaded = trace_mod.load(args.path)
     except trace_mod.TraceError as exc:
@@ -418,6 +422,7 @@ COMMANDS = {
     "trace": cmd_trace,
     "bench": cmd_bench,
     "attach": cmd_attach,
+    "eval": cmd_eval,
     "demo": cmd_demo,
 }
 

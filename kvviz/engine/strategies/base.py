@@ -115,6 +115,9 @@ class Strategy:
     # number of tokens held rather than the number seen
     renumbers_positions: ClassVar[bool] = False
     keeps_first_tokens: ClassVar[bool] = False  # needs the start of the sequence (attention sinks)
+    # True: predictions equal a full-precision cache's, whatever the length (nothing dropped, nothing
+    # quantized), so an evaluation may feed many tokens per forward
+    exact: ClassVar[bool] = False
 
     # -- options -------------------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ class NoCache(Strategy):
     name = "none"
     description = "no cache: the whole sequence is recomputed at every step"
     has_cache = False
+    exact = True
 
     def make_cache(self, model, options, capacity):
         return None

@@ -10,6 +10,7 @@ class Offloaded(Strategy):
     name = "offloaded"
     description = "DynamicCache with each layer moved to CPU memory between uses (CUDA only)"
     needs_cuda = True
+    exact = True
 
     def make_cache(self, model, options, capacity):
         return DynamicCache(config=model.config, offloading=True)
@@ -20,6 +21,7 @@ class OffloadedStatic(Strategy):
     description = "StaticCache with layers offloaded to CPU memory between uses (CUDA only)"
     options = (max_cache_len_option(),)
     needs_cuda = True
+    exact = True
     preallocates = True
 
     def make_cache(self, model, options, capacity):

@@ -27,6 +27,7 @@ class Static(Strategy):
         Option("compile", "bool", False, "run decode steps under torch.compile (compile time reported apart)"),
     )
     preallocates = True
+    exact = True
 
     def model_problem(self, model, geometry, options):
         if not options["compile"]:

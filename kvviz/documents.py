@@ -1,0 +1,82 @@
+"""Documents to evaluate a cache strategy on: the texts shipped with kvviz and the user's own files.
+
+Stdlib only (no torch, no Qt), so that the command line and the window can list and check documents
+before loading a model. Tokenizing is the engine's business (`kvviz.engine.evaluate`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvviz import resources
+
+EXTENSIONS = (".txt", ".md")
+MAX_FILE_BYTES = 64 * 2**20  # far beyond any model's context; refuses what is surely not a document
+
+
+class DocumentError(ValueError):
+    """A document that cannot be read or used; the message names it and says what is accepted."""
+
+
+@dataclass(frozen=True)
+class Document:
+    name: str  # what the user sees: the built-in name or the file name
+    source: str  # "builtin:NAME" or the file's path
+    text: str
+    title: str | None = None  # built-in texts only
+    author: str | None = None
+
+    def describe(self) -> dict:
+        """What an evaluation file records about its document (the text itself is not kept)."""
+        return {"name": self.name, "source": self.source, "title": self.title, "author": self.author}
+
+
+def _catalogue() -> dict[str, dict]:
+    with resources.path("texts", "texts.json").open(encoding="utf-8") as f:
+        return json.load(f)
+
+
+def builtin_names() -> list[str]:
+    """The names `--builtin` accepts, in the catalogue's order."""
+    return list(_catalogue())
+
+
+def builtin(name: str) -> Document:
+    entries = _catalogue()
+    if name not in entries:
+        raise DocumentError(f"no built-in document named {name!r}; accepted: {', '.join(entries)}")
+    entry = entries[name]
+    text = resources.path("texts", entry["file"]).read_text(encoding="utf-8")
+    return Document(name, f"builtin:{name}", text, entry.get("title"), entry.get("author"))
+
+
+def from_file(path: str | os.PathLike) -> Document:
+    """A user's .txt or .md file: must exist, be UTF-8 text and hold more than white space."""
+    path = Path(path)
+    if path.suffix.lower() not in EXTENSIONS:
+        raise DocumentError(f"{path} is not a text document: kvviz evaluates .txt and .md files")
+    if path.is_dir():
+        raise DocumentError(f"{path} is a folder; give a .txt or .md file")
+    try:
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise DocumentError(
+                f"{path} is {size / 2**20:.0f} MiB; kvviz evaluates documents of at most "
+                f"{MAX_FILE_BYTES // 2**20} MiB (a model reads only its context's worth of tokens anyway)"
+            )
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise DocumentError(f"cannot read the document {path}: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DocumentError(
+            f"{path} is not UTF-8 text (undecodable byte at offset {exc.start}); save it as UTF-8"
+        ) from None
+    text = text.removeprefix("\ufeff")  # a byte-order mark is not part of the text
+    if not text.strip():
+        raise DocumentError(f"{path} is empty; give a document with some text in it")
+    return Document(path.name, str(path), text)

@@ -1,0 +1,206 @@
+"""Teacher-forced evaluation: how well a model reads a document through one strategy's cache.
+
+StreamingLLM's evaluation (Xiao et al., 2023): the document goes through the strategy's cache one
+token at a time (`CacheRun`), so every token is predicted from what the cache holds at that moment,
+with eviction, quantization and re-rotation all acting. Each prediction becomes a `TokenRecord`: the
+negative log-likelihood of the true next token (natural log, from a float32 log-softmax), the cache's
+measured and predicted bytes, the tokens it holds, and the time it took.
+
+A strategy whose predictions equal the full cache's (`Strategy.exact`: it keeps every token in full
+precision) is fed `CHUNK` tokens per forward instead, each forward scoring all of them; the NLL is
+the same to within 1e-3 nats (tested), and the cache is then measured once per chunk.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Iterator
+
+import torch
+
+from kvviz.documents import Document
+from kvviz.engine.cache_run import CacheRun
+from kvviz.engine.decode import _check_memory
+from kvviz.engine.models import LoadedModel
+from kvviz.engine.strategies import StrategyChoice, capacity_for, get
+from kvviz.errors import OptionError
+from kvviz.evaluation import EvalRun, TokenRecord, token_count_problem
+
+CHUNK = 128  # tokens per forward for exact strategies
+MAX_TOKENS = 10**7  # a document this long is cut here even for strategies that stream past the context
+CHARS_PER_TOKEN = 32  # more than any token of a BPE vocabulary spans: a prefix this long holds enough tokens
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    """Token ids of a document as the model reads raw text (special tokens only where the tokenizer adds them)."""
+    return list(tokenizer(text, add_special_tokens=True, verbose=False)["input_ids"])
+
+
+def tokenize(tokenizer, text: str, limit: int | None = None) -> tuple[list[int], bool]:
+    """The document's first `limit` tokens (all if None), and whether it had more.
+
+    A long document is tokenized only as far as needed: a prefix, less its last token (the prefix
+    may end inside a word), when that prefix already gives `limit` tokens.
+    """
+    if limit is not None and len(text) > (limit + 1) * CHARS_PER_TOKEN:
+        ids = encode(tokenizer, text[: (limit + 1) * CHARS_PER_TOKEN])[:-1]
+        if len(ids) >= limit:
+            return ids[:limit], True
+    ids = encode(tokenizer, text)
+    if limit is not None and len(ids) > limit:
+        return ids[:limit], True
+    return ids, False
+
+
+def context_length(model) -> int | None:
+    """The positions the model was built for (None when its config does not say)."""
+    return getattr(model.config.get_text_config(decoder=True), "max_position_embeddings", None) or None
+
+
+def usable_tokens(model, choices: list[StrategyChoice], available: int) -> int:
+    """The most of `available` document tokens that every strategy can number within the model's context.
+
+    Most strategies number every token, so that is the context; a strategy that renumbers what it
+    keeps (attention sinks) streams past it, so a document evaluated only by such strategies is not cut.
+    """
+    context = context_length(model)
+
+    def fits(n: int) -> bool:
+        return context is None or all(get(c.name).positions_needed(c.options, n) <= context for c in choices)
+
+    if fits(available):
+        return available
+    low, high = 0, available  # fits(low), not fits(high)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
+
+
+def prepare(loaded: LoadedModel, document: Document, choices: list[StrategyChoice],
+            tokens: int | None = None) -> tuple[list[int], dict, str | None]:
+    """The token ids to evaluate, the document's record for the files, and a notice for the user (or None).
+
+    The document is cut at `tokens` if given, and at what the strategies can number within the
+    model's context (`usable_tokens`). Raises OptionError for a `tokens` below two or a document of
+    fewer than two tokens (nothing to predict).
+    """
+    problem = token_count_problem(tokens)
+    if problem:
+        raise OptionError(problem)
+    usable = usable_tokens(loaded.model, choices, MAX_TOKENS)
+    limit = usable if tokens is None else min(tokens, usable)
+    ids, cut = tokenize(loaded.tokenizer, document.text, limit)
+    if len(ids) < 2:
+        raise OptionError(f"the document {document.name} has {len(ids)} token(s); it needs at least 2 to predict one")
+    notice = None
+    if tokens is not None and len(ids) < min(tokens, usable):
+        notice = f"the document has {len(ids):,} tokens, fewer than the {tokens:,} asked for: evaluating all of them"
+    elif cut and limit < (tokens or MAX_TOKENS):
+        notice = (f"the document is longer than the model's context of {context_length(loaded.model):,} tokens: "
+                  f"evaluating its first {len(ids):,} tokens")
+    record = document.describe()
+    record.update(tokens=len(ids), first_token_id=ids[0], cut=notice)
+    return ids, record, notice
+
+
+class Evaluation:
+    """One strategy over one document's tokens: iterate to get a `TokenRecord` per prediction.
+
+    Raises `OptionError` at construction if the strategy cannot run on this model or number that many
+    tokens within its context (`prepare` cuts documents to fit). `cancel` (shared
+    between evaluations, so that one Stop stops all) is checked between forwards; what was measured
+    stays in `result`.
+    """
+
+    def __init__(self, loaded: LoadedModel, choice: StrategyChoice, token_ids: list[int], document: dict,
+                 cancel: threading.Event | None = None, chunk: int = CHUNK):
+        if len(token_ids) < 2:
+            raise OptionError("an evaluation needs at least 2 tokens: one fed, one predicted")
+        usable = usable_tokens(loaded.model, [choice], len(token_ids))
+        if usable < len(token_ids):
+            raise OptionError(f"{choice.label()} can read at most {usable:,} tokens within the model's context of "
+                              f"{context_length(loaded.model):,}, not {len(token_ids):,}; cut the document first")
+        self.model = loaded.model
+        self.ids = torch.tensor([token_ids], device=self.model.device)
+        self.run = CacheRun(self.model, choice, capacity_for(choice, len(token_ids)))
+        _check_memory(self.run, self.model.device)
+        self.chunk = max(1, chunk) if self.run.strategy.exact else 1
+        self._cancel = cancel or threading.Event()
+        self.started = False
+        self.result = EvalRun(
+            model=dict(loaded.card),
+            strategy={"name": choice.name, "options": dict(choice.options)},
+            document=dict(document),
+            method={"mode": "token-by-token" if self.chunk == 1 else "chunked", "chunk": self.chunk},
+        )
+
+    def cancel(self) -> None:
+        """Stop after the forward in progress (and stop every evaluation sharing the event)."""
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def __iter__(self) -> Iterator[TokenRecord]:
+        self.started = True
+        predictions = self.ids.shape[-1] - 1
+        for start in range(0, predictions, self.chunk):
+            if self._cancel.is_set():
+                self.result.cancelled = True
+                return
+            end = min(start + self.chunk, predictions)
+            if self.run.evicted and self.result.first_eviction is None:
+                self.result.first_eviction = start
+            started = time.perf_counter()
+            nll = self._score(start, end)
+            wall_ms = (time.perf_counter() - started) * 1000.0 / (end - start)
+            layers = self.run.measure()
+            for position, value in zip(range(start, end), nll, strict=True):
+                last = position == end - 1  # the cache is measured after each forward only
+                record = TokenRecord(
+                    position=position,
+                    token_id=int(self.ids[0, position + 1]),
+                    nll=value,
+                    cache_bytes=sum(layer.total_bytes for layer in layers) if last else None,
+                    predicted_cache_bytes=self.run.predicted_bytes if last else None,
+                    tokens_held=max((layer.seq_len for layer in layers), default=0) if last else None,
+                    wall_ms=wall_ms,
+                )
+                self.result.records.append(record)
+                yield record
+
+    def _score(self, start: int, end: int) -> list[float]:
+        """Feed the document's tokens [start, end) and return the NLL of each one's successor."""
+        fed = self.ids[:, :end] if self.run.cache is None else self.ids[:, start:end]
+        with torch.inference_mode():
+            logits = self.run.forward(fed, logits_to_keep=end - start)[0]
+            logprobs = torch.log_softmax(logits.float(), dim=-1)
+            targets = self.ids[0, start + 1 : end + 1]
+            nll = (-logprobs.gather(-1, targets[:, None])[:, 0]).tolist()
+        bad = next((i for i, v in enumerate(nll) if not math.isfinite(v)), None)
+        if bad is not None:
+            raise FloatingPointError(
+                f"the prediction of the token at position {start + bad + 1} is not a finite number (the model's "
+                "logits hold NaN or infinity); the predictions before it are kept"
+            )
+        return nll
+
+
+def evaluate_all(evaluations: list[Evaluation]) -> Iterator[tuple[int, TokenRecord]]:
+    """Run the evaluations one after another, yielding (index, record).
+
+    A failure in one (its message kept in its result's `error`) does not stop the others; once one
+    is cancelled, the ones not started are left unstarted.
+    """
+    for index, evaluation in enumerate(evaluations):
+        if evaluation.cancelled:
+            return
+        try:
+            for record in evaluation:
+                yield index, record
+        except Exception as exc:  # noqa: BLE001 - a strategy's own failure, reported with its result
+            evaluation.result.error = f"{type(exc).__name__}: {exc}"

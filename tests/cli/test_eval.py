@@ -1,0 +1,144 @@
+"""`kvviz eval` as a user runs it: real subprocesses, real signals, the files it writes."""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from kvviz import evaluation
+
+
+def kvviz(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "kvviz", *args], capture_output=True, text=True, timeout=timeout)
+
+
+STRATEGIES = "dynamic,sliding:window=16,sink:sink_tokens=4:window=12"
+
+
+def test_eval_writes_a_file_per_strategy_and_a_summary(tmp_path):
+    out = tmp_path / "out"
+    result = kvviz("eval", "--model", "tiny", "--builtin", "alice", "--tokens", "48", "--strategies", STRATEGIES,
+                   "--out", str(out), "--json")
+    assert result.returncode == 0, result.stderr
+    results = json.loads(result.stdout)
+    assert [r["strategy"]["name"] for r in results] == ["dynamic", "sliding", "sink"]
+    assert [r["method"]["mode"] for r in results] == ["chunked", "token-by-token", "token-by-token"]
+    for r in results:
+        run = evaluation.load(r["file"])
+        assert r["status"] == run.status == "finished" and len(run.records) == 47
+        assert run.document["source"] == "builtin:alice" and run.document["tokens"] == 48
+        assert r["summary"]["perplexity"] == pytest.approx(run.summary()["perplexity"])
+    assert results[1]["summary"]["first_eviction"] == 16 and results[0]["summary"]["first_eviction"] is None
+    rows = list(csv.DictReader((out / "summary.csv").open(encoding="utf-8")))
+    assert [row["strategy"] for row in rows] == ["dynamic", "sliding", "sink"]
+    assert rows[2]["options"] == "sink_tokens=4 window=12" and rows[2]["first_eviction"] == "17"
+    assert not list(out.glob("*.part"))
+
+
+def test_eval_prints_a_table_and_trace_opens_its_files(tmp_path):
+    result = kvviz("eval", "--model", "tiny", "--builtin", "alice", "--tokens", "40", "--strategies",
+                   "sliding:window=16,quantized:backend=hqq:nbits=4:q_group_size=32", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].split()[:3] == ["perplexity", "2nd", "half"] and lines[0].endswith("strategy")
+    assert lines[1].endswith("sliding (window=16): finished, evicting from token 16")
+    assert "quantized (backend=hqq, nbits=4" in lines[2] and lines[2].endswith(": finished")
+    assert "Q1-Q4: perplexity over each quarter" in result.stdout
+    assert "kvviz: tiny-random-llama, document alice, 40 tokens, 2 strategies" in result.stderr
+    shown = kvviz("trace", str(tmp_path / "eval-1-sliding.json"))
+    assert shown.returncode == 0, shown.stderr
+    assert "kvviz evaluation of tiny-random-llama on alice (40 tokens, token-by-token), finished" in shown.stdout
+    assert lines[1] in shown.stdout
+    as_json = json.loads(kvviz("trace", str(tmp_path / "eval-2-quantized.json"), "--json").stdout)
+    assert as_json["summary"]["tokens"] == 39 and as_json["strategy"]["options"]["nbits"] == 4
+
+
+def test_a_document_longer_than_the_context_is_cut_with_a_message(tmp_path):
+    result = kvviz("eval", "--model", "tiny", "--builtin", "alice", "--strategies", "dynamic", "--json")
+    assert result.returncode == 0, result.stderr
+    assert "longer than the model's context of 4,096 tokens: evaluating its first 4,096 tokens" in result.stderr
+    assert json.loads(result.stdout)[0]["summary"]["tokens"] == 4095
+
+
+@pytest.mark.parametrize(
+    "make,args,message",
+    [
+        (None, ["--text", "{tmp}/missing.txt"], "cannot read the document {tmp}/missing.txt"),
+        (("doc.txt", b"\xff\xfeh\x00i\x00"), ["--text", "{tmp}/doc.txt"], "{tmp}/doc.txt is not UTF-8 text"),
+        (("doc.md", b""), ["--text", "{tmp}/doc.md"], "{tmp}/doc.md is empty"),
+        (("doc.pdf", b"%PDF"), ["--text", "{tmp}/doc.pdf"], "kvviz evaluates .txt and .md files"),
+        (None, ["--builtin", "bible"], "no built-in document named 'bible'; accepted: alice"),
+        (None, ["--builtin", "alice", "--tokens", "1"], "--tokens: the token count must be at least 2"),
+        (("file", b"x"), ["--builtin", "alice", "--out", "{tmp}/file"], "--out {tmp}/file is a file"),
+        (None, ["--builtin", "alice", "--strategies", "sliding:window=0"], "option 'window' of strategy 'sliding'"),
+        (None, ["--builtin", "alice", "--strategies", "nope"], "unknown strategy 'nope'"),
+        (None, ["--strategies", "dynamic"], "one of the arguments --text --builtin is required"),
+    ],
+)
+def test_refusals_name_the_problem(tmp_path, make, args, message):
+    if make:
+        (tmp_path / make[0]).write_bytes(make[1])
+    args = [a.format(tmp=tmp_path) for a in args]
+    if "--strategies" not in args:
+        args += ["--strategies", "dynamic"]
+    result = kvviz("eval", "--model", "tiny", *args)
+    assert result.returncode == 2, result.stderr
+    assert message.format(tmp=tmp_path) in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_model_a_strategy_cannot_run_on_is_refused_before_any_work():
+    result = kvviz("eval", "--model", "tiny", "--builtin", "alice", "--strategies", "dynamic,quantized:nbits=4")
+    assert result.returncode == 2, result.stderr
+    assert "cannot use q_group_size=64 with this model" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("signum,status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_keeps_what_was_measured(tmp_path, signum, status):
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvviz", "eval", "--model", "tiny", "--builtin", "alice", "--tokens", "4000",
+         "--strategies", "sliding:window=32,dynamic", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    # the header comes once every strategy has been checked and the evaluation starts
+    assert proc.stdout.readline().startswith("perplexity"), proc.communicate()[1]
+    time.sleep(1.5)
+    proc.send_signal(signum)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == status, stderr
+    assert "Traceback" not in stderr
+    partial = evaluation.load(out / "eval-1-sliding.json")
+    assert partial.cancelled and 0 < len(partial.records) < 3999
+    assert not (out / "eval-2-dynamic.json").exists()  # never started
+    rows = list(csv.DictReader((out / "summary.csv").open(encoding="utf-8")))
+    assert [(row["strategy"], row["status"]) for row in rows] == [("sliding", "cancelled")]
+    assert "sliding (window=32)" in stdout and "not run: dynamic" in stdout
+    assert not list(out.glob("*.part"))
+
+
+def test_reading_an_evaluation_file_does_not_import_torch(tmp_path):
+    from tests.cli.test_startup_imports import run_and_list_heavy_imports
+    from tests.engine.test_evaluate_file import sample_run
+
+    path = sample_run().save(tmp_path / "e.json")
+    assert run_and_list_heavy_imports("trace", str(path)) == "HEAVY [] STATUS 0"
+    assert run_and_list_heavy_imports("eval", "--model", "tiny", "--builtin", "bible", "--strategies",
+                                      "dynamic") == "HEAVY [] STATUS 2"
+
+
+def test_trace_refuses_a_damaged_evaluation_file_by_field(tmp_path):
+    from tests.engine.test_evaluate_file import sample_run
+
+    data = sample_run().to_dict()
+    data["records"]["cache_bytes"][3] = -1
+    path = tmp_path / "e.json"
+    path.write_text(json.dumps(data))
+    result = kvviz("trace", str(path))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"{path}: field records.cache_bytes[3] must be an integer >= 0 or null" in result.stderr

@@ -1,0 +1,192 @@
+"""Teacher-forced evaluation through a strategy's cache: exact where the cache keeps everything, and
+faithful bookkeeping (evictions, sizes, cancellation, failures) where it does not."""
+
+import threading
+
+import pytest
+import torch
+
+from kvviz import documents
+from kvviz.engine import evaluate, strategies
+from kvviz.errors import OptionError
+
+TOLERANCE = 1e-3  # nats, at every position
+
+
+def document_ids(loaded, n):
+    ids, record, _ = evaluate.prepare(loaded, documents.builtin("alice"), [strategies.choose("dynamic")], n)
+    return ids, record
+
+
+def full_forward_nll(loaded, ids) -> torch.Tensor:
+    """The reference: one forward over the whole sequence, NLL of every next token."""
+    with torch.inference_mode():
+        logits = loaded.model(input_ids=torch.tensor([ids])).logits[0, :-1]
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        return -logprobs.gather(-1, torch.tensor(ids[1:])[:, None])[:, 0].double()
+
+
+def nll_of(loaded, name, options, ids, record, chunk=evaluate.CHUNK):
+    evaluation = evaluate.Evaluation(loaded, strategies.choose(name, options), ids, record, chunk=chunk)
+    records = list(evaluation)
+    assert [r.position for r in records] == list(range(len(ids) - 1))
+    assert [r.token_id for r in records] == ids[1:]
+    return torch.tensor([r.nll for r in records], dtype=torch.float64), evaluation
+
+
+@pytest.fixture(scope="module")
+def alice_256(default_model):
+    assert default_model.model.dtype == torch.float32
+    ids, record = document_ids(default_model, 256)
+    return ids, record, full_forward_nll(default_model, ids)
+
+
+def test_dynamic_token_by_token_equals_one_full_forward(default_model, alice_256):
+    ids, record, reference = alice_256
+    nll, evaluation = nll_of(default_model, "dynamic", {}, ids, record, chunk=1)
+    assert evaluation.result.method == {"mode": "token-by-token", "chunk": 1}
+    assert float((nll - reference).abs().max()) < TOLERANCE
+    # the cache was measured after every token, and its size is the one predicted
+    assert all(r.cache_bytes == r.predicted_cache_bytes == (r.position + 1) * 46080 for r in evaluation.result.records)
+    assert all(r.tokens_held == r.position + 1 for r in evaluation.result.records)
+
+
+def test_chunked_dynamic_equals_one_full_forward(default_model, alice_256):
+    ids, record, reference = alice_256
+    nll, evaluation = nll_of(default_model, "dynamic", {}, ids, record, chunk=64)
+    assert evaluation.result.method == {"mode": "chunked", "chunk": 64}
+    assert float((nll - reference).abs().max()) < TOLERANCE
+    measured = [r for r in evaluation.result.records if r.cache_bytes is not None]
+    assert [r.position for r in measured] == [63, 127, 191, 254]  # once per forward
+    assert all(r.cache_bytes == r.predicted_cache_bytes for r in measured)
+
+
+@pytest.mark.parametrize(
+    "name,options", [("static", {}), ("sliding", {"window": 4096}), ("sink", {"sink_tokens": 4, "window": 4096})]
+)
+def test_strategies_that_keep_every_token_equal_dynamic(default_model, alice_256, name, options):
+    ids, record, reference = alice_256
+    ids, record, reference = ids[:97], {**record, "tokens": 97}, reference[:96]
+    nll, evaluation = nll_of(default_model, name, options, ids, record)
+    assert float((nll - reference).abs().max()) < TOLERANCE
+    assert evaluation.result.first_eviction is None
+
+
+def test_only_exact_strategies_are_chunked(tiny_model):
+    ids, record = document_ids(tiny_model, 40)
+    expected = {"dynamic": "chunked", "static": "chunked", "none": "chunked", "sliding": "token-by-token",
+                "sink": "token-by-token", "quantized": "token-by-token"}
+    for name, mode in expected.items():
+        options = {"q_group_size": 32} if name == "quantized" else {}
+        evaluation = evaluate.Evaluation(tiny_model, strategies.choose(name, options), ids, record)
+        assert evaluation.result.method["mode"] == mode, name
+
+
+def test_none_is_scored_like_dynamic(tiny_model):
+    ids, record = document_ids(tiny_model, 70)
+    dynamic, _ = nll_of(tiny_model, "dynamic", {}, ids, record, chunk=32)
+    none, evaluation = nll_of(tiny_model, "none", {}, ids, record, chunk=32)
+    assert float((none - dynamic).abs().max()) < TOLERANCE
+    assert evaluation.result.records[-1].cache_bytes == 0
+
+
+@pytest.mark.parametrize(
+    "name,options,held,first_eviction",
+    [("sliding", {"window": 16}, 15, 16), ("sink", {"sink_tokens": 4, "window": 12}, 16, 17)],
+)
+def test_evicting_strategies_hold_their_budget(tiny_model, name, options, held, first_eviction):
+    ids, record = document_ids(tiny_model, 60)
+    nll, evaluation = nll_of(tiny_model, name, options, ids, record)
+    dynamic, _ = nll_of(tiny_model, "dynamic", {}, ids, record)
+    records = evaluation.result.records
+    assert evaluation.result.first_eviction == first_eviction
+    # before the first eviction the cache held everything: the same predictions as the full cache
+    assert float((nll[:first_eviction] - dynamic[:first_eviction]).abs().max()) < TOLERANCE
+    assert float((nll[first_eviction:] - dynamic[first_eviction:]).abs().max()) > TOLERANCE
+    assert max(r.tokens_held for r in records) == held
+    assert all(r.cache_bytes == r.predicted_cache_bytes for r in records)
+
+
+def test_quantized_is_measured_and_predicted_at_every_token(tiny_model):
+    ids, record = document_ids(tiny_model, 50)
+    options = {"backend": "hqq", "nbits": 4, "q_group_size": 32, "residual_length": 8}
+    _, evaluation = nll_of(tiny_model, "quantized", options, ids, record)
+    records = evaluation.result.records
+    assert all(r.cache_bytes == r.predicted_cache_bytes for r in records)
+    assert records[-1].cache_bytes < (len(ids) - 1) * tiny_model.card["kv_bytes_per_token"]
+    assert evaluation.result.first_eviction is None
+
+
+def test_cancel_stops_between_tokens_and_keeps_what_was_measured(tiny_model):
+    ids, record = document_ids(tiny_model, 80)
+    cancel = threading.Event()
+    evaluations = [evaluate.Evaluation(tiny_model, strategies.choose(name, {"window": 16}), ids, record, cancel)
+                   for name in ("sliding", "sliding")]
+    for _, r in evaluate.evaluate_all(evaluations):
+        if r.position == 9:
+            evaluations[0].cancel()
+    first, second = (e.result for e in evaluations)
+    assert first.cancelled and len(first.records) == 10
+    assert not evaluations[1].started and second.records == []
+
+
+def test_a_failing_strategy_does_not_lose_the_others(tiny_model):
+    ids, record = document_ids(tiny_model, 30)
+    evaluations = [evaluate.Evaluation(tiny_model, strategies.choose(name, {"window": 8}), ids, record)
+                   for name in ("sliding", "sliding", "sliding")]
+    forward = evaluations[1].run.forward
+    calls = []
+
+    def failing_forward(*args, **kwargs):  # stands in for a failure inside the model at the 6th token
+        calls.append(1)
+        if len(calls) == 6:
+            raise RuntimeError("out of memory")
+        return forward(*args, **kwargs)
+
+    evaluations[1].run.forward = failing_forward
+    seen = [index for index, _ in evaluate.evaluate_all(evaluations)]
+    assert seen == [0] * 29 + [1] * 5 + [2] * 29
+    assert evaluations[1].result.error == "RuntimeError: out of memory"
+    assert len(evaluations[1].result.records) == 5
+    assert evaluations[0].result.error is None and evaluations[2].result.error is None
+
+
+def test_prepare_cuts_at_the_context_unless_every_strategy_streams(tiny_model):
+    alice = documents.builtin("alice")
+    dynamic = strategies.choose("dynamic")
+    sink = strategies.choose("sink", {"window": 60})
+    ids, record, notice = evaluate.prepare(tiny_model, alice, [dynamic, sink], None)
+    assert len(ids) == 4096 and record["tokens"] == 4096
+    assert "longer than the model's context of 4,096 tokens" in notice and record["cut"] == notice
+    ids, _, notice = evaluate.prepare(tiny_model, alice, [sink], 5000)
+    assert len(ids) == 5000 and notice is None  # attention sinks renumber what they keep: no context limit
+    ids, _, notice = evaluate.prepare(tiny_model, alice, [dynamic], 100)
+    assert len(ids) == 100 and notice is None
+    ids, record, _ = evaluate.prepare(tiny_model, alice, [sink], 4100)
+    evaluate.Evaluation(tiny_model, sink, ids, record)
+    with pytest.raises(OptionError, match="dynamic can read at most 4,096 tokens within the model's context"):
+        evaluate.Evaluation(tiny_model, dynamic, ids, record)
+
+
+def test_prepare_refuses_what_has_nothing_to_predict(tiny_model, tmp_path):
+    one_token = tmp_path / "one.txt"
+    one_token.write_text("Hello")
+    document = documents.from_file(one_token)
+    with pytest.raises(OptionError, match="needs at least 2"):
+        evaluate.prepare(tiny_model, document, [strategies.choose("dynamic")], None)
+    with pytest.raises(OptionError, match="at least 2"):
+        evaluate.prepare(tiny_model, documents.builtin("alice"), [strategies.choose("dynamic")], 1)
+    short = tmp_path / "short.md"
+    short.write_text("A short note of a few words.")
+    ids, _, notice = evaluate.prepare(tiny_model, documents.from_file(short), [strategies.choose("dynamic")], 500)
+    assert len(ids) < 500 and "fewer than the 500 asked for" in notice
+
+
+def test_tokenizing_a_prefix_gives_the_whole_text_s_first_tokens(tiny_model):
+    text = documents.builtin("alice").text
+    whole = evaluate.encode(tiny_model.tokenizer, text)
+    assert len(whole) >= 8000  # the shipped document is long enough for the long-context evaluation
+    for limit in (10, 1000, 8192):
+        ids, cut = evaluate.tokenize(tiny_model.tokenizer, text, limit)
+        assert ids == whole[:limit] and cut
+    assert evaluate.tokenize(tiny_model.tokenizer, text, None) == (whole, False)

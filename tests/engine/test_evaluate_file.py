@@ -1,0 +1,198 @@
+"""The kvviz-eval file format, its summary and summary CSV, and the documents an evaluation reads."""
+
+import csv
+import json
+import math
+import re
+
+import pytest
+
+from kvviz import documents, evaluation, resources
+from kvviz.evaluation import EvalFileError, EvalRun, TokenRecord
+
+
+def sample_run(n=12, first_eviction=None, **changes) -> EvalRun:
+    records = [
+        TokenRecord(position=p, token_id=100 + p, nll=0.5 + p / 10, cache_bytes=1000 * (p + 1) if p % 4 == 3 else None,
+                    predicted_cache_bytes=1000 * (p + 1) if p % 4 == 3 else None,
+                    tokens_held=p + 1 if p % 4 == 3 else None, wall_ms=2.0)
+        for p in range(n)
+    ]
+    run = EvalRun(
+        model={"name": "m", "dtype": "float32"},
+        strategy={"name": "sliding", "options": {"window": 8}},
+        document={"name": "alice", "source": "builtin:alice", "title": None, "author": None, "tokens": n + 1,
+                  "first_token_id": 99, "cut": None},
+        method={"mode": "chunked", "chunk": 4},
+        records=records,
+        first_eviction=first_eviction,
+    )
+    for key, value in changes.items():
+        setattr(run, key, value)
+    return run
+
+
+def strict_json(text: str):
+    def refuse(constant):
+        raise AssertionError(f"not valid JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_round_trip_as_strict_json(tmp_path):
+    run = sample_run(cancelled=True, error="RuntimeError: boom")
+    path = run.save(tmp_path / "e.json")
+    data = strict_json(path.read_text())
+    assert data["format"] == "kvviz-eval" and data["version"] == 1
+    assert set(data["records"]) == set(evaluation.COLUMNS)
+    assert data["records"]["cache_bytes"][:4] == [None, None, None, 4000]
+    again = evaluation.load(path)
+    assert again.to_dict() == run.to_dict()
+    assert not list(tmp_path.glob("*.part"))
+
+
+def test_summary_segments():
+    run = sample_run(n=12, first_eviction=5)
+    s = run.summary()
+    nll = [0.5 + p / 10 for p in range(12)]
+    assert s["tokens"] == 12
+    assert s["perplexity"] == pytest.approx(math.exp(sum(nll) / 12))
+    assert s["second_half_perplexity"] == pytest.approx(math.exp(sum(nll[6:]) / 6))
+    assert [(q["first"], q["last"]) for q in s["quarters"]] == [(0, 2), (3, 5), (6, 8), (9, 11)]
+    assert s["quarters"][1]["perplexity"] == pytest.approx(math.exp(sum(nll[3:6]) / 3))
+    assert s["before_eviction_perplexity"] == pytest.approx(math.exp(sum(nll[:5]) / 5))
+    assert s["after_eviction_perplexity"] == pytest.approx(math.exp(sum(nll[5:]) / 7))
+    assert s["final_cache_bytes"] == 12000 and s["peak_cache_bytes"] == 12000 and s["final_tokens_held"] == 12
+    assert s["wall_s"] == pytest.approx(0.024) and s["tokens_per_s"] == pytest.approx(500)
+
+
+def test_summary_of_nothing_measured_is_unknown_not_zero():
+    s = sample_run(n=0, first_eviction=None).summary()
+    assert s["tokens"] == 0 and s["quarters"] == []
+    for key in ("perplexity", "mean_nll", "final_cache_bytes", "peak_cache_bytes", "tokens_per_s",
+                "before_eviction_perplexity"):
+        assert s[key] is None, key
+
+
+def test_summary_csv(tmp_path):
+    runs = [sample_run(), sample_run(first_eviction=3, error="RuntimeError: x")]
+    rows = [evaluation.summary_row(run, f"eval-{i}.json") for i, run in enumerate(runs)]
+    path = evaluation.write_summary_csv(rows, tmp_path / "summary.csv")
+    table = list(csv.DictReader(path.open(encoding="utf-8")))
+    assert list(table[0]) == list(evaluation.CSV_COLUMNS)
+    assert table[0]["strategy"] == "sliding" and table[0]["options"] == "window=8"
+    assert table[0]["method"] == "chunked (4)" and table[0]["status"] == "finished"
+    assert table[0]["first_eviction"] == "" and table[1]["first_eviction"] == "3"
+    assert table[1]["status"] == "error" and table[1]["file"] == "eval-1.json"
+    assert float(table[0]["final_cache_mib"]) == pytest.approx(12000 / 2**20, rel=1e-5)
+
+
+def mutate(data, path, value):
+    *parents, last = path
+    for key in parents:
+        data = data[key]
+    if value is KeyError:
+        del data[last]
+    else:
+        data[last] = value
+
+
+@pytest.mark.parametrize(
+    "path,value,message",
+    [
+        (("format",), "kvviz-trace", 'expected "format": "kvviz-eval"'),
+        (("version",), 2, "of version 2; this kvviz reads version 1"),
+        (("model",), KeyError, "field model must be an object (it is missing)"),
+        (("strategy", "name"), 3, "field strategy.name must be a string"),
+        (("strategy", "options"), [], "field strategy.options must be an object"),
+        (("document", "tokens"), -1, "field document.tokens must be an integer >= 0"),
+        (("document", "tokens"), True, "field document.tokens must be an integer >= 0"),
+        (("method", "mode"), "magic", "field method.mode must be one of token-by-token, chunked"),
+        (("method", "chunk"), 0, "field method.chunk must be an integer >= 1"),
+        (("cancelled",), "no", "field cancelled must be true or false"),
+        (("error",), 5, "field error must be a string or null"),
+        (("first_eviction",), -3, "field first_eviction must be an integer >= 0"),
+        (("records",), [], "field records must be an object"),
+        (("records", "nll"), KeyError, "field records.nll must be a list (it is missing)"),
+        (("records", "nll", 3), float("nan"), "field records.nll[3] must be a finite number"),
+        (("records", "nll", 3), "1.5", "field records.nll[3] must be a finite number"),
+        (("records", "nll", 4), -0.5, "field records.nll[4] must be a number >= 0"),
+        (("records", "wall_ms", 0), float("inf"), "field records.wall_ms[0] must be a finite number"),
+        (("records", "cache_bytes", 3), -4000, "field records.cache_bytes[3] must be an integer >= 0 or null"),
+        (("records", "tokens_held", 3), 2.5, "field records.tokens_held[3] must be an integer >= 0 or null"),
+        (("records", "token_id", 0), None, "field records.token_id[0] must be an integer >= 0"),
+        (("records", "position", 5), 2, "field records.position[5] must be a position after 4"),
+        (("records", "position", 11), 12, "field records.position[11] must be below 12"),
+        (("records", "wall_ms"), [1.0], "field records must be columns of one length (they have 1, 12)"),
+    ],
+)
+def test_damaged_files_are_refused_by_field(tmp_path, path, value, message):
+    data = sample_run().to_dict()
+    mutate(data, path, value)
+    target = tmp_path / "bad.json"
+    target.write_text(json.dumps(data))  # json writes NaN and Infinity as a hand-edited file could
+    with pytest.raises(EvalFileError) as refused:
+        evaluation.load(target)
+    assert str(target) in str(refused.value) and message in str(refused.value)
+
+
+@pytest.mark.parametrize("content", [b"", b"\xff\xfe{", b"{\"format\": \"kvviz-eval\",", b"[]"])
+def test_unreadable_files_are_refused(tmp_path, content):
+    target = tmp_path / "bad.json"
+    target.write_bytes(content)
+    with pytest.raises(EvalFileError, match="is not a kvviz evaluation"):
+        evaluation.load(target)
+
+
+# -- documents ------------------------------------------------------------------------------------
+
+
+def test_the_shipped_document_and_its_licence():
+    alice = documents.builtin("alice")
+    assert alice.source == "builtin:alice" and alice.author == "Lewis Carroll"
+    assert alice.text.startswith("                ALICE'S ADVENTURES IN WONDERLAND")
+    assert "\r" not in alice.text and alice.text.rstrip().endswith("THE END")
+    notes = resources.path("texts", "README.md").read_text(encoding="utf-8")
+    for needed in ("Lewis Carroll", "Alice's Adventures in Wonderland", "public domain", "brotli", "alice.txt"):
+        assert needed in notes
+    assert documents.builtin_names() == ["alice"]
+
+
+def test_unknown_builtin_names_the_accepted_ones():
+    with pytest.raises(documents.DocumentError, match="no built-in document named 'bible'; accepted: alice"):
+        documents.builtin("bible")
+
+
+@pytest.mark.parametrize(
+    "name,content,message",
+    [
+        ("notes.pdf", b"%PDF-1.4", "kvviz evaluates .txt and .md files"),
+        ("latin1.txt", "caf\xe9".encode("latin-1"), "is not UTF-8 text (undecodable byte at offset 3)"),
+        ("empty.txt", b"", "is empty"),
+        ("blank.md", b"  \n\t\n", "is empty"),
+        ("bom.txt", b"\xef\xbb\xbf", "is empty"),
+    ],
+)
+def test_documents_refused_by_name(tmp_path, name, content, message):
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(documents.DocumentError, match=re.escape(message)) as refused:
+        documents.from_file(path)
+    assert str(path) in str(refused.value)
+
+
+def test_missing_and_folder_documents_are_refused(tmp_path):
+    with pytest.raises(documents.DocumentError, match="cannot read the document .*No such file"):
+        documents.from_file(tmp_path / "nope.txt")
+    folder = tmp_path / "folder.md"
+    folder.mkdir()
+    with pytest.raises(documents.DocumentError, match="is a folder"):
+        documents.from_file(folder)
+
+
+def test_a_users_markdown_file_is_read_without_its_byte_order_mark(tmp_path):
+    path = tmp_path / "Notes.MD"
+    path.write_bytes("\ufeff# Notes\n\nCafé au lait.".encode())
+    document = documents.from_file(path)
+    assert document.text == "# Notes\n\nCafé au lait." and document.name == "Notes.MD"
+    assert document.describe() == {"name": "Notes.MD", "source": str(path), "title": None, "author": None}
