@@ -132,7 +132,7 @@ def cmd_attach(args) -> int:
     if args.out is not None:
         session.save(args.out)
         _log(f"wrote {args.out}")
-    _show(session, url, model, args.json)
+    show_session(session, url, model, args.json)
     return 130 if interrupted else 0
 
 
@@ -144,11 +144,11 @@ def _open_session(args) -> int:
         session = session_mod.load(args.url)
     except session_mod.SessionError as exc:
         raise UsageError(str(exc)) from None
-    _show(session, session.url, session.model, args.json)
+    show_session(session, session.url, session.model, args.json)
     return 0
 
 
-def _show(session, url, model, as_json: bool) -> None:
+def show_session(session, url, model, as_json: bool) -> None:
     """The session's summary, as JSON on stdout or as lines for a person."""
     summary = session.summary()
     if not as_json:

@@ -21,7 +21,7 @@ from pathlib import Path
 from kvviz import __version__
 from kvviz.attach_cli import add_attach_parser, cmd_attach
 from kvviz.errors import ModelError, OptionError, UsageError
-from kvviz.eval_cli import add_eval_parser, cmd_eval, show_eval_file
+from kvviz.eval_cli import add_eval_parser, cmd_eval
 
 
 class Terminated(KeyboardInterrupt):
@@ -362,18 +362,26 @@ def cmd_model(args) -> int:
 
 
 def cmd_trace(args) -> int:
-    from kvviz import trace as trace_mod
+    """Check any kept file (a trace, an evaluation, a server session) and print its summary."""
+    from kvviz.attach.session import Session
+    from kvviz.attach_cli import show_session
+    from kvviz.eval_cli import show_eval_run
+    from kvviz.evaluation import EvalRun
+    from kvviz.formats import read_kept
+    from kvviz.jsonfile import KeptFileError
 
-    if show_eval_file(args.path, args.json):  # an evaluation file (kvviz eval --out) rather than a trace
-        return 0
     try:
-        loaded = trace_mod.load(args.path)
-    except trace_mod.TraceError as exc:
+        kept = read_kept(args.path)
+    except KeptFileError as exc:
         raise UsageError(str(exc)) from None
-    if args.json:
-        print(json.dumps(loaded.summary(), indent=2))
+    if isinstance(kept, EvalRun):
+        show_eval_run(kept, args.path, args.json)
+    elif isinstance(kept, Session):
+        show_session(kept, kept.url, kept.model, args.json)
+    elif args.json:
+        print(json.dumps(kept.summary(), indent=2))
     else:
-        _print_summary(loaded, loaded.summary(), args.path)
+        _print_summary(kept, kept.summary(), args.path)
     return 0
 
 

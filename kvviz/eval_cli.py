@@ -293,24 +293,11 @@ def _clock(seconds: float) -> str:
 # -- kvviz trace FILE --------------------------------------------------------------------------------
 
 
-def show_eval_file(path: Path, as_json: bool) -> bool:
-    """Print the summary of an evaluation file and return True; False when `path` is not one (a trace)."""
-    from kvviz import evaluation
-    from kvviz.trace import read_json
-
-    try:
-        data = read_json(path, "kvviz evaluation", evaluation.EvalFileError)
-    except evaluation.EvalFileError:
-        return False  # unreadable or not JSON: the trace reader says so
-    if not evaluation.is_eval_file(data):
-        return False
-    try:
-        run = evaluation.from_dict(data, source=str(path))
-    except evaluation.EvalFileError as exc:
-        raise UsageError(str(exc)) from None
+def show_eval_run(run, path, as_json: bool) -> None:
+    """The summary of a kept evaluation file (`kvviz trace FILE`)."""
     if as_json:
         print(json.dumps(_json_result(run, str(path)), indent=2, allow_nan=False))
-        return True
+        return
     doc = run.document
     print(f"kvviz evaluation of {run.model.get('name', '?')} on {doc['name']} ({doc['tokens']:,} tokens, "
           f"{run.method['mode']}), {run.status}" + (f": {run.error}" if run.error else ""))
@@ -318,4 +305,3 @@ def show_eval_file(path: Path, as_json: bool) -> bool:
     print(table.header())
     print(table.row(run))
     print(SEGMENTS_NOTE)
-    return True

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -31,7 +30,23 @@ from typing import Any
 
 import numpy as np
 
-from kvviz.trace import read_json
+from kvviz.jsonfile import KeptFileError, write_atomic, write_json
+from kvviz.schema import (
+    MAX_BYTES,
+    FileFormat,
+    Flag,
+    Int,
+    Json,
+    ListOf,
+    Number,
+    Record,
+    Refusal,
+    Text,
+    at,
+    maybe,
+    optional,
+)
+from kvviz.trace import MAX_MS, MAX_POSITIONS, MODEL_CARD, STRATEGY
 
 FORMAT = "kvviz-eval"
 VERSION = 1
@@ -101,19 +116,8 @@ class EvalRun:
         }
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write atomically (never half a file), as strict JSON (no NaN)."""
-        return write_atomic(path, json.dumps(self.to_dict(), separators=(",", ":"), allow_nan=False))
-
-
-def write_atomic(path: str | os.PathLike, text: str) -> Path:
-    path = Path(path)
-    tmp = path.with_name(path.name + ".part")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+        """Write atomically and completely, even when Ctrl-C comes during the save (`kvviz.jsonfile`)."""
+        return write_json(path, self.to_dict)
 
 
 def token_count_problem(tokens: int | None) -> str | None:
@@ -214,7 +218,7 @@ def write_summary_csv(rows: list[dict[str, Any]], path: str | os.PathLike) -> Pa
     writer.writerow(CSV_COLUMNS)
     for row in rows:
         writer.writerow(["" if row.get(key) is None else _cell(row[key]) for key in CSV_COLUMNS])
-    return write_atomic(path, out.getvalue())
+    return write_atomic(path, out.getvalue().encode("utf-8"))
 
 
 def _cell(value: Any) -> str:
@@ -224,104 +228,78 @@ def _cell(value: Any) -> str:
 # -- reading ------------------------------------------------------------------------------------------
 
 
-class EvalFileError(ValueError):
+class EvalFileError(KeptFileError):
     """A file is not a readable kvviz evaluation; the message names the file, the field and what was expected."""
 
 
-def is_eval_file(data: Any) -> bool:
-    """Whether parsed JSON claims to be an evaluation file (the format field), valid or not."""
-    return isinstance(data, dict) and data.get("format") == FORMAT
-
-
 def load(path: str | os.PathLike) -> EvalRun:
-    """Read and validate an evaluation file. Raises EvalFileError naming the first problem found."""
-    return from_dict(read_json(path, "kvviz evaluation", EvalFileError), source=str(path))
+    return FILE_FORMAT.read(path)
 
 
 def from_dict(data: Any, source: str = "evaluation") -> EvalRun:
-    if not is_eval_file(data):
-        raise EvalFileError(f'{source} is not a kvviz evaluation: expected "format": "{FORMAT}" at the top level')
-    if data.get("version") != VERSION:
-        raise EvalFileError(
-            f"{source} is a kvviz evaluation of version {data.get('version')!r}; this kvviz reads version {VERSION}"
-        )
-    check = _Checker(source)
-    model = check.kind(data, "model", dict)
-    strategy = check.kind(data, "strategy", dict)
-    check.kind(strategy, "name", str, "strategy.name")
-    check.kind(strategy, "options", dict, "strategy.options")
-    document = check.kind(data, "document", dict)
-    check.kind(document, "name", str, "document.name")
-    check.kind(document, "source", str, "document.source")
-    check.count(document, "tokens", "document.tokens")
-    method = check.kind(data, "method", dict)
-    if method.get("mode") not in MODES:
-        check.fail("method.mode", f"one of {', '.join(MODES)}")
-    check.count(method, "chunk", "method.chunk", minimum=1)
-    cancelled = check.kind(data, "cancelled", bool)
-    error = check.kind(data, "error", (str, type(None)))
-    first_eviction = check.kind(data, "first_eviction", (int, type(None)))
-    if first_eviction is not None:
-        check.count(data, "first_eviction")
-    records = _records(check, check.kind(data, "records", dict), document["tokens"])
-    return EvalRun(model, strategy, document, method, records, cancelled, error, first_eviction)
+    return FILE_FORMAT.parse(data, source)
 
 
-def _records(check: _Checker, table: dict, document_tokens: int) -> list[TokenRecord]:
-    columns = {}
-    for name in COLUMNS:
-        values = check.kind(table, name, list, f"records.{name}")
-        optional = name in ("cache_bytes", "predicted_cache_bytes", "tokens_held")
-        for i, value in enumerate(values):
-            where = f"records.{name}[{i}]"
-            if value is None and optional:
-                continue
-            if name in ("nll", "wall_ms"):
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                    check.fail(where, "a finite number")
-                if value < 0:
-                    check.fail(where, "a number >= 0")
-            elif isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                check.fail(where, "an integer >= 0" + (" or null" if optional else ""))
-        columns[name] = values
-    lengths = {len(v) for v in columns.values()}
+def _columns_agree(records: dict, where) -> None:
+    lengths = sorted({len(column) for column in records.values()})
     if len(lengths) > 1:
-        check.fail("records", f"columns of one length (they have {', '.join(map(str, sorted(lengths)))})")
-    positions = columns["position"]
+        raise Refusal(where, f"columns of one length (they have {', '.join(map(str, lengths))})", show_found=False)
+    positions = records["position"]
     for i in range(1, len(positions)):
         if positions[i] <= positions[i - 1]:
-            check.fail(f"records.position[{i}]", f"a position after {positions[i - 1]} (positions increase)")
-    if positions and positions[-1] >= document_tokens - 1:
-        check.fail(f"records.position[{len(positions) - 1}]", f"below {document_tokens - 1}: the document has "
-                   f"{document_tokens} tokens, and its last one is only predicted")
-    return [TokenRecord(*(columns[name][i] for name in COLUMNS)) for i in range(len(positions))]
+            raise Refusal(at(where, "position", i), f"a position after {positions[i - 1]:,} (positions increase)",
+                          positions[i])
 
 
-_KIND_NAMES = {dict: "an object", list: "a list", str: "a string", bool: "true or false", int: "an integer",
-               type(None): "null"}
+def _within_document(run: dict, where) -> None:
+    positions, tokens = run["records"]["position"], run["document"]["tokens"]
+    if positions and positions[-1] >= tokens - 1:
+        raise Refusal(
+            at(where, "records", "position", len(positions) - 1),
+            f"a position below {tokens - 1:,}: the document has {tokens:,} tokens and its last is only predicted",
+            positions[-1],
+        )
 
 
-class _Checker:
-    """Field checks that raise EvalFileError naming the file, the field's path and what was expected."""
+_EVAL = Record(
+    {
+        "model": MODEL_CARD,
+        "strategy": STRATEGY,
+        "document": Record(
+            {"name": Text(), "source": Text(), "tokens": Int(0, MAX_POSITIONS, what="a number of tokens"),
+             "title": maybe(Text(null=True)), "author": maybe(Text(null=True)),
+             "first_token_id": maybe(Int(0, null=True)), "cut": maybe(Json(depth=0))},
+            extra=Json(depth=1), what="a document (an object)",
+        ),
+        "method": Record({"mode": Text(MODES), "chunk": Int(1)}, what="a method (an object with mode and chunk)"),
+        "cancelled": Flag(),
+        "error": Text(null=True),
+        "first_eviction": Int(0, null=True),
+        "records": Record(
+            {
+                "position": ListOf(Int(0, MAX_POSITIONS)),
+                "token_id": ListOf(Int(0)),
+                "nll": ListOf(Number(0, what="a negative log-likelihood in nats")),
+                "cache_bytes": ListOf(Int(0, MAX_BYTES, null=True, what="a byte count")),
+                "predicted_cache_bytes": ListOf(Int(0, MAX_BYTES, null=True, what="a byte count")),
+                "tokens_held": ListOf(Int(0, MAX_POSITIONS, null=True)),
+                "wall_ms": ListOf(Number(0, MAX_MS, what="a time in ms")),
+            },
+            rules=(_columns_agree,),
+            what="a table of columns (an object of lists)",
+        ),
+        "summary": optional(Json(depth=3)),
+    },
+    rules=(_within_document,),
+)
 
-    def __init__(self, source: str):
-        self.source = source
 
-    def fail(self, where: str, expected: str):
-        raise EvalFileError(f"{self.source}: field {where} must be {expected}")
+def _build(data: dict) -> EvalRun:
+    rows = zip(*(data["records"][name] for name in COLUMNS), strict=True)
+    records = [TokenRecord(*row) for row in rows]
+    return EvalRun(data["model"], data["strategy"], data["document"], data["method"], records,
+                   data["cancelled"], data["error"], data["first_eviction"])
 
-    def kind(self, obj: dict, key: str, kind, where: str | None = None):
-        where = where or key
-        value = obj.get(key, ...)
-        kinds = kind if isinstance(kind, tuple) else (kind,)
-        bad_bool = isinstance(value, bool) and bool not in kinds
-        if value is ... or bad_bool or not isinstance(value, kinds):
-            expected = " or ".join(_KIND_NAMES[k] for k in kinds)
-            self.fail(where, expected + (" (it is missing)" if value is ... else ""))
-        return value
 
-    def count(self, obj: dict, key: str, where: str | None = None, minimum: int = 0) -> int:
-        value = obj.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            self.fail(where or key, f"an integer >= {minimum}")
-        return value
+FILE_FORMAT = FileFormat(name=FORMAT, version=VERSION, kind="kvviz evaluation", schema=_EVAL, build=_build,
+                         error=EvalFileError)

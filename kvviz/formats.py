@@ -21,6 +21,7 @@ from kvviz.schema import FileFormat
 FORMATS = {
     "kvviz-trace": "kvviz.trace",
     "kvviz-attach": "kvviz.attach.session",
+    "kvviz-eval": "kvviz.evaluation",
 }
 
 

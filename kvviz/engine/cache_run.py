@@ -10,7 +10,9 @@ and measures it. Strategy-specific behaviour comes from the strategy object, nev
 from __future__ import annotations
 
 import inspect
+import time
 
+import psutil
 import torch
 
 from kvviz.engine import attention_scores, measure
@@ -64,6 +66,32 @@ class CacheRun:
             raise OptionError(f"strategy {choice.name!r} {problem}")
         cache = strategy.make_cache(self.model, choice.options, self.capacity)
         return choice, strategy, cache, strategy.predictor(choice.options, self.geometry, self.capacity)
+
+    def check_memory(self) -> None:
+        """Refuse a cache that cannot fit: every slot of the run in full precision (evicting caches hold less)."""
+        if self.strategy.evicts:
+            return
+        need = self.capacity * self.geometry.kv_bytes_per_token
+        device = self.model.device
+        if device.type == "cuda":
+            free = torch.cuda.mem_get_info(device)[0]
+            where = f"free memory on {device}"
+        else:
+            free = psutil.virtual_memory().available
+            where = "available memory"
+        if need > free:
+            raise OptionError(
+                f"the cache for {self.capacity:,} tokens would need up to {need:,} bytes ({need / 2**30:.1f} GiB), "
+                f"more than the {free:,} bytes ({free / 2**30:.1f} GiB) of {where}; ask for fewer tokens"
+                + (" or a smaller max_cache_len" if self.strategy.preallocates else "")
+            )
+
+    def warm_up(self, notify) -> float | None:
+        """The strategy's one-time preparation (kernel builds), before the first feed: its ms, or None if none."""
+        started = time.perf_counter()
+        if self.strategy.warm_up(self.choice.options, self.model.device, notify):
+            return (time.perf_counter() - started) * 1000.0
+        return None
 
     # -- feeding -----------------------------------------------------------------------------------
 

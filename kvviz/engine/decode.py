@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
-import psutil
 import torch
 from transformers.generation.logits_process import (
     LogitsProcessorList,
@@ -26,6 +25,7 @@ from transformers.generation.logits_process import (
 from kvviz.engine import measure
 from kvviz.engine.cache_run import CacheRun
 from kvviz.engine.fidelity import Reference
+from kvviz.engine.geometry import Geometry
 from kvviz.engine.machine import memory_bandwidth
 from kvviz.engine.models import LoadedModel
 from kvviz.engine.strategies import StrategyChoice, capacity_for, get
@@ -190,7 +190,7 @@ class Decoder:
                        settings.max_new_tokens)
         self.capacity = capacity_for(choice, total)
         self.run = CacheRun(self.model, choice, self.capacity)
-        _check_memory(self.run, self.model.device)
+        self.run.check_memory()
         self.reference = Reference(self.model) if reference else None
         self.eos_ids = self._eos_ids()
         self._processors = self._make_processors()
@@ -276,7 +276,7 @@ class Decoder:
         new = ids  # what the next step feeds a cache: the prompt, then each new token
         try:
             with torch.inference_mode():
-                self._warm_up()
+                self.trace.warm_up_ms = self.run.warm_up(self.notify)  # before the prefill, apart from its time
                 for index in range(self.settings.max_new_tokens):
                     if self._cancel.is_set():
                         self.trace.cancelled = True
@@ -319,12 +319,6 @@ class Decoder:
                         break
         finally:
             timer.remove()
-
-    def _warm_up(self) -> None:
-        """The strategy's one-time preparation, before the prefill and apart from every step's time."""
-        started = time.perf_counter()
-        if self.run.strategy.warm_up(self.run.choice.options, self.model.device, self.notify):
-            self.trace.warm_up_ms = (time.perf_counter() - started) * 1000.0
 
     def _compile_decode(self, fed: torch.Tensor):
         """Compile the decode forward once, timed apart, on a throw-away step that is then undone.
@@ -388,29 +382,10 @@ class Decoder:
 
 def _check_context(model, positions: int, prompt_tokens: int, new_tokens: int) -> None:
     """Refuse a run whose positions go past what the model was built for."""
-    context = getattr(model.config.get_text_config(decoder=True), "max_position_embeddings", None)
+    context = Geometry.of(model.config, model.dtype).context
     if context and positions > context:
         raise OptionError(
             f"the prompt ({prompt_tokens} tokens) plus max new tokens ({new_tokens}) is {prompt_tokens + new_tokens} "
             f"tokens, longer than the model's context of {context} tokens; shorten the prompt or ask for at most "
             f"{max(context - prompt_tokens, 0)} new tokens"
-        )
-
-
-def _check_memory(run: CacheRun, device: torch.device) -> None:
-    """Refuse a cache that cannot fit: every slot of the run in full precision (evicting caches hold less)."""
-    if run.strategy.evicts:
-        return
-    need = run.capacity * run.geometry.kv_bytes_per_token
-    if device.type == "cuda":
-        free = torch.cuda.mem_get_info(device)[0]
-        where = f"free memory on {device}"
-    else:
-        free = psutil.virtual_memory().available
-        where = "available memory"
-    if need > free:
-        raise OptionError(
-            f"the cache for {run.capacity:,} tokens would need up to {need:,} bytes ({need / 2**30:.1f} GiB), more "
-            f"than the {free:,} bytes ({free / 2**30:.1f} GiB) of {where}; ask for fewer tokens"
-            + (" or a smaller max_cache_len" if run.strategy.preallocates else "")
         )

@@ -22,7 +22,7 @@ import torch
 
 from kvviz.documents import Document
 from kvviz.engine.cache_run import CacheRun
-from kvviz.engine.decode import _check_memory
+from kvviz.engine.geometry import Geometry
 from kvviz.engine.models import LoadedModel
 from kvviz.engine.strategies import StrategyChoice, capacity_for, get
 from kvviz.errors import OptionError
@@ -56,7 +56,7 @@ def tokenize(tokenizer, text: str, limit: int | None = None) -> tuple[list[int],
 
 def context_length(model) -> int | None:
     """The positions the model was built for (None when its config does not say)."""
-    return getattr(model.config.get_text_config(decoder=True), "max_position_embeddings", None) or None
+    return Geometry.of(model.config, model.dtype).context
 
 
 def usable_tokens(model, choices: list[StrategyChoice], available: int) -> int:
@@ -126,7 +126,7 @@ class Evaluation:
         self.model = loaded.model
         self.ids = torch.tensor([token_ids], device=self.model.device)
         self.run = CacheRun(self.model, choice, capacity_for(choice, len(token_ids)))
-        _check_memory(self.run, self.model.device)
+        self.run.check_memory()
         self.chunk = max(1, chunk) if self.run.strategy.exact else 1
         self._cancel = cancel or threading.Event()
         self.started = False
@@ -147,6 +147,7 @@ class Evaluation:
 
     def __iter__(self) -> Iterator[TokenRecord]:
         self.started = True
+        self.run.warm_up(lambda message: None)  # kernel builds before the first token, not in its time
         predictions = self.ids.shape[-1] - 1
         for start in range(0, predictions, self.chunk):
             if self._cancel.is_set():

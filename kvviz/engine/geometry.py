@@ -39,6 +39,7 @@ class Geometry:
     element: int
     windows: tuple[int | None, ...]  # per layer: its sliding window, None for full attention
     layer_types: tuple[str, ...]
+    context: int | None  # the positions the model was built for (max_position_embeddings), None if unsaid
     batch: int = 1
 
     @classmethod
@@ -54,6 +55,7 @@ class Geometry:
             element=torch.empty((), dtype=dtype).element_size(),
             windows=tuple(window if kind in SLIDING_TYPES else None for kind in kinds),
             layer_types=tuple(kinds),
+            context=getattr(text, "max_position_embeddings", None) or None,
         )
 
     @property
