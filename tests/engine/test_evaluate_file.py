@@ -102,28 +102,28 @@ def mutate(data, path, value):
     [
         (("format",), "kvviz-trace", 'expected "format": "kvviz-eval"'),
         (("version",), 2, "of version 2; this kvviz reads version 1"),
-        (("model",), KeyError, "field model must be an object (it is missing)"),
-        (("strategy", "name"), 3, "field strategy.name must be a string"),
-        (("strategy", "options"), [], "field strategy.options must be an object"),
-        (("document", "tokens"), -1, "field document.tokens must be an integer >= 0"),
-        (("document", "tokens"), True, "field document.tokens must be an integer >= 0"),
-        (("method", "mode"), "magic", "field method.mode must be one of token-by-token, chunked"),
-        (("method", "chunk"), 0, "field method.chunk must be an integer >= 1"),
-        (("cancelled",), "no", "field cancelled must be true or false"),
-        (("error",), 5, "field error must be a string or null"),
-        (("first_eviction",), -3, "field first_eviction must be an integer >= 0"),
-        (("records",), [], "field records must be an object"),
-        (("records", "nll"), KeyError, "field records.nll must be a list (it is missing)"),
-        (("records", "nll", 3), float("nan"), "field records.nll[3] must be a finite number"),
-        (("records", "nll", 3), "1.5", "field records.nll[3] must be a finite number"),
-        (("records", "nll", 4), -0.5, "field records.nll[4] must be a number >= 0"),
-        (("records", "wall_ms", 0), float("inf"), "field records.wall_ms[0] must be a finite number"),
-        (("records", "cache_bytes", 3), -4000, "field records.cache_bytes[3] must be an integer >= 0 or null"),
-        (("records", "tokens_held", 3), 2.5, "field records.tokens_held[3] must be an integer >= 0 or null"),
-        (("records", "token_id", 0), None, "field records.token_id[0] must be an integer >= 0"),
-        (("records", "position", 5), 2, "field records.position[5] must be a position after 4"),
-        (("records", "position", 11), 12, "field records.position[11] must be below 12"),
-        (("records", "wall_ms"), [1.0], "field records must be columns of one length (they have 1, 12)"),
+        (("model",), KeyError, "model: expected a model card (an object); the field is missing"),
+        (("strategy", "name"), 3, "strategy.name: expected non-empty text, found 3"),
+        (("strategy", "options"), [], "strategy.options: expected an object"),
+        (("document", "tokens"), -1, "document.tokens: expected a number of tokens"),
+        (("document", "tokens"), True, "document.tokens: expected a number of tokens"),
+        (("method", "mode"), "magic", 'method.mode: expected one of "token-by-token", "chunked"'),
+        (("method", "chunk"), 0, "method.chunk: expected a whole number >= 1, found 0"),
+        (("cancelled",), "no", "cancelled: expected true or false"),
+        (("error",), 5, "error: expected text or null, found 5"),
+        (("first_eviction",), -3, "first_eviction: expected a whole number >= 0 or null, found -3"),
+        (("records",), [], "records: expected a table of columns (an object of lists)"),
+        (("records", "nll"), KeyError, "records.nll: expected a list"),
+        (("records", "nll", 3), float("nan"), "records.nll[3]: expected a negative log-likelihood in nats"),
+        (("records", "nll", 3), "1.5", "records.nll[3]: expected a negative log-likelihood in nats"),
+        (("records", "nll", 4), -0.5, "records.nll[4]: expected a negative log-likelihood in nats (a finite number >= 0), found -0.5"),
+        (("records", "wall_ms", 0), float("inf"), "records.wall_ms[0]: expected a time in ms"),
+        (("records", "cache_bytes", 3), -4000, "records.cache_bytes[3]: expected a byte count"),
+        (("records", "tokens_held", 3), 2.5, "records.tokens_held[3]: expected a whole number from 0"),
+        (("records", "token_id", 0), None, "records.token_id[0]: expected a whole number >= 0, found null"),
+        (("records", "position", 5), 2, "records.position[5]: expected a position after 4"),
+        (("records", "position", 11), 12, "records.position[11]: expected a position below 12"),
+        (("records", "wall_ms"), [1.0], "records: expected columns of one length (they have 1, 12)"),
     ],
 )
 def test_damaged_files_are_refused_by_field(tmp_path, path, value, message):
@@ -140,7 +140,7 @@ def test_damaged_files_are_refused_by_field(tmp_path, path, value, message):
 def test_unreadable_files_are_refused(tmp_path, content):
     target = tmp_path / "bad.json"
     target.write_bytes(content)
-    with pytest.raises(EvalFileError, match="is not a kvviz evaluation"):
+    with pytest.raises(EvalFileError, match="is empty|is not a (complete )?kvviz evaluation"):
         evaluation.load(target)
 
 
