@@ -116,7 +116,8 @@ def mutate(data, path, value):
         (("records", "nll"), KeyError, "records.nll: expected a list"),
         (("records", "nll", 3), float("nan"), "records.nll[3]: expected a negative log-likelihood in nats"),
         (("records", "nll", 3), "1.5", "records.nll[3]: expected a negative log-likelihood in nats"),
-        (("records", "nll", 4), -0.5, "records.nll[4]: expected a negative log-likelihood in nats (a finite number >= 0), found -0.5"),
+        (("records", "nll", 4), -0.5, "records.nll[4]: expected a negative log-likelihood in nats (a finite number "
+         ">= 0), found -0.5"),
         (("records", "wall_ms", 0), float("inf"), "records.wall_ms[0]: expected a time in ms"),
         (("records", "cache_bytes", 3), -4000, "records.cache_bytes[3]: expected a byte count"),
         (("records", "tokens_held", 3), 2.5, "records.tokens_held[3]: expected a whole number from 0"),
