@@ -50,7 +50,7 @@ def test_run_streams_text_and_prints_summary(tmp_path):
         (["run", "--model", "tiny", "--prompt-file", "/no/such/file"], 2, "cannot read the prompt file"),
         (["run", "--model", "/no/such/model", "--prompt", "x"], 1, "neither a model directory"),
         (["run", "--model", "tiny", "--strategy", "offloaded", "--prompt", "x", "--no-trace"], 2, "CUDA"),
-        (["trace", "pyproject.toml"], 2, "is not a kvviz trace"),
+        (["trace", "pyproject.toml"], 2, "pyproject.toml is not a kvviz file"),
         (["run", "--max-new-tokens", "many"], 2, "invalid int value"),
     ],
 )

@@ -141,4 +141,4 @@ def test_trace_refuses_a_damaged_evaluation_file_by_field(tmp_path):
     path.write_text(json.dumps(data))
     result = kvviz("trace", str(path))
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert f"{path}: field records.cache_bytes[3] must be an integer >= 0 or null" in result.stderr
+    assert f"{path}: records.cache_bytes[3]: expected a byte count" in result.stderr
