@@ -14,6 +14,7 @@ from PySide6.QtWidgets import (
     QLabel,
     QProgressBar,
     QPushButton,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
@@ -39,6 +40,8 @@ class ModelPanel(QGroupBox):
             "or a vLLM server's address such as http://127.0.0.1:8000 (connects to it)"
         )
         self.spec.lineEdit().returnPressed.connect(self._request)
+        self.spec.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.spec.setMinimumContentsLength(12)  # a long model path must not widen the Controls
         self.folder_button = QPushButton("Folder…")
         self.folder_button.setToolTip("Choose a Hugging Face model folder")
         self.folder_button.clicked.connect(self._choose_folder)
@@ -55,6 +58,15 @@ class ModelPanel(QGroupBox):
         self.progress.setMaximumHeight(8)
         self.progress.hide()
         self.status, self.card = status_and_card("no model loaded")
+        # Chosen once, seldom changed: once a model has loaded the chooser and the card fold away behind the
+        # status line, so the Controls fit a 720-pixel-high screen; the arrow unfolds them.
+        self.fold_button = QToolButton()
+        self.fold_button.setObjectName("fold")
+        self.fold_button.setCheckable(True)
+        self.fold_button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonIconOnly)
+        self.fold_button.setToolTip("Show or hide the model chooser and the model card")
+        self.fold_button.toggled.connect(self.unfold)
+        self.body = QWidget()
 
         row = QHBoxLayout()
         row.addWidget(self.spec, 1)
@@ -64,12 +76,34 @@ class ModelPanel(QGroupBox):
         buttons.addWidget(self.file_button)
         buttons.addWidget(self.server_button)
         buttons.addStretch(1)
+        body = QVBoxLayout(self.body)
+        body.setContentsMargins(0, 0, 0, 0)
+        body.setSpacing(4)
+        body.addLayout(row)
+        body.addLayout(buttons)
+        body.addWidget(self.card)
+        status_row = QHBoxLayout()
+        status_row.setSpacing(2)
+        status_row.addWidget(self.fold_button, 0, Qt.AlignmentFlag.AlignTop)
+        status_row.addWidget(self.status, 1)
         layout = QVBoxLayout(self)
-        layout.addLayout(row)
-        layout.addLayout(buttons)
+        layout.setSpacing(4)
+        layout.addLayout(status_row)
         layout.addWidget(self.progress)
-        layout.addWidget(self.status)
-        layout.addWidget(self.card)
+        layout.addWidget(self.body)
+        self.card.hide()  # until a model is loaded
+        self.unfold(True)
+
+    def unfold(self, shown: bool) -> None:
+        """Show (True) or fold away the chooser and the card; the status line stays."""
+        if self.fold_button.isChecked() != shown:
+            self.fold_button.setChecked(shown)  # comes back here through toggled
+            return
+        self.fold_button.setArrowType(Qt.ArrowType.DownArrow if shown else Qt.ArrowType.RightArrow)
+        self.body.setVisible(shown)
+
+    def unfolded(self) -> bool:
+        return self.fold_button.isChecked()
 
     def current_spec(self) -> str:
         return self.spec.currentText().strip() or "default"
@@ -113,13 +147,18 @@ class ModelPanel(QGroupBox):
     def set_loaded(self, card: dict[str, Any]) -> None:
         self.progress.hide()
         self.load_button.setEnabled(True)
-        self.status.setText(f"loaded {card.get('name', '')}")
+        self.status.setText(f"loaded {card.get('name') or 'a model'}")
+        self.status.setToolTip(card_summary(card))
         self.card.setText(card_html(card))
+        self.card.show()
+        self.unfold(False)
 
     def set_failed(self, message: str) -> None:
         self.progress.hide()
         self.load_button.setEnabled(True)
         self.status.setText("loading failed (see the message above the plots)")
+        self.card.hide()
+        self.unfold(True)
         del message
 
 
@@ -133,6 +172,17 @@ def status_and_card(status: str) -> tuple[QLabel, QLabel]:
     card.setWordWrap(True)
     card.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
     return label, card
+
+
+def card_summary(card: dict[str, Any]) -> str:
+    """The model's name and the two numbers that size its cache, on one line."""
+    parts = [str(card.get("name") or "a model")]
+    if card.get("num_layers") is not None:
+        parts.append(f"{card['num_layers']} layers")
+    per_token = card.get("kv_bytes_per_token")
+    if isinstance(per_token, int | float):
+        parts.append(f"{per_token / 1024:.1f} KiB KV/token")
+    return " · ".join(parts)
 
 
 def card_html(card: dict[str, Any]) -> str:
