@@ -1,5 +1,6 @@
 """The "Local run" tab: cache memory, step latency and fidelity against tokens above the cache map,
-per-layer bytes and per-layer time below it; one legend row above them all names the runs shown."""
+per-layer bytes and per-layer time below it; one legend (`run_legend`, which the window puts beside the
+view's tabs) names the runs shown for all of them."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ class LocalView(QWidget):
         ]
         for plot in self.plots:
             plot.show_run_legend = False  # named once, in run_legend
-        self.run_legend = LegendBar()
+        self.run_legend = LegendBar(max_rows=1)  # placed by the window, beside the view's tabs
         self.latency_plot.plot.setXLink(self.memory_plot.plot)
         self.fidelity_plot.plot.setXLink(self.memory_plot.plot)
 
@@ -57,8 +58,6 @@ class LocalView(QWidget):
         self.splitter.setChildrenCollapsible(False)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 2, 0, 0)
-        layout.setSpacing(2)
-        layout.addWidget(self.run_legend)
         layout.addWidget(self.splitter, 1)
         # sizes kept in the settings
         self.splitters = {"main": self.splitter, "top": top, "bottom": bottom, "right": right}

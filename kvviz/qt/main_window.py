@@ -64,6 +64,7 @@ class MainWindow(QMainWindow):
         self.views.setDocumentMode(True)
         self.views.addTab(self.local_view, "Local run")
         self.views.addTab(self.server.view, "vLLM server")
+        self.views.setCornerWidget(self.local_view.run_legend, Qt.Corner.TopRightCorner)  # costs no height
         central = QWidget()
         layout = QVBoxLayout(central)
         layout.setContentsMargins(4, 4, 4, 4)
@@ -156,6 +157,9 @@ class MainWindow(QMainWindow):
 
     def resizeEvent(self, event) -> None:  # noqa: N802 - Qt override
         super().resizeEvent(event)
+        # the runs named beside the tabs take the tab row's width that the tabs leave
+        tabs = self.views.tabBar().sizeHint().width()
+        self.local_view.run_legend.setMaximumWidth(max(120, self.views.width() - tabs - 16))
         # a smaller window squeezes the Runs table; when the window grows again it gets its height back
         QTimer.singleShot(0, self._keep_runs_height)
 
@@ -320,7 +324,8 @@ class MainWindow(QMainWindow):
         generating = store.generating is not None
         if self.views.currentIndex() == SERVER:
             self.server.redraw()
-            self.server.view.latency_plot.redraw(shown, primary)
+            self.server.view.latency_plot.redraw(shown, primary)  # names its runs itself
+            self.local_view.run_legend.set_entries([])
         else:
             self.local_view.redraw(shown, primary, generating)
         if primary is not None:

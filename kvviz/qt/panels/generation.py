@@ -60,7 +60,8 @@ class PromptPanel(QGroupBox):
     def __init__(self, parent: QWidget | None = None):
         super().__init__("Prompt", parent)
         self.examples = QComboBox()
-        self.examples.addItem("Example prompts…")
+        self.examples.addItem("Examples…")
+        self.examples.setToolTip("Example prompts")
         self._prompts = example_prompts()
         for prompt in self._prompts:
             self.examples.addItem(prompt["name"])

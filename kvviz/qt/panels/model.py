@@ -60,13 +60,8 @@ class ModelPanel(QGroupBox):
         self.status, self.card = status_and_card("no model loaded")
         # Chosen once, seldom changed: once a model has loaded the chooser and the card fold away behind the
         # status line, so the Controls fit a 720-pixel-high screen; the arrow unfolds them.
-        self.fold_button = QToolButton()
-        self.fold_button.setObjectName("fold")
-        self.fold_button.setCheckable(True)
-        self.fold_button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonIconOnly)
-        self.fold_button.setToolTip("Show or hide the model chooser and the model card")
-        self.fold_button.toggled.connect(self.unfold)
         self.body = QWidget()
+        self.fold_button = Fold(self.body, "Show or hide the model chooser and the model card")
 
         row = QHBoxLayout()
         row.addWidget(self.spec, 1)
@@ -92,18 +87,7 @@ class ModelPanel(QGroupBox):
         layout.addWidget(self.progress)
         layout.addWidget(self.body)
         self.card.hide()  # until a model is loaded
-        self.unfold(True)
-
-    def unfold(self, shown: bool) -> None:
-        """Show (True) or fold away the chooser and the card; the status line stays."""
-        if self.fold_button.isChecked() != shown:
-            self.fold_button.setChecked(shown)  # comes back here through toggled
-            return
-        self.fold_button.setArrowType(Qt.ArrowType.DownArrow if shown else Qt.ArrowType.RightArrow)
-        self.body.setVisible(shown)
-
-    def unfolded(self) -> bool:
-        return self.fold_button.isChecked()
+        self.fold_button.unfold(True)
 
     def current_spec(self) -> str:
         return self.spec.currentText().strip() or "default"
@@ -151,15 +135,37 @@ class ModelPanel(QGroupBox):
         self.status.setToolTip(card_summary(card))
         self.card.setText(card_html(card))
         self.card.show()
-        self.unfold(False)
+        self.fold_button.unfold(False)
 
     def set_failed(self, message: str) -> None:
         self.progress.hide()
         self.load_button.setEnabled(True)
         self.status.setText("loading failed (see the message above the plots)")
         self.card.hide()
-        self.unfold(True)
+        self.fold_button.unfold(True)
         del message
+
+
+class Fold(QToolButton):
+    """An arrow before a status line that shows or folds away a body of settings (the model's, the server's)."""
+
+    def __init__(self, body: QWidget, tooltip: str, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.body = body
+        self.setObjectName("fold")
+        self.setCheckable(True)
+        self.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonIconOnly)
+        self.setToolTip(tooltip)
+        self.toggled.connect(self._show)
+        self._show(False)
+
+    def unfold(self, shown: bool) -> None:
+        self.setChecked(shown)
+        self._show(shown)
+
+    def _show(self, shown: bool) -> None:
+        self.setArrowType(Qt.ArrowType.DownArrow if shown else Qt.ArrowType.RightArrow)
+        self.body.setVisible(shown)
 
 
 def status_and_card(status: str) -> tuple[QLabel, QLabel]:

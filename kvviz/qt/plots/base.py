@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pyqtgraph as pg
-from PySide6.QtCore import QEvent, QRect, QRectF, QSize, Qt
+from PySide6.QtCore import QEvent, QPoint, QRect, QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QFont, QFontMetrics, QImage, QPainter
 from PySide6.QtWidgets import QApplication, QHBoxLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
@@ -32,6 +32,8 @@ from kvviz.qt import theme
 from kvviz.qt.plots.legend import Entry, LegendBar
 from kvviz.qt.series import RunSeries
 
+PLOT_MIN_HEIGHT = 64  # px: the plot area never gets lower than this
+LEGEND_AND_PLOT_MIN_HEIGHT = 110  # px: the legend's rows come out of this, so a legend never raises the minimum
 EXPORT_LAYOUT_WIDTH = 960  # px: exports are laid out at this width and scaled to the width asked for
 DEFAULT_EXPORT_WIDTH = 1920
 
@@ -81,6 +83,8 @@ def unit_forms(label: str) -> list[str]:
     if len(words) > 1:
         forms.append(f"{words[-1]} ({unit})")
     forms.append(unit)
+    if ", " in unit:  # "ms, log scale": the unit itself comes first
+        forms.append(unit.split(", ")[0])
     return forms
 
 
@@ -154,6 +158,7 @@ class PlotPanel(QWidget):
     title = ""
     integer_axes: tuple[str, ...] = ()
     crosshair_line = False  # a vertical line follows the mouse over the plot
+    legend_runs = "shown"  # the runs the legend names: "shown", "primary" (a plot of one run) or "none"
     export_aspect = 9 / 16  # height / width of an exported image
 
     def __init__(self, parent: QWidget | None = None):
@@ -169,7 +174,7 @@ class PlotPanel(QWidget):
         self.legend_bar = LegendBar()
         axes = {name: IntegerAxis(name) for name in self.integer_axes}
         self.widget = TimedPlotWidget(axisItems=axes)
-        self.widget.setMinimumHeight(80)
+        self.widget.setMinimumHeight(LEGEND_AND_PLOT_MIN_HEIGHT)
         self.plot: pg.PlotItem = self.widget.getPlotItem()
         self.plot.setMenuEnabled(False)
         self.plot.hideButtons()
@@ -256,9 +261,24 @@ class PlotPanel(QWidget):
         """The legend row: the runs (unless named elsewhere) and this plot's entries; none on an empty plot."""
         if not self.has_data():
             self.legend_bar.set_entries([])
+            self._reserve_legend_room()
             return
-        runs = self.run_entries(self._runs) if self.show_run_legend else []
+        named = {"shown": self._runs, "primary": [self._primary] if self._primary else [], "none": []}
+        runs = self.run_entries(named[self.legend_runs]) if self.show_run_legend else []
         self.legend_bar.set_entries(runs + self.legend_entries())
+        self._reserve_legend_room()
+
+    def _reserve_legend_room(self) -> None:
+        """The plot's minimum height gives way to the legend's rows: the panel's minimum stays the same whether
+        a legend is shown or not (the window never grows when runs appear)."""
+        legend = self.legend_bar.heightForWidth(self.width()) if self.legend_bar.isVisibleTo(self) else 0
+        minimum = max(PLOT_MIN_HEIGHT, LEGEND_AND_PLOT_MIN_HEIGHT - legend)
+        if self.widget.minimumHeight() != minimum:
+            self.widget.setMinimumHeight(minimum)
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt override
+        super().resizeEvent(event)
+        self._reserve_legend_room()  # the legend's rows change with the width
 
     def apply_palette(self, palette: theme.Palette) -> None:
         self.palette_ = palette
@@ -383,13 +403,13 @@ class PlotPanel(QWidget):
         with self._export_copy() as (copy, size):
             scale = width / size.width()
             image = QImage(width, round(size.height() * scale), QImage.Format.Format_ARGB32)
+            # a device pixel ratio: text, ticks and layout scale; the data's pens (cosmetic, in device pixels)
+            # are widened by the same factor so that lines keep their weight next to the text
+            image.setDevicePixelRatio(scale)
             image.fill(QColor(self.palette_.background))
-            painter = QPainter(image)
-            painter.setRenderHint(QPainter.RenderHint.Antialiasing)
-            painter.setRenderHint(QPainter.RenderHint.TextAntialiasing)
-            painter.scale(scale, scale)
-            copy.render(painter)
-            painter.end()
+            _widen_pens(copy.plot, scale)
+            copy.render(image)
+        image.setDevicePixelRatio(1.0)
         return image
 
     def export_svg(self, path: str | Path, width: int = DEFAULT_EXPORT_WIDTH) -> Path:
@@ -406,7 +426,26 @@ class PlotPanel(QWidget):
             painter = QPainter(generator)
             try:
                 painter.fillRect(QRectF(0, 0, size.width(), size.height()), QColor(self.palette_.background))
-                copy.render(painter)
+                copy.render(painter, QPoint(0, 0))
             finally:
                 painter.end()
         return path
+
+
+def _widen_pens(plot: pg.PlotItem, factor: float) -> None:
+    """Multiply the width of every data curve's and marker line's pen (and marker size) by factor."""
+    for item in plot.items:
+        if isinstance(item, pg.PlotDataItem):
+            pen = item.opts.get("pen")
+            if pen is not None:
+                pen = pg.mkPen(pen)
+                pen.setWidthF(max(pen.widthF(), 1.0) * factor)
+                item.setPen(pen)
+            if item.opts.get("symbol") is not None:
+                item.setSymbolSize(item.opts["symbolSize"] * factor)
+        elif isinstance(item, pg.ScatterPlotItem):
+            item.setSize(item.opts["size"] * factor)
+        elif isinstance(item, pg.InfiniteLine) and item.isVisible():
+            pen = pg.mkPen(item.pen)
+            pen.setWidthF(max(pen.widthF(), 1.0) * factor)
+            item.setPen(pen)

@@ -17,6 +17,7 @@ VALUES_COLOUR = theme.ORANGE
 class LayerBytesPlot(PlotPanel):
     title = "Cache bytes per layer, now"
     integer_axes = ("bottom",)
+    legend_runs = "primary"
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -125,6 +126,7 @@ class LayerTimePlot(PlotPanel):
 class CacheMapPlot(PlotPanel):
     title = "Cache map: what each layer holds at each position"
     integer_axes = ("left",)
+    legend_runs = "none"  # the title names the run shown
 
     def __init__(self, parent=None):
         super().__init__(parent)

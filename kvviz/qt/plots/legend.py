@@ -17,6 +17,7 @@ SAMPLE_WIDTH = 22  # px of the drawn sample
 GAP = 5  # between sample and text
 SPACING = 14  # between entries
 ROW_PAD = 2  # above and below each row
+MAX_ROWS = 2  # a narrow plot keeps its height: entries past the second row are left out, "…" says so
 
 
 @dataclass(frozen=True)
@@ -31,9 +32,10 @@ class Entry:
 
 
 class LegendBar(QWidget):
-    def __init__(self, parent: QWidget | None = None):
+    def __init__(self, parent: QWidget | None = None, max_rows: int = MAX_ROWS):
         super().__init__(parent)
         self.setObjectName("legendBar")
+        self.max_rows = max_rows
         self._entries: list[Entry] = []
         self._foreground = QColor("#d7dae0")
         self._boxes: list[tuple[QRectF, Entry]] = []  # where each entry was laid out, for tooltips
@@ -70,19 +72,28 @@ class LegendBar(QWidget):
         return QFontMetrics(self.font()).height() + 2 * ROW_PAD
 
     def _layout(self, width: int) -> list[tuple[QRectF, Entry, str]]:
-        """(rectangle, entry, text as drawn) for each entry, wrapped into rows of `width`."""
+        """(rectangle, entry, text as drawn) for each entry, wrapped into at most `max_rows` rows of `width`;
+        when some do not fit, a last "…" entry names them in its tooltip."""
         metrics = QFontMetrics(self.font())
         row_height = self._row_height()
         x, y, placed = 6.0, 0.0, []
         usable = max(width - 12, SAMPLE_WIDTH + GAP + 20)
-        for entry in self._entries:
+        more = metrics.horizontalAdvance("…") + SPACING
+        for i, entry in enumerate(self._entries):
             text = entry.text
             sample = _sample_width(entry)
             needed = sample + metrics.horizontalAdvance(text)
             if needed > usable:  # alone on a row and still too wide: cut the text
                 text = metrics.elidedText(text, Qt.TextElideMode.ElideRight, usable - sample)
                 needed = sample + metrics.horizontalAdvance(text)
-            if x > 6.0 and x + needed > usable + 6:
+            last_row = y >= (self.max_rows - 1) * row_height
+            if x > 6.0 and x + needed + (more if last_row else 0) > usable + 6:
+                if last_row:
+                    left_out = self._entries[i:]
+                    tooltip = "also: " + ", ".join(e.text for e in left_out)
+                    ellipsis = Entry("…", "#000000", kind="text", tooltip=tooltip)
+                    placed.append((QRectF(x, y, more, row_height), ellipsis, "…"))
+                    break
                 x, y = 6.0, y + row_height
             placed.append((QRectF(x, y, needed, row_height), entry, text))
             x += needed + SPACING
@@ -95,7 +106,16 @@ class LegendBar(QWidget):
         placed = self._layout(width)
         return int(placed[-1][0].bottom()) if placed else 0
 
+    def natural_width(self) -> int:
+        """The width of all entries in one row."""
+        metrics = QFontMetrics(self.font())
+        widths = [_sample_width(e) + metrics.horizontalAdvance(e.text) for e in self._entries]
+        return int(sum(widths) + SPACING * max(len(widths) - 1, 0) + 12)
+
     def sizeHint(self) -> QSize:  # noqa: N802 - Qt override
+        if self.max_rows == 1:  # in a row of its own kind (a tab bar's corner): as wide as its entries allow
+            width = min(self.natural_width(), self.maximumWidth())
+            return QSize(width, self._row_height() if self._entries else 0)
         width = max(self.width(), 200)
         return QSize(width, self.heightForWidth(width))
 
@@ -116,6 +136,7 @@ class LegendBar(QWidget):
         for rect, entry, text in self._layout(self.width()):
             self._boxes.append((rect, entry))
             width = _sample_width(entry)
+            painter.setPen(self._foreground)
             if width:
                 draw_sample(painter, QRectF(rect.left(), rect.top(), SAMPLE_WIDTH, rect.height()), entry)
             painter.setPen(self._foreground)
@@ -149,7 +170,12 @@ def draw_sample(painter: QPainter, rect: QRectF, entry: Entry) -> None:
     middle = rect.center().y()
     if entry.kind == "box":
         side = min(10.0, rect.height() - 4)
-        painter.fillRect(QRectF(rect.center().x() - side / 2, middle - side / 2, side, side), colour)
+        box = QRectF(rect.center().x() - side / 2, middle - side / 2, side, side)
+        painter.fillRect(box, colour)
+        edge = QColor(painter.pen().color())  # a faint edge: a box as pale as the background still shows
+        edge.setAlpha(90)
+        painter.setPen(QPen(edge, 1))
+        painter.drawRect(box)
     elif entry.kind == "marker":
         centre = QPointF(rect.left() + 6, middle)
         painter.setPen(Qt.PenStyle.NoPen)

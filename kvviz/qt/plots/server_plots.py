@@ -279,7 +279,7 @@ class RequestsPlot(_ServerPlot):
 
 class ThroughputPlot(_ServerPlot):
     title = "Server generation throughput"
-    y_label = "generated tokens/s"
+    y_label = "throughput (tokens/s)"
 
     def make_curves(self) -> None:
         self.add_curve("tokens_per_s", "tokens/s", BLUE, lambda v: f"{_number(v, 1)} tokens/s", legend=False)
