@@ -52,6 +52,7 @@ class MainWindow(QMainWindow):
         self.theme_name = "dark"
         self.last_error = ""
         self.closing = False
+        self.wheel_guard = wheel_guard.install(QApplication.instance())  # before any field is made
 
         self.store = RunStore(self)
         self.redraws = RedrawScheduler(self._draw, self)
@@ -83,7 +84,6 @@ class MainWindow(QMainWindow):
         self.runs_table.verticalHeader().setDefaultSectionSize(self.fontMetrics().height() + 8)  # compact rows
         self.runs_table.setMinimumHeight(window_settings.runs_table_min_height(self.runs_table))
         self.runs_height: int | None = None  # the Runs dock's height the user chose (None: sized to the window)
-        self.wheel_guard = wheel_guard.install(QApplication.instance())
         self.status_line = StatusLine(self.statusBar(), self)
         self.menus = Menus(self)
         window_settings.restore(self)

@@ -17,9 +17,11 @@ GUARDED = (QComboBox, QAbstractSpinBox)
 class WheelGuard(QObject):
     def eventFilter(self, obj, event) -> bool:  # noqa: N802 - Qt override
         kind = event.type()
-        if kind == QEvent.Type.Polish and isinstance(obj, GUARDED):
-            # a click or Tab gives focus, a passing wheel does not
-            obj.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
+        if kind in (QEvent.Type.Polish, QEvent.Type.Show) and isinstance(obj, GUARDED):
+            # a click or Tab gives focus, a passing wheel does not (Qt gives a WheelFocus field the focus
+            # before any event filter sees the wheel)
+            if obj.focusPolicy() == Qt.FocusPolicy.WheelFocus:
+                obj.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
         elif kind == QEvent.Type.Wheel and isinstance(obj, GUARDED) and not obj.hasFocus():
             area = _scroll_area(obj)
             if area is not None:
