@@ -98,6 +98,7 @@ class Controls(QWidget):
         column.addWidget(self.prompt_panel, 1)  # the prompt editor takes the room left
         column.addWidget(self.settings_panel)
         column.addWidget(self.stacks[1])
+        column.addStretch(0)  # what a tall screen leaves after the prompt's sixteen lines
         column.setContentsMargins(6, 4, 6, 4)
         column.setSpacing(2)
         scroll = QScrollArea()

@@ -196,13 +196,16 @@ class FileActions(QObject):
             self.open_prompt_file(path)
 
     def _ask_plots(self) -> None:
-        dialog = ExportDialog(self.window, int(self.window.settings.value("export/width", DEFAULT_EXPORT_WIDTH)))
+        settings = self.window.settings
+        folder = str(settings.value("export/folder", "") or Path.home() / "kvviz-plots")
+        dialog = ExportDialog(self.window, folder, int(settings.value("export/width", DEFAULT_EXPORT_WIDTH)))
         dialog.accepted.connect(lambda: self._export_from(dialog))
         dialog.open()
         self.dialog = dialog
 
     def _export_from(self, dialog: ExportDialog) -> None:
         folder, formats, width = dialog.choice()
+        self.window.settings.setValue("export/folder", folder)
         self.window.settings.setValue("export/width", width)
         self._guard(lambda f: self.export_plots(f, formats, width), folder)
 
@@ -281,10 +284,10 @@ def read_prompt_file(path: str | os.PathLike) -> str:
 class ExportDialog(QDialog):
     """Where the plots go, in which formats, and how wide the images are."""
 
-    def __init__(self, parent, width: int):
+    def __init__(self, parent, folder: str, width: int):
         super().__init__(parent)
         self.setWindowTitle("Export plots")
-        self.folder = QLineEdit(str(Path.cwd()))
+        self.folder = QLineEdit(folder)
         browse = QPushButton("Browse…")
         browse.clicked.connect(self._browse)
         self.width_box = QSpinBox()

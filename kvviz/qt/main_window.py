@@ -39,6 +39,24 @@ from kvviz.qt.status import ErrorBar, StatusLine
 from kvviz.trace import Trace
 
 
+class ViewTabs(QTabWidget):
+    """The central tabs. The runs' legend sits in the tab row, in the width the tabs leave (a corner widget
+    costs no height); it is fitted again whenever that width or the legend changes."""
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt override
+        super().resizeEvent(event)
+        self.fit_corner()
+
+    def fit_corner(self) -> None:
+        corner = self.cornerWidget(Qt.Corner.TopRightCorner)
+        if corner is None or corner.isHidden():
+            return
+        room = max(120, self.width() - self.tabBar().sizeHint().width() - 16)
+        if corner.maximumWidth() != room or corner.width() != min(room, corner.sizeHint().width()):
+            corner.setMaximumWidth(room)
+            QApplication.sendEvent(self, QEvent(QEvent.Type.LayoutRequest))  # QTabWidget lays its row out again
+
+
 class MainWindow(QMainWindow):
     sigModelReady = Signal(str, bool)  # spec, loaded (False: failed); after the window updated
     sigRunDone = Signal(int, str)  # run id, status; after the final redraw
@@ -61,7 +79,7 @@ class MainWindow(QMainWindow):
         self.controls = Controls(self.server)
         self.local_view = LocalView()
         self.error_bar = ErrorBar()
-        self.views = QTabWidget()
+        self.views = ViewTabs()
         self.views.setDocumentMode(True)
         self.views.addTab(self.local_view, "Local run")
         self.views.addTab(self.server.view, "vLLM server")
@@ -157,9 +175,6 @@ class MainWindow(QMainWindow):
 
     def resizeEvent(self, event) -> None:  # noqa: N802 - Qt override
         super().resizeEvent(event)
-        # the runs named beside the tabs take the tab row's width that the tabs leave
-        tabs = self.views.tabBar().sizeHint().width()
-        self.local_view.run_legend.setMaximumWidth(max(120, self.views.width() - tabs - 16))
         # a smaller window squeezes the Runs table; when the window grows again it gets its height back
         QTimer.singleShot(0, self._keep_runs_height)
 
@@ -328,6 +343,7 @@ class MainWindow(QMainWindow):
             self.local_view.run_legend.set_entries([])
         else:
             self.local_view.redraw(shown, primary, generating)
+        self.views.fit_corner()
         if primary is not None:
             self.token_view.update_tokens()
         self.runs_table.refresh(live=generating)

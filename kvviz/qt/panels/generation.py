@@ -73,7 +73,8 @@ class PromptPanel(QGroupBox):
         self.open_button.clicked.connect(lambda *_: self.sigOpenRequested.emit())
         self.editor = PromptEditor()
         self.editor.setPlaceholderText("Type a prompt, then press Run (Ctrl+Enter)")
-        self.editor.setMinimumHeight(58)  # three lines; the editor takes the room the Controls have left
+        self.editor.setMinimumHeight(58)  # three lines; the editor takes the room the Controls have left,
+        self.editor.setMaximumHeight(16 * self.editor.fontMetrics().lineSpacing())  # up to sixteen lines
         self.count_label = QLabel("– tokens")
         self.count_label.setMinimumWidth(self.count_label.fontMetrics().horizontalAdvance("8,888 tokens"))
         self.count_label.setObjectName("muted")

@@ -241,7 +241,7 @@ class PlotPanel(QWidget):
                 if self._axis_shown.get(name) != text:
                     axis.setLabel(text)
                     self._axis_shown[name] = text
-                if axis.label.boundingRect().width() <= room:
+                if axis.label.boundingRect().width() <= room - 12:  # room for pyqtgraph's nudge and rounding
                     break
 
     def legend_entries(self) -> list[Entry]:

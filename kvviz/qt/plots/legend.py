@@ -87,7 +87,8 @@ class LegendBar(QWidget):
                 text = metrics.elidedText(text, Qt.TextElideMode.ElideRight, usable - sample)
                 needed = sample + metrics.horizontalAdvance(text)
             last_row = y >= (self.max_rows - 1) * row_height
-            if x > 6.0 and x + needed + (more if last_row else 0) > usable + 6:
+            reserve = more if last_row and i < len(self._entries) - 1 else 0  # room for "…" if more follow
+            if x > 6.0 and x + needed + reserve > usable + 6:
                 if last_row:
                     left_out = self._entries[i:]
                     tooltip = "also: " + ", ".join(e.text for e in left_out)
