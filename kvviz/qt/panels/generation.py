@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from PySide6.QtCore import QSize, Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, QSize, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -41,6 +41,7 @@ def example_prompts() -> list[dict[str, str]]:
 
 
 COUNT_DELAY_MS = 300  # the token count is asked for this long after the last keystroke
+MAX_LINES = 16  # the prompt editor grows up to this many lines on a tall screen
 
 
 class PromptEditor(QPlainTextEdit):
@@ -73,8 +74,7 @@ class PromptPanel(QGroupBox):
         self.open_button.clicked.connect(lambda *_: self.sigOpenRequested.emit())
         self.editor = PromptEditor()
         self.editor.setPlaceholderText("Type a prompt, then press Run (Ctrl+Enter)")
-        self.editor.setMinimumHeight(58)  # three lines; the editor takes the room the Controls have left,
-        self.editor.setMaximumHeight(16 * self.editor.fontMetrics().lineSpacing())  # up to sixteen lines
+        self.editor.setMinimumHeight(58)  # three lines; it takes the room the Controls leave, up to MAX_LINES
         self.count_label = QLabel("– tokens")
         self.count_label.setMinimumWidth(self.count_label.fontMetrics().horizontalAdvance("8,888 tokens"))
         self.count_label.setObjectName("muted")
@@ -97,6 +97,25 @@ class PromptPanel(QGroupBox):
         layout.setSpacing(4)
         layout.addWidget(self.editor, 1)
         layout.addLayout(row)
+
+    def showEvent(self, event) -> None:  # noqa: N802 - Qt override
+        super().showEvent(event)
+        self._cap_height()
+
+    def changeEvent(self, event) -> None:  # noqa: N802 - Qt override
+        super().changeEvent(event)
+        if event.type() in (QEvent.Type.FontChange, QEvent.Type.StyleChange):
+            self._cap_height()
+
+    def _cap_height(self) -> None:
+        """The editor up to MAX_LINES lines, and the group no taller than that (a tall screen's spare room
+        stays below the controls instead of opening a gap inside this group)."""
+        self.editor.setMaximumHeight(MAX_LINES * self.editor.fontMetrics().lineSpacing())
+        layout = self.layout()
+        outer, inner = self.contentsMargins(), layout.contentsMargins()
+        row = layout.itemAt(1).sizeHint().height()
+        extra = outer.top() + outer.bottom() + inner.top() + inner.bottom() + layout.spacing()
+        self.setMaximumHeight(self.editor.maximumHeight() + row + extra)
 
     # -- the token count ------------------------------------------------------------------------------
 

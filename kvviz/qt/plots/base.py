@@ -345,8 +345,13 @@ class PlotPanel(QWidget):
             self.readout.hide()
             return
         area = self.widget.mapFromScene(self.plot.vb.sceneBoundingRect()).boundingRect()
+        widest = max(80, int(area.width() * 0.7))
+        self.readout.setMaximumWidth(widest)
+        self.readout.setWordWrap(False)
         self.readout.setText(text)
-        self.readout.setMaximumWidth(max(80, int(area.width() * 0.7)))
+        if self.readout.sizeHint().width() > widest:  # too long for one line: one value a line
+            self.readout.setText(text.replace(" &nbsp; ", "<br>"))
+            self.readout.setWordWrap(True)
         self.readout.adjustSize()
         # the corner away from the mouse, so the readout never hides what is pointed at
         mouse_on_right = self.widget.mapFromScene(pg.Point(mouse_x, 0)).x() > area.center().x()
