@@ -7,12 +7,12 @@ strategy (or server load), and the Run, Switch and Stop buttons that stay in vie
 
 from __future__ import annotations
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QCheckBox,
     QHBoxLayout,
     QPushButton,
     QScrollArea,
-    QStackedWidget,
     QTabBar,
     QVBoxLayout,
     QWidget,
@@ -23,6 +23,33 @@ from kvviz.qt.panels.model import ModelPanel
 from kvviz.qt.panels.strategy import StrategyPanel
 
 LOCAL, SERVER = 0, 1  # the modes: a model run here, or a vLLM server watched
+
+
+class PageSwap(QWidget):
+    """One of its pages at a time, as tall as that page (a QStackedWidget is as tall as its tallest page,
+    which would leave the local mode's controls with the server page's height)."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self._pages: list[QWidget] = []
+        self._current = -1
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+
+    def addWidget(self, page: QWidget) -> None:  # noqa: N802 - QStackedWidget's name
+        self._pages.append(page)
+        self.layout().addWidget(page)
+        if self._current < 0:
+            self._current = 0
+        page.setVisible(len(self._pages) - 1 == self._current)
+
+    def currentIndex(self) -> int:  # noqa: N802
+        return self._current
+
+    def setCurrentIndex(self, index: int) -> None:  # noqa: N802
+        self._current = index
+        for i, page in enumerate(self._pages):
+            page.setVisible(i == index)
 
 
 class Controls(QWidget):
@@ -52,7 +79,7 @@ class Controls(QWidget):
         self.source_tabs.addTab("vLLM server")
         self.source_tabs.setExpanding(True)
         self.source_tabs.setToolTip("Run a model here, or attach to a vLLM server and watch its cache")
-        self.stacks = [QStackedWidget() for _ in range(3)]  # chooser, strategy or load, buttons
+        self.stacks = [PageSwap() for _ in range(3)]  # chooser, strategy or load, buttons
         pages = [
             (self.model_panel, server.panel),
             (self.strategy_panel, server.load_panel),
@@ -62,18 +89,24 @@ class Controls(QWidget):
             stack.addWidget(local_page)
             stack.addWidget(server_page)
 
+        for group in (self.model_panel, self.prompt_panel, self.settings_panel, self.strategy_panel):
+            group.layout().setContentsMargins(8, 4, 8, 6)  # the groups' frames take what the fields need
         controls = QWidget()
         controls.setObjectName("controls")
         column = QVBoxLayout(controls)
         column.addWidget(self.stacks[0])
-        column.addWidget(self.prompt_panel)
+        column.addWidget(self.prompt_panel, 1)  # the prompt editor takes the room left
         column.addWidget(self.settings_panel)
         column.addWidget(self.stacks[1])
-        column.addStretch(0)
+        column.addStretch(0)  # what a tall screen leaves after the prompt's sixteen lines
+        column.setContentsMargins(6, 4, 6, 4)
+        column.setSpacing(2)
         scroll = QScrollArea()
         scroll.setWidgetResizable(True)
         scroll.setWidget(controls)
-        scroll.setMinimumWidth(330)
+        # the controls are laid out to the dock's width; only a very low window scrolls them (vertically)
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        scroll.setMinimumWidth(controls.minimumSizeHint().width() + scroll.verticalScrollBar().sizeHint().width())
         # Run and Stop stay in view below the scrolling controls.
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 6)

@@ -32,10 +32,12 @@ def _save(panel, runs, primary, path: Path) -> Path:
 def render_comparison(traces: list[Trace], out: Path) -> dict[str, Path]:
     """Overlaid memory and latency plots and one cache map per run; returns {title: PNG path}."""
     drive.application("kvviz-figures")
+    from kvviz.qt import theme
     from kvviz.qt.plots.layer_plots import CacheMapPlot
     from kvviz.qt.plots.series_plots import LatencyPlot, MemoryPlot
     from kvviz.qt.series import RunSeries
 
+    theme.use("light")  # the figures' palette: run colours readable on white
     runs = [RunSeries.from_trace(i + 1, t) for i, t in enumerate(traces)]
     figures = {
         "Cache memory against tokens": _save(MemoryPlot(), runs, runs[0], out / "memory.png"),

@@ -1,9 +1,11 @@
-"""The File menu's keep-and-share actions: open and save traces, export the Runs table, plots and window.
+"""The File menu's keep-and-share actions: open and save traces, open a prompt file, export the Runs table,
+plots and window.
 
 Every action is a thin dialog in front of a function that takes an explicit path (`open_trace`,
-`save_selected_trace`, `export_runs_csv`, `export_plots`, `save_window_png`), so tests and scripts
-call the same code the menu does. `install_file_actions(window)` adds the menu entries and drag and
-drop of `.json` trace files onto the window.
+`open_prompt_file`, `save_selected_trace`, `export_runs_csv`, `export_plots`, `save_window_png`), so tests
+and scripts call the same code the menu does. Every save is confirmed in the status bar with the file's
+full path. `install_file_actions(window)` adds the menu entries and drag and drop of `.json` trace files
+onto the window.
 """
 
 from __future__ import annotations
@@ -14,13 +16,30 @@ from pathlib import Path
 
 from PySide6.QtCore import QEvent, QObject, Qt
 from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import QFileDialog, QMainWindow, QMenu, QMessageBox
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QDialog,
+    QDialogButtonBox,
+    QFileDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QLineEdit,
+    QMainWindow,
+    QMenu,
+    QMessageBox,
+    QPushButton,
+    QSpinBox,
+)
 
 from kvviz import present, report
 from kvviz.formats import read_kept
 from kvviz.jsonfile import KeptFileError
+from kvviz.qt.plots.base import DEFAULT_EXPORT_WIDTH
 
 TRACE_FILTER = "kvviz traces and server sessions (*.json);;All files (*)"
+PROMPT_SUFFIXES = (".txt", ".md")
+PROMPT_MAX_BYTES = 1024 * 1024
+EXPORT_WIDTHS = (320, 7680)  # px: the widths an export may have
 
 
 class FileActions(QObject):
@@ -32,6 +51,7 @@ class FileActions(QObject):
         self.last_message = ""
         self.message_box: QMessageBox | None = None
         self.actions: dict[str, QAction] = {}
+        self.dialog: QDialog | None = None  # the export dialog while it is open
 
     # -- the functions behind the actions ---------------------------------------------------------
 
@@ -47,6 +67,17 @@ class FileActions(QObject):
             return None
         return self.window.show_kept(kept)
 
+    def open_prompt_file(self, path: str | os.PathLike) -> str | None:
+        """Put a UTF-8 .txt or .md file's text in the prompt; returns it, or shows why not and returns None."""
+        try:
+            text = read_prompt_file(path)
+        except PromptFileError as exc:
+            self.show_message("Could not open prompt", str(exc))
+            return None
+        self.window.controls.prompt_panel.set_text(text)
+        self.window.statusBar().showMessage(f"prompt from {Path(path).resolve()} ({len(text):,} characters)", 20_000)
+        return text
+
     def save_server_session(self, path: str | os.PathLike) -> Path | None:
         try:
             saved = self.window.server.save_session(path)
@@ -55,6 +86,8 @@ class FileActions(QObject):
             return None
         if saved is None:
             self.show_message("Nothing to save", "Connect to a vLLM server first (Controls ▸ vLLM server).")
+            return None
+        self.window.say_saved(saved)
         return saved
 
     def save_selected_trace(self, path: str | os.PathLike) -> Path | None:
@@ -63,10 +96,12 @@ class FileActions(QObject):
             self.show_message("Nothing to save", "Select a run in the Runs table first.")
             return None
         try:
-            return primary.trace.save(path)
+            saved = primary.trace.save(path)
         except OSError as exc:
             self.show_message("Could not save trace", f"Could not save {path}: {exc}")
             return None
+        self.window.say_saved(saved, f"run #{primary.run_id}, {len(primary.trace.steps)} steps")
+        return saved
 
     def export_runs_csv(self, path: str | os.PathLike) -> Path:
         """Every run in the Runs table, in table order, as kvviz.report's CSV."""
@@ -75,38 +110,43 @@ class FileActions(QObject):
             present.run_row(f"#{run_id}", store.runs[run_id].trace, store.status(run_id))
             for run_id in self.window.runs_table.run_ids()
         ]
-        return report.write_csv(rows, path)
+        written = report.write_csv(rows, path)
+        self.window.say_saved(written, f"{len(rows)} runs")
+        return written
 
-    def export_plots(self, folder: str | os.PathLike, formats: tuple[str, ...] = ("png", "svg")) -> list[Path]:
-        """Each plot of the view on screen (local or server) as <name>.png and <name>.svg in folder."""
-        import pyqtgraph.exporters as exporters
-
+    def export_plots(
+        self, folder: str | os.PathLike, formats: tuple[str, ...] = ("png", "svg"), width: int = DEFAULT_EXPORT_WIDTH
+    ) -> list[Path]:
+        """Each plot of the view on screen (local or server) with its title, axes and legend, as <name>.png
+        `width` pixels wide and <name>.svg in folder. A plot the window hides (the fidelity plot when no run
+        has a reference) is left out; with nothing to draw, nothing is written and a message says so."""
+        if not EXPORT_WIDTHS[0] <= width <= EXPORT_WIDTHS[1]:
+            raise ValueError(f"an export is {EXPORT_WIDTHS[0]} to {EXPORT_WIDTHS[1]} pixels wide, not {width}")
+        panels = [p for p in self.window.visible_plots() if not p.isHidden() and p.has_data()]
+        if not panels:
+            self.show_message("Nothing to export", "The plots are empty: run a prompt or open a trace first.")
+            return []
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         written = []
-        for panel in self.window.visible_plots():
+        for panel in panels:
             name = _snake(type(panel).__name__)
-            item = panel.plot
             if "png" in formats:
-                exporter = exporters.ImageExporter(item)
-                width = max(2, int(item.sceneBoundingRect().width()))
-                exporter.parameters()["width"] = width
                 path = folder / f"{name}.png"
-                exporter.export(str(path))
+                if not panel.export_image(width).save(str(path)):
+                    raise OSError(f"could not write {path}")
                 written.append(path)
             if "svg" in formats:
-                path = folder / f"{name}.svg"
-                try:
-                    exporters.SVGExporter(item).export(str(path))
-                except (ValueError, IndexError):  # pyqtgraph's SVG clean-up trips on some Qt 6 paths
-                    _render_svg(panel, path)
-                written.append(path)
+                written.append(panel.export_svg(folder / f"{name}.svg", width))
+        self.window.say_saved(folder, f"{len(written)} files, {width} px wide")
         return written
 
     def save_window_png(self, path: str | os.PathLike) -> Path:
         path = Path(path)
-        if not self.window.grab().save(str(path)):
+        image = self.window.grab()
+        if not image.save(str(path)):
             raise OSError(f"could not write {path}")
+        self.window.say_saved(path, f"{image.width()}x{image.height()}")
         return path
 
     def show_message(self, title: str, text: str) -> None:
@@ -147,10 +187,26 @@ class FileActions(QObject):
         if path:
             self._guard(self.export_runs_csv, path)
 
+    def ask_prompt_file(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(
+            self.window, "Open prompt file", "", "Text and Markdown (*.txt *.md);;All files (*)"
+        )
+        if path:
+            self.open_prompt_file(path)
+
     def _ask_plots(self) -> None:
-        folder = QFileDialog.getExistingDirectory(self.window, "Export plots to folder")
-        if folder:
-            self._guard(self.export_plots, folder)
+        settings = self.window.settings
+        folder = str(settings.value("export/folder", "") or Path.home() / "kvviz-plots")
+        dialog = ExportDialog(self.window, folder, int(settings.value("export/width", DEFAULT_EXPORT_WIDTH)))
+        dialog.accepted.connect(lambda: self._export_from(dialog))
+        dialog.open()
+        self.dialog = dialog
+
+    def _export_from(self, dialog: ExportDialog) -> None:
+        folder, formats, width = dialog.choice()
+        self.window.settings.setValue("export/folder", folder)
+        self.window.settings.setValue("export/width", width)
+        self._guard(lambda f: self.export_plots(f, formats, width), folder)
 
     def _ask_window(self) -> None:
         path, _ = QFileDialog.getSaveFileName(self.window, "Save window", "kvviz-window.png", "PNG (*.png)")
@@ -181,22 +237,89 @@ class FileActions(QObject):
         return False
 
 
-def _render_svg(widget, path: Path) -> None:
-    """Vector SVG of a widget through Qt's own SVG generator."""
-    from PySide6.QtCore import QPoint, QRect, QSize
-    from PySide6.QtGui import QPainter
-    from PySide6.QtSvg import QSvgGenerator
+class PromptFileError(Exception):
+    """A prompt file that cannot be used, in words for the user."""
 
-    generator = QSvgGenerator()
-    generator.setFileName(str(path))
-    generator.setSize(QSize(widget.width(), widget.height()))
-    generator.setViewBox(QRect(0, 0, widget.width(), widget.height()))
-    generator.setTitle(type(widget).__name__)
-    painter = QPainter(generator)
+
+def read_prompt_file(path: str | os.PathLike) -> str:
+    """The text of a UTF-8 .txt or .md file of at most PROMPT_MAX_BYTES (a leading BOM dropped)."""
+    path = Path(path)
+    if path.suffix.lower() not in PROMPT_SUFFIXES:
+        raise PromptFileError(
+            f"{path.name} is not a prompt file kvviz opens: choose a UTF-8 text file ending in .txt or .md."
+        )
     try:
-        widget.render(painter, QPoint(0, 0))
-    finally:
-        painter.end()
+        size = path.stat().st_size
+        if size > PROMPT_MAX_BYTES:
+            raise PromptFileError(
+                f"{path.name} is {size / 1024 / 1024:.1f} MiB; a prompt file may be at most "
+                f"{PROMPT_MAX_BYTES // 1024 // 1024} MiB."
+            )
+        data = path.read_bytes()
+    except OSError as exc:
+        raise PromptFileError(f"Could not read {path.name}: {exc.strerror or exc}.") from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise PromptFileError(
+            f"{path.name} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start} is not valid "
+            "UTF-8). Save it as UTF-8 and open it again."
+        ) from None
+    if "\x00" in text:
+        raise PromptFileError(f"{path.name} holds NUL characters: it is not a text file.")
+    if not text.strip():
+        raise PromptFileError(f"{path.name} is empty: there is no prompt in it.")
+    return text
+
+
+class ExportDialog(QDialog):
+    """Where the plots go, in which formats, and how wide the images are."""
+
+    def __init__(self, parent, folder: str, width: int):
+        super().__init__(parent)
+        self.setWindowTitle("Export plots")
+        self.folder = QLineEdit(folder)
+        browse = QPushButton("Browse…")
+        browse.clicked.connect(self._browse)
+        self.width_box = QSpinBox()
+        self.width_box.setRange(*EXPORT_WIDTHS)
+        self.width_box.setSingleStep(160)
+        self.width_box.setSuffix(" px")
+        self.width_box.setValue(max(EXPORT_WIDTHS[0], min(EXPORT_WIDTHS[1], width)))
+        self.width_box.setToolTip("Width of each image; the height follows the plot's shape")
+        self.png = QCheckBox("PNG")
+        self.png.setChecked(True)
+        self.svg = QCheckBox("SVG (vector)")
+        self.svg.setChecked(True)
+        row = QHBoxLayout()
+        row.addWidget(self.folder, 1)
+        row.addWidget(browse)
+        kinds = QHBoxLayout()
+        kinds.addWidget(self.png)
+        kinds.addWidget(self.svg)
+        kinds.addStretch(1)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Save | QDialogButtonBox.StandardButton.Cancel)
+        buttons.accepted.connect(self._accept)
+        buttons.rejected.connect(self.reject)
+        form = QFormLayout(self)
+        form.addRow("folder", row)
+        form.addRow("width", self.width_box)
+        form.addRow("formats", kinds)
+        form.addRow(buttons)
+        self.resize(520, self.sizeHint().height())
+
+    def _browse(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Export plots to folder", self.folder.text())
+        if folder:
+            self.folder.setText(folder)
+
+    def _accept(self) -> None:
+        if self.folder.text().strip() and (self.png.isChecked() or self.svg.isChecked()):
+            self.accept()
+
+    def choice(self) -> tuple[str, tuple[str, ...], int]:
+        formats = tuple(k for k, box in (("png", self.png), ("svg", self.svg)) if box.isChecked())
+        return self.folder.text().strip(), formats, self.width_box.value()
 
 
 def _trace_paths(mime) -> list[str]:
@@ -225,6 +348,7 @@ def install_file_actions(window: QMainWindow) -> FileActions:
     before = next((a for a in menu.actions() if a.text().replace("&", "") == "Quit"), None)
     entries = [
         ("open", "&Open trace or session…", QKeySequence.StandardKey.Open, actions._ask_open),
+        ("prompt", "Open &prompt file…", QKeySequence("Ctrl+Shift+O"), actions.ask_prompt_file),
         ("save", "&Save selected run as trace…", QKeySequence.StandardKey.Save, actions._ask_save),
         ("session", "Save se&rver session…", None, actions._ask_session),
         ("csv", "Export runs table as &CSV…", None, actions._ask_csv),

@@ -1,23 +1,25 @@
 """The "Local run" tab: cache memory, step latency and fidelity against tokens above the cache map,
-per-layer bytes and per-layer time below it."""
+per-layer bytes and per-layer time below it; one legend (`run_legend`, which the window puts beside the
+view's tabs) names the runs shown for all of them."""
 
 from __future__ import annotations
 
 import time
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QSplitter
+from PySide6.QtWidgets import QSplitter, QVBoxLayout, QWidget
 
 from kvviz.attach.request_trace import is_served
 from kvviz.qt.plots import CacheMapPlot, FidelityPlot, LatencyPlot, LayerBytesPlot, LayerTimePlot, MemoryPlot
+from kvviz.qt.plots.legend import LegendBar
 from kvviz.qt.series import RunSeries
 
 LAYER_VIEWS_INTERVAL_S = 0.25  # the per-layer views while generating: 4 redraws a second are enough
 
 
-class LocalView(QSplitter):
+class LocalView(QWidget):
     def __init__(self, parent=None):
-        super().__init__(Qt.Orientation.Vertical, parent)
+        super().__init__(parent)
         self.memory_plot = MemoryPlot()
         self.latency_plot = LatencyPlot()
         self.fidelity_plot = FidelityPlot()
@@ -34,6 +36,9 @@ class LocalView(QSplitter):
             self.layer_bytes_plot,
             self.layer_time_plot,
         ]
+        for plot in self.plots:
+            plot.show_run_legend = False  # named once, in run_legend
+        self.run_legend = LegendBar(max_rows=1)  # placed by the window, beside the view's tabs
         self.latency_plot.plot.setXLink(self.memory_plot.plot)
         self.fidelity_plot.plot.setXLink(self.memory_plot.plot)
 
@@ -46,11 +51,16 @@ class LocalView(QSplitter):
         bottom = QSplitter(Qt.Orientation.Horizontal)
         bottom.addWidget(self.layer_bytes_plot)
         bottom.addWidget(self.layer_time_plot)
-        self.addWidget(top)
-        self.addWidget(self.cache_map)
-        self.addWidget(bottom)
-        self.setChildrenCollapsible(False)
-        self.splitters = {"main": self, "top": top, "bottom": bottom, "right": right}  # sizes kept in the settings
+        self.splitter = QSplitter(Qt.Orientation.Vertical)
+        self.splitter.addWidget(top)
+        self.splitter.addWidget(self.cache_map)
+        self.splitter.addWidget(bottom)
+        self.splitter.setChildrenCollapsible(False)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 2, 0, 0)
+        layout.addWidget(self.splitter, 1)
+        # sizes kept in the settings
+        self.splitters = {"main": self.splitter, "top": top, "bottom": bottom, "right": right}
         self._last_layer_redraw = 0.0
 
     def redraw(self, shown: list[RunSeries], primary: RunSeries | None, generating: bool) -> None:
@@ -62,6 +72,7 @@ class LocalView(QSplitter):
         now = time.perf_counter()
         full = not generating or now - self._last_layer_redraw >= LAYER_VIEWS_INTERVAL_S
         self.fidelity_plot.setVisible(any(r.has_reference for r in local))
+        self.run_legend.set_entries(self.memory_plot.run_entries(shown))
         for plot in self.plots if full else self.plots[:3]:
             plot.redraw(shown if plot is self.latency_plot else local, local_primary)
         if full:

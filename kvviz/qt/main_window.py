@@ -6,8 +6,9 @@ The window composes its parts and carries out the user's actions; each part is i
 - kvviz.qt.server_mode: the "vLLM server" controls and view, its own requests fed to the store;
 - kvviz.qt.controls, kvviz.qt.local_view: the Controls dock's body and the "Local run" plots;
 - kvviz.qt.redraw: when to redraw; kvviz.qt.status: the status bar and the error message;
-- kvviz.qt.menus, kvviz.qt.file_actions, kvviz.qt.recorder: the menus;
-- kvviz.qt.window_settings: what is kept between sessions, and the theme.
+- kvviz.qt.menus, kvviz.qt.file_actions, kvviz.qt.recorder, kvviz.qt.help: the menus;
+- kvviz.qt.window_settings: what is kept between sessions, the theme and the layout's default sizes;
+- kvviz.qt.wheel_guard: the mouse wheel changes a field only when it has the focus.
 
 Data flow: the worker (own thread) appends records to its run's trace and signals each one; the
 store notes the run, the redraw scheduler (at most ~30 redraws/s, only when something changed)
@@ -19,12 +20,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from PySide6.QtCore import QSettings, Qt, Signal
-from PySide6.QtWidgets import QDockWidget, QMainWindow, QTabWidget, QVBoxLayout, QWidget
+from PySide6.QtCore import QEvent, QSettings, Qt, QTimer, Signal
+from PySide6.QtWidgets import QApplication, QDockWidget, QMainWindow, QTabWidget, QVBoxLayout, QWidget
 
 from kvviz.present import final_status
-from kvviz.qt import window_settings
+from kvviz.qt import wheel_guard, window_settings
 from kvviz.qt.controls import SERVER, Controls
+from kvviz.qt.help import HelpMenu
 from kvviz.qt.local_engine import LocalEngine
 from kvviz.qt.local_view import LocalView
 from kvviz.qt.menus import Menus
@@ -37,9 +39,29 @@ from kvviz.qt.status import ErrorBar, StatusLine
 from kvviz.trace import Trace
 
 
+class ViewTabs(QTabWidget):
+    """The central tabs. The runs' legend sits in the tab row, in the width the tabs leave (a corner widget
+    costs no height); it is fitted again whenever that width or the legend changes."""
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt override
+        super().resizeEvent(event)
+        self.fit_corner()
+
+    def fit_corner(self) -> None:
+        corner = self.cornerWidget(Qt.Corner.TopRightCorner)
+        if corner is None or corner.isHidden():
+            return
+        room = max(120, self.width() - self.tabBar().sizeHint().width() - 16)
+        if corner.maximumWidth() != room or corner.width() != min(room, corner.sizeHint().width()):
+            corner.setMaximumWidth(room)
+            QApplication.sendEvent(self, QEvent(QEvent.Type.LayoutRequest))  # QTabWidget lays its row out again
+
+
 class MainWindow(QMainWindow):
     sigModelReady = Signal(str, bool)  # spec, loaded (False: failed); after the window updated
     sigRunDone = Signal(int, str)  # run id, status; after the final redraw
+    sigCountTokens = Signal(int, str, bool)  # to the worker: request id, prompt, raw (no chat template)
+    sigSaved = Signal(str)  # the full path of a file just saved (confirmed in the status bar)
 
     def __init__(self, settings: QSettings | None = None, autoload: str | None = None, parent=None):
         super().__init__(parent)
@@ -48,6 +70,7 @@ class MainWindow(QMainWindow):
         self.theme_name = "dark"
         self.last_error = ""
         self.closing = False
+        self.wheel_guard = wheel_guard.install(QApplication.instance())  # before any field is made
 
         self.store = RunStore(self)
         self.redraws = RedrawScheduler(self._draw, self)
@@ -56,10 +79,11 @@ class MainWindow(QMainWindow):
         self.controls = Controls(self.server)
         self.local_view = LocalView()
         self.error_bar = ErrorBar()
-        self.views = QTabWidget()
+        self.views = ViewTabs()
         self.views.setDocumentMode(True)
         self.views.addTab(self.local_view, "Local run")
         self.views.addTab(self.server.view, "vLLM server")
+        self.views.setCornerWidget(self.local_view.run_legend, Qt.Corner.TopRightCorner)  # costs no height
         central = QWidget()
         layout = QVBoxLayout(central)
         layout.setContentsMargins(4, 4, 4, 4)
@@ -67,11 +91,17 @@ class MainWindow(QMainWindow):
         layout.addWidget(self.views, 1)
         self.setCentralWidget(central)
         self.token_view = TokenView(self.store)
-        self.token_view.setMinimumWidth(240)
+        self.token_view.setMinimumWidth(200)
         self.runs_table = RunsTable(self.store)
+        # the Controls take the window's whole height; the Runs table spans the plots and the tokens
+        self.setCorner(Qt.Corner.BottomLeftCorner, Qt.DockWidgetArea.LeftDockWidgetArea)
+        self.setCorner(Qt.Corner.TopLeftCorner, Qt.DockWidgetArea.LeftDockWidgetArea)
         self.controls_dock = self._dock("Controls", self.controls, Qt.DockWidgetArea.LeftDockWidgetArea)
         self.tokens_dock = self._dock("Tokens", self.token_view, Qt.DockWidgetArea.RightDockWidgetArea)
         self.runs_dock = self._dock("Runs", self.runs_table, Qt.DockWidgetArea.BottomDockWidgetArea)
+        self.runs_table.verticalHeader().setDefaultSectionSize(self.fontMetrics().height() + 8)  # compact rows
+        self.runs_table.setMinimumHeight(window_settings.runs_table_min_height(self.runs_table))
+        self.runs_height: int | None = None  # the Runs dock's height the user chose (None: sized to the window)
         self.status_line = StatusLine(self.statusBar(), self)
         self.menus = Menus(self)
         window_settings.restore(self)
@@ -82,6 +112,8 @@ class MainWindow(QMainWindow):
         controls.switch_button.clicked.connect(lambda *_: self.switch_strategy())
         controls.model_panel.sigLoadRequested.connect(self.load_model)
         controls.model_panel.sigServerRequested.connect(self.connect_server)
+        controls.prompt_panel.sigCountRequested.connect(self._count_tokens)
+        controls.settings_panel.raw.toggled.connect(controls.prompt_panel.request_count)
         controls.source_tabs.currentChanged.connect(self.set_mode)
         self.views.currentChanged.connect(self.set_mode)
         self.server.sigChanged.connect(self.redraws.schedule)
@@ -98,6 +130,8 @@ class MainWindow(QMainWindow):
         worker.sigRunFailed.connect(self._on_run_failed)
         worker.sigSwitchAccepted.connect(self._on_switch_accepted)
         worker.sigSwitchRefused.connect(self._on_switch_refused)
+        worker.sigTokenCount.connect(controls.prompt_panel.show_count)
+        self.sigCountTokens.connect(worker.count_tokens)
         self.update_controls()
         self.engine.start()
         if autoload:
@@ -105,6 +139,8 @@ class MainWindow(QMainWindow):
         from kvviz.qt.file_actions import install_file_actions  # noqa: I001 - File menu, drops, Record
 
         install_file_actions(self)
+        controls.prompt_panel.sigOpenRequested.connect(self.file_actions.ask_prompt_file)
+        self.help = HelpMenu(self)  # last: the rightmost menu
 
     def _dock(self, title: str, widget: QWidget, area: Qt.DockWidgetArea) -> QDockWidget:
         dock = QDockWidget(title, self)
@@ -119,6 +155,45 @@ class MainWindow(QMainWindow):
 
     def save_settings(self) -> None:
         window_settings.save(self)
+
+    def reset_layout(self) -> None:
+        """Docks back in their places and every part sized for the window's present size."""
+        self.runs_height = None
+        window_settings.default_layout(self)
+
+    def event(self, event) -> bool:
+        kind = event.type()
+        if kind == QEvent.Type.MouseButtonPress:
+            self._separator_drag = self.isSeparator(event.position().toPoint())
+        handled = super().event(event)
+        if kind == QEvent.Type.MouseButtonRelease and self._separator_drag:
+            # the user dragged a dock separator: the Runs table keeps the height chosen
+            self._separator_drag = False
+            if self.runs_dock.isVisible() and not self.runs_dock.isFloating():
+                self.runs_height = self.runs_dock.height()
+        return handled
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt override
+        super().resizeEvent(event)
+        # a smaller window squeezes the Runs table; when the window grows again it gets its height back
+        QTimer.singleShot(0, self._keep_runs_height)
+
+    _separator_drag = False  # a mouse press landed on a dock separator
+
+    def _keep_runs_height(self) -> None:
+        if self.closing or self.runs_dock.isFloating() or not self.runs_dock.isVisible():
+            return
+        height = window_settings.runs_height_for(self)
+        if abs(self.runs_dock.height() - height) > 2:
+            self.resizeDocks([self.runs_dock], [height], Qt.Orientation.Vertical)
+
+    def say_saved(self, path, detail: str = "") -> None:
+        """Confirm a save in the status bar with the file's full path (a note, not an error)."""
+        from pathlib import Path
+
+        full = str(Path(path).resolve())
+        self.statusBar().showMessage(f"saved {full}" + (f" ({detail})" if detail else ""), 20_000)
+        self.sigSaved.emit(full)
 
     def set_theme(self, name: str) -> None:
         self.theme_name = window_settings.apply_theme(self, name)
@@ -167,9 +242,17 @@ class MainWindow(QMainWindow):
 
     def _on_model_loaded(self, spec: str, card: dict) -> None:
         self.controls.model_panel.set_loaded(card)
+        self.controls.prompt_panel.request_count()
         self.error_bar.hide()
         self.update_controls()
         self.sigModelReady.emit(spec, True)
+
+    def _count_tokens(self, request: int, prompt: str) -> None:
+        """Ask the worker to count the prompt's tokens (its thread has the tokenizer); no model: no count."""
+        if self.engine.card is None or self.engine.loading:
+            self.controls.prompt_panel.show_count(request, None)
+            return
+        self.sigCountTokens.emit(request, prompt, self.controls.settings_panel.raw.isChecked())
 
     def _on_run_failed(self, run_id: int, message: str) -> None:
         self.show_error(f"Run #{run_id} failed: {message}")
@@ -256,9 +339,11 @@ class MainWindow(QMainWindow):
         generating = store.generating is not None
         if self.views.currentIndex() == SERVER:
             self.server.redraw()
-            self.server.view.latency_plot.redraw(shown, primary)
+            self.server.view.latency_plot.redraw(shown, primary)  # names its runs itself
+            self.local_view.run_legend.set_entries([])
         else:
             self.local_view.redraw(shown, primary, generating)
+        self.views.fit_corner()
         if primary is not None:
             self.token_view.update_tokens()
         self.runs_table.refresh(live=generating)

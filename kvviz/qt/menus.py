@@ -1,5 +1,5 @@
 """The window's File (Quit), Run and View menus. Open, save and export are added to File by
-kvviz.qt.file_actions, the Record menu by kvviz.qt.recorder."""
+kvviz.qt.file_actions, the Record menu by kvviz.qt.recorder, the Help menu by kvviz.qt.help."""
 
 from __future__ import annotations
 
@@ -23,13 +23,16 @@ class Menus:
         self.run_action.setShortcuts([QKeySequence("Ctrl+Return"), QKeySequence("Ctrl+Enter")])
         self.run_action.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
         self.run_action.triggered.connect(lambda *_: window.start_run())
+        self.switch_action = QAction("S&witch strategy at the next step", window)
+        self.switch_action.setShortcuts([QKeySequence("F6"), QKeySequence("Ctrl+Shift+Return")])
+        self.switch_action.setToolTip("Convert the running generation's cache to the strategy chosen in Controls")
+        self.switch_action.triggered.connect(lambda *_: window.switch_strategy())
         self.stop_action = QAction("&Stop", window)
         self.stop_action.setShortcut(QKeySequence(Qt.Key.Key_Escape))
         self.stop_action.triggered.connect(window.stop_run)
-        run_menu.addAction(self.run_action)
-        run_menu.addAction(self.stop_action)
-        window.addAction(self.run_action)
-        window.addAction(self.stop_action)
+        for action in (self.run_action, self.switch_action, self.stop_action):
+            run_menu.addAction(action)
+            window.addAction(action)
 
         view_menu = bar.addMenu("&View")
         themes = QActionGroup(window)
@@ -43,9 +46,15 @@ class Menus:
         view_menu.addSeparator()
         for dock in (window.controls_dock, window.tokens_dock, window.runs_dock):
             view_menu.addAction(dock.toggleViewAction())
+        view_menu.addSeparator()
+        reset = QAction("Reset &layout", window)
+        reset.setToolTip("Put the docks and plots back where they start, sized for this window")
+        reset.triggered.connect(lambda *_: window.reset_layout())
+        view_menu.addAction(reset)
 
     def set_enabled(self, can_run: bool, generating: bool) -> None:
         self.run_action.setEnabled(can_run)
+        self.switch_action.setEnabled(generating)
         self.stop_action.setEnabled(generating)
 
     def check_theme(self, name: str) -> None:

@@ -218,7 +218,8 @@ class RecordControl(QObject):
         self.clock.stop()
         self.action.setChecked(False)
         if path is not None:
-            self.label.setText(f"saved {path.name} ({self.recorder.frames} frames)")
+            self.label.hide()  # the red clock is for recording; the save is confirmed as a note
+            self.window.say_saved(path, f"{self.recorder.frames} frames")
         return path
 
     def _tick(self) -> None:

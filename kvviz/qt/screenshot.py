@@ -1,7 +1,9 @@
-"""Make the README screenshot from real runs: `python -m kvviz.qt.screenshot docs/screenshot-window.png`.
+"""Make the README screenshots from real runs: `python -m kvviz.qt.screenshot docs/`.
 
 Runs the default model twice through the window (a growing dynamic cache, then an attention-sink
-cache whose window evicts the middle), overlays both, and saves `QWidget.grab()` of the window.
+cache whose window evicts the middle), overlays both, and saves `QWidget.grab()` of the window at each
+size and theme asked for: by default docs/screenshot-window.png (1600x1000, dark) and
+docs/screenshot-<width>x<height>-<theme>.png at 1280x720 and 1920x1080 in both themes.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from kvviz.qt import drive
 
@@ -16,9 +19,22 @@ PROMPT = (
     "Write a detailed, step by step explanation of how a transformer language model generates text one "
     "token at a time, and why it keeps a key-value cache while it does so."
 )
+MAIN = ("screenshot-window.png", (1600, 1000), "dark")  # the README's and the AppStream metainfo's picture
+SIZES = ((1280, 720), (1920, 1080))
 
 
-def make(path: str, model: str = "default", tokens: int = 96, theme_name: str = "dark") -> str:
+def shots(folder: str | os.PathLike) -> list[tuple[Path, tuple[int, int], str]]:
+    """(path, size, theme) of every screenshot the README references."""
+    folder = Path(folder)
+    name, size, theme_name = MAIN
+    wanted = [(folder / name, size, theme_name)]
+    for width, height in SIZES:
+        for theme_name in ("dark", "light"):
+            wanted.append((folder / f"screenshot-{width}x{height}-{theme_name}.png", (width, height), theme_name))
+    return wanted
+
+
+def make(wanted: list[tuple[Path, tuple[int, int], str]], model: str = "default", tokens: int = 96) -> list[Path]:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     app = drive.application("kvviz-screenshot")
     from PySide6.QtCore import QSettings
@@ -27,9 +43,9 @@ def make(path: str, model: str = "default", tokens: int = 96, theme_name: str = 
 
     ini = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"kvviz-shot-{os.getpid()}.ini")
     window = MainWindow(settings=QSettings(ini, QSettings.Format.IniFormat))
-    window.resize(1600, 1000)
-    window.set_theme(theme_name)
+    window.resize(*wanted[0][1])
     window.show()
+    saved = []
     try:
         drive.wait(lambda: bool(window.controls.strategy_panel.names()), 60)
         if not drive.load(window, model, 300):
@@ -40,27 +56,35 @@ def make(path: str, model: str = "default", tokens: int = 96, theme_name: str = 
             drive.choose(window, strategy, options)
             runs.append(drive.run(window, tokens))
         window.runs_table.select_runs(runs)
-        window.redraw()
-        for _ in range(10):
-            app.processEvents()
-        window.grab().save(path)
+        for path, size, theme_name in wanted:
+            window.resize(*size)
+            window.reset_layout()  # every picture as a first start at that size looks
+            window.set_theme(theme_name)
+            drive.pause(0.3)  # layout, then the redraw the theme asked for
+            window.redraw()
+            for _ in range(10):
+                app.processEvents()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if not window.grab().save(str(path)):
+                raise OSError(f"could not write {path}")
+            saved.append(path)
     finally:
         window.close()
         try:
             os.remove(ini)
         except OSError:
             pass
-    return path
+    return saved
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("path", nargs="?", default="docs/screenshot-window.png")
+    parser.add_argument("folder", nargs="?", default="docs")
     parser.add_argument("--model", default="default")
     parser.add_argument("--tokens", type=int, default=96)
-    parser.add_argument("--theme", default="dark")
     args = parser.parse_args(argv)
-    make(args.path, args.model, args.tokens, args.theme)
+    for path in make(shots(args.folder), args.model, args.tokens):
+        print(path)
     return 0
 
 

@@ -18,6 +18,35 @@ from kvviz.trace import SlotState
 THEMES = ("dark", "light")
 
 
+# Tableau 10, reordered so that the first runs get the most distinct colours.
+RUN_COLOURS = (
+    "#4e79a7",
+    "#f28e2b",
+    "#59a14f",
+    "#e15759",
+    "#b07aa1",
+    "#76b7b2",
+    "#edc948",
+    "#ff9da7",
+    "#9c755f",
+    "#bab0ac",
+)
+# The same hues made darker where they had less than 3:1 contrast on white (the light theme's plots):
+# Tableau's yellow, grey, pink, cyan and orange read as faint lines there.
+LIGHT_RUN_COLOURS = (
+    "#4e79a7",
+    "#d9730d",
+    "#569c4d",
+    "#e15759",
+    "#b07aa1",
+    "#519b95",
+    "#ad8b11",
+    "#d46a85",
+    "#9c755f",
+    "#8c7f7a",
+)
+
+
 @dataclass(frozen=True)
 class Palette:
     name: str
@@ -29,6 +58,7 @@ class Palette:
     evicted: str  # cache slot whose token was dropped (muted: what is kept matters more)
     predicted_alpha: int  # alpha (0-255) of the dashed "predicted" curves
     shade: tuple[int, int, int]  # token-latency shading colour (RGB)
+    run_colours: tuple[str, ...]  # one per run, in order (see RUN_COLOURS)
 
 
 PALETTES = {
@@ -42,6 +72,7 @@ PALETTES = {
         evicted="#7d3f2c",
         predicted_alpha=200,
         shade=(230, 120, 40),
+        run_colours=RUN_COLOURS,
     ),
     "light": Palette(
         name="light",
@@ -53,6 +84,7 @@ PALETTES = {
         evicted="#eab3a0",
         predicted_alpha=220,
         shade=(240, 140, 40),
+        run_colours=LIGHT_RUN_COLOURS,
     ),
 }
 
@@ -81,24 +113,62 @@ STATE_LABELS = {
     SlotState.SINK: "attention sink",
 }
 
-# Tableau 10, reordered so that the first runs get the most distinct colours.
-RUN_COLOURS = (
-    "#4e79a7",
-    "#f28e2b",
-    "#59a14f",
-    "#e15759",
-    "#b07aa1",
-    "#76b7b2",
-    "#edc948",
-    "#ff9da7",
-    "#9c755f",
-    "#bab0ac",
-)
+_current = "dark"  # the theme the application is styled with (one per application, like its stylesheet)
 
 
-def run_colour(run_id: int) -> str:
-    """The colour of run `run_id` (1-based) in every plot, table row and legend."""
-    return RUN_COLOURS[(run_id - 1) % len(RUN_COLOURS)]
+def use(name: str) -> Palette:
+    """Make `name` the theme the colour functions below answer for; its palette."""
+    global _current
+    _current = name if name in PALETTES else "dark"
+    return PALETTES[_current]
+
+
+def current() -> Palette:
+    return PALETTES[_current]
+
+
+def run_colour(run_id: int, palette: Palette | None = None) -> str:
+    """The colour of run `run_id` (1-based) in every plot, table row and legend, in `palette` (default: the
+    current theme's)."""
+    colours = (palette or current()).run_colours
+    return colours[(run_id - 1) % len(colours)]
+
+
+def readable(colour: str, palette: Palette | None = None, contrast: float = 3.0) -> str:
+    """`colour` darkened or lightened (same hue) until a thin line of it has `contrast` against the plot
+    background of `palette` (default: the current theme's); unchanged when it has already."""
+    palette = palette or current()
+    background = pg.mkColor(palette.background)
+    darker = _luminance(background) > 0.5
+    c = pg.mkColor(colour)
+    hue, saturation, lightness, alpha = c.getHslF()
+    for _ in range(60):
+        if _contrast(c, background) >= contrast:
+            break
+        lightness = lightness * 0.95 if darker else lightness + (1.0 - lightness) * 0.08
+        c.setHslF(hue, saturation, lightness, alpha)
+    return c.name()
+
+
+def mix(colour: str, other: str, share: float) -> str:
+    """`share` (0..1) of `other` mixed into `colour`."""
+    a, b = pg.mkColor(colour), pg.mkColor(other)
+    channels = (round(x + (y - x) * share) for x, y in zip(a.getRgb()[:3], b.getRgb()[:3], strict=True))
+    return "#" + "".join(f"{c:02x}" for c in channels)
+
+
+def _luminance(c) -> float:
+    """WCAG relative luminance of a QColor."""
+
+    def linear(v: float) -> float:
+        return v / 12.92 if v <= 0.04045 else ((v + 0.055) / 1.055) ** 2.4
+
+    return 0.2126 * linear(c.redF()) + 0.7152 * linear(c.greenF()) + 0.0722 * linear(c.blueF())
+
+
+def _contrast(a, b) -> float:
+    la, lb = sorted((_luminance(a), _luminance(b)), reverse=True)
+    return (la + 0.05) / (lb + 0.05)
 
 
 def state_colour(state: SlotState, palette: Palette) -> str:
@@ -133,11 +203,13 @@ def resources_dir() -> Path:
 
 
 def stylesheet(name: str) -> str:
-    path = resources_dir() / "styles" / f"{name}.qss"
+    """The theme's Qt stylesheet, its icon URLs (@ICONS@) pointing at the theme's icon folder."""
+    folder = resources_dir() / "styles"
     try:
-        return path.read_text(encoding="utf-8")
+        text = (folder / f"{name}.qss").read_text(encoding="utf-8")
     except OSError:
         return ""
+    return text.replace("@ICONS@", (folder / "icons" / name).as_posix())
 
 
 def style_plot(plot: pg.PlotItem, palette: Palette) -> None:

@@ -1,8 +1,12 @@
-"""What the window keeps between sessions (QSettings), and its colour theme.
+"""What the window keeps between sessions (QSettings), its colour theme, and its layout's default sizes.
 
 Kept: the model spec, the prompt, the generation settings, every strategy's options and the one
 chosen, the server address, model folder and load set, the theme, and the window's geometry, dock
-layout and splitter sizes.
+layout, Runs height and splitter sizes.
+
+Default sizes follow the window (1280x720 up to 4K): the docks take a share of its width and height
+within fixed bounds, so the plots keep most of the room on a small screen and the side docks do not
+grow without need on a large one.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 import json
 
 from PySide6.QtCore import QByteArray, Qt
-from PySide6.QtWidgets import QApplication
+from PySide6.QtWidgets import QApplication, QTableWidget
 
 from kvviz.qt import theme
 
@@ -29,11 +33,13 @@ def restore(window) -> None:
     server.panel.model_dir.setText(str(s.value("server/model_dir", "")))
     server.load_panel.set_values(_json(s.value("server/load"), {}))
     window.set_theme(str(s.value("view/theme", "dark")))
+    height = s.value("window/runs_height")
+    window.runs_height = int(height) if str(height or "").isdigit() else None
     geometry = s.value("window/geometry")
     if isinstance(geometry, QByteArray) and not geometry.isEmpty():
         window.restoreGeometry(geometry)
     else:
-        window.resize(1600, 1000)
+        window.resize(*default_size())
     state = s.value("window/state")
     if isinstance(state, QByteArray) and not state.isEmpty():
         window.restoreState(state)
@@ -42,9 +48,57 @@ def restore(window) -> None:
         if isinstance(value, QByteArray) and not value.isEmpty():
             splitter.restoreState(value)
     if not isinstance(state, QByteArray) or state.isEmpty():
-        window.resizeDocks([window.controls_dock, window.tokens_dock], [340, 300], Qt.Orientation.Horizontal)
-        window.resizeDocks([window.runs_dock], [170], Qt.Orientation.Vertical)
-        window.local_view.setSizes([300, 260, 220])
+        default_layout(window)
+
+
+def default_size() -> tuple[int, int]:
+    """1600x1000, or 90 % of a smaller screen."""
+    screen = QApplication.primaryScreen()
+    if screen is None:
+        return 1600, 1000
+    room = screen.availableGeometry()
+    return min(1600, int(room.width() * 0.9)), min(1000, int(room.height() * 0.9))
+
+
+def _between(value: float, low: int, high: int) -> int:
+    return int(max(low, min(high, value)))
+
+
+def runs_table_min_height(table: QTableWidget) -> int:
+    """Room for the header and three rows (and a horizontal scroll bar): never a single row."""
+    rows = 3 * table.verticalHeader().defaultSectionSize()
+    return table.horizontalHeader().sizeHint().height() + rows + 14 + 2 * table.frameWidth()
+
+
+def runs_height_for(window) -> int:
+    """The Runs dock's height: the one the user chose, else a share of the window; at most a third of it."""
+    minimum = window.runs_table.minimumHeight() + window.runs_dock.fontMetrics().height() + 10  # and its title
+    wanted = window.runs_height or _between(window.height() * 0.2, minimum, 260)
+    return _between(wanted, minimum, max(minimum, window.height() // 3))
+
+
+def default_layout(window) -> None:
+    """Every dock in its place, sized for the window as it is now."""
+    for dock, area in (
+        (window.controls_dock, Qt.DockWidgetArea.LeftDockWidgetArea),
+        (window.tokens_dock, Qt.DockWidgetArea.RightDockWidgetArea),
+        (window.runs_dock, Qt.DockWidgetArea.BottomDockWidgetArea),
+    ):
+        if dock.isFloating():
+            dock.setFloating(False)
+        if window.dockWidgetArea(dock) != area:
+            window.addDockWidget(area, dock)
+        dock.show()
+    width = window.width()
+    controls = _between(width * 0.22, 330, 420)
+    tokens = _between(width * 0.18, 220, 420)
+    window.resizeDocks([window.controls_dock, window.tokens_dock], [controls, tokens], Qt.Orientation.Horizontal)
+    window.resizeDocks([window.runs_dock], [runs_height_for(window)], Qt.Orientation.Vertical)
+    view = window.local_view
+    view.splitter.setSizes([38, 30, 32])  # shares: the memory and latency row, the cache map, the layer plots
+    for name in ("top", "bottom"):
+        view.splitters[name].setSizes([1, 1])
+    view.splitters["right"].setSizes([1, 1])
 
 
 def save(window) -> None:
@@ -60,6 +114,7 @@ def save(window) -> None:
     s.setValue("server/model_dir", server.panel.model_dir.text())
     s.setValue("server/load", json.dumps(server.load_panel.values()))
     s.setValue("view/theme", window.theme_name)
+    s.setValue("window/runs_height", str(window.runs_height) if window.runs_height else "")
     s.setValue("window/geometry", window.saveGeometry())
     s.setValue("window/state", window.saveState())
     for name, splitter in window.local_view.splitters.items():
@@ -72,7 +127,7 @@ def apply_theme(window, name: str) -> str:
     `name` is not a theme)."""
     if name not in theme.PALETTES:
         name = "dark"
-    palette = theme.PALETTES[name]
+    palette = theme.use(name)
     app = QApplication.instance()
     if app is not None:
         app.setStyleSheet(theme.stylesheet(name))
@@ -80,6 +135,8 @@ def apply_theme(window, name: str) -> str:
         plot.apply_palette(palette)
         if hasattr(plot, "restyle"):
             plot.restyle()
+    window.local_view.run_legend.set_foreground(palette.foreground)
+    window.local_view.run_legend.set_entries([])  # drawn again in the theme's run colours at the next redraw
     window.token_view.apply_palette(palette)
     return name
 

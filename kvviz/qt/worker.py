@@ -66,6 +66,7 @@ class Worker(QObject):
     sigSwitchAccepted = Signal(str)  # strategy: it takes over at the next step
     sigSwitchRefused = Signal(str, str)  # strategy, why not
     sigRunNotice = Signal(int, str)  # run id, what a long one-time pause is doing ("" once it is over)
+    sigTokenCount = Signal(int, object)  # request id, the prompt's token count (None: no model to count with)
 
     def __init__(self):
         super().__init__()
@@ -140,6 +141,19 @@ class Worker(QObject):
         card = dict(loaded.card)
         card["threads"] = torch.get_num_threads()
         self.sigModelLoaded.emit(spec, card)
+
+    @Slot(int, str, bool)
+    def count_tokens(self, request: int, prompt: str, raw: bool) -> None:
+        """Count the prompt's tokens as a run would feed them (chat template unless raw)."""
+        count = None
+        if self.loaded is not None:
+            from kvviz.engine import decode
+
+            try:
+                count = len(decode.encode_prompt(self.loaded.tokenizer, prompt, raw))
+            except Exception:  # noqa: BLE001 - no count beats a wrong one; Run reports the prompt's problem
+                count = None
+        self.sigTokenCount.emit(request, count)
 
     def _switch(self, strategy: str, options: dict[str, Any]) -> None:
         """Switch the running generation's cache at its next step (worker thread, from `switches` only)."""

@@ -14,6 +14,7 @@ from PySide6.QtWidgets import (
     QLabel,
     QProgressBar,
     QPushButton,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
@@ -39,6 +40,8 @@ class ModelPanel(QGroupBox):
             "or a vLLM server's address such as http://127.0.0.1:8000 (connects to it)"
         )
         self.spec.lineEdit().returnPressed.connect(self._request)
+        self.spec.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.spec.setMinimumContentsLength(12)  # a long model path must not widen the Controls
         self.folder_button = QPushButton("Folder…")
         self.folder_button.setToolTip("Choose a Hugging Face model folder")
         self.folder_button.clicked.connect(self._choose_folder)
@@ -55,6 +58,10 @@ class ModelPanel(QGroupBox):
         self.progress.setMaximumHeight(8)
         self.progress.hide()
         self.status, self.card = status_and_card("no model loaded")
+        # Chosen once, seldom changed: once a model has loaded the chooser and the card fold away behind the
+        # status line, so the Controls fit a 720-pixel-high screen; the arrow unfolds them.
+        self.body = QWidget()
+        self.fold_button = Fold(self.body, "Show or hide the model chooser and the model card")
 
         row = QHBoxLayout()
         row.addWidget(self.spec, 1)
@@ -64,12 +71,23 @@ class ModelPanel(QGroupBox):
         buttons.addWidget(self.file_button)
         buttons.addWidget(self.server_button)
         buttons.addStretch(1)
+        body = QVBoxLayout(self.body)
+        body.setContentsMargins(0, 0, 0, 0)
+        body.setSpacing(4)
+        body.addLayout(row)
+        body.addLayout(buttons)
+        body.addWidget(self.card)
+        status_row = QHBoxLayout()
+        status_row.setSpacing(2)
+        status_row.addWidget(self.fold_button, 0, Qt.AlignmentFlag.AlignTop)
+        status_row.addWidget(self.status, 1)
         layout = QVBoxLayout(self)
-        layout.addLayout(row)
-        layout.addLayout(buttons)
+        layout.setSpacing(4)
+        layout.addLayout(status_row)
         layout.addWidget(self.progress)
-        layout.addWidget(self.status)
-        layout.addWidget(self.card)
+        layout.addWidget(self.body)
+        self.card.hide()  # until a model is loaded
+        self.fold_button.unfold(True)
 
     def current_spec(self) -> str:
         return self.spec.currentText().strip() or "default"
@@ -113,14 +131,41 @@ class ModelPanel(QGroupBox):
     def set_loaded(self, card: dict[str, Any]) -> None:
         self.progress.hide()
         self.load_button.setEnabled(True)
-        self.status.setText(f"loaded {card.get('name', '')}")
+        self.status.setText(f"loaded {card.get('name') or 'a model'}")
+        self.status.setToolTip(card_summary(card))
         self.card.setText(card_html(card))
+        self.card.show()
+        self.fold_button.unfold(False)
 
     def set_failed(self, message: str) -> None:
         self.progress.hide()
         self.load_button.setEnabled(True)
         self.status.setText("loading failed (see the message above the plots)")
+        self.card.hide()
+        self.fold_button.unfold(True)
         del message
+
+
+class Fold(QToolButton):
+    """An arrow before a status line that shows or folds away a body of settings (the model's, the server's)."""
+
+    def __init__(self, body: QWidget, tooltip: str, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.body = body
+        self.setObjectName("fold")
+        self.setCheckable(True)
+        self.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonIconOnly)
+        self.setToolTip(tooltip)
+        self.toggled.connect(self._show)
+        self._show(False)
+
+    def unfold(self, shown: bool) -> None:
+        self.setChecked(shown)
+        self._show(shown)
+
+    def _show(self, shown: bool) -> None:
+        self.setArrowType(Qt.ArrowType.DownArrow if shown else Qt.ArrowType.RightArrow)
+        self.body.setVisible(shown)
 
 
 def status_and_card(status: str) -> tuple[QLabel, QLabel]:
@@ -133,6 +178,17 @@ def status_and_card(status: str) -> tuple[QLabel, QLabel]:
     card.setWordWrap(True)
     card.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
     return label, card
+
+
+def card_summary(card: dict[str, Any]) -> str:
+    """The model's name and the two numbers that size its cache, on one line."""
+    parts = [str(card.get("name") or "a model")]
+    if card.get("num_layers") is not None:
+        parts.append(f"{card['num_layers']} layers")
+    per_token = card.get("kv_bytes_per_token")
+    if isinstance(per_token, int | float):
+        parts.append(f"{per_token / 1024:.1f} KiB KV/token")
+    return " · ".join(parts)
 
 
 def card_html(card: dict[str, Any]) -> str:

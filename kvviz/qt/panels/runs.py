@@ -29,7 +29,7 @@ class RunsTable(QTableWidget):
         self.setAlternatingRowColors(True)
         header = self.horizontalHeader()
         header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        header.setSectionResizeMode(COLUMNS.index("strategy"), QHeaderView.ResizeMode.Stretch)
+        header.setStretchLastSection(True)  # the strategy is never squeezed to "…": a narrow table scrolls
         self.setToolTip("Select several runs (Ctrl/Shift+click) to overlay them in the plots")
         self._rows: dict[int, int] = {}
         self._stale: set[int] = set()  # rows whose numbers are older than the store's

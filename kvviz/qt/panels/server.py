@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -25,7 +25,7 @@ from kvviz.attach.metrics import allocated_bytes_per_token
 from kvviz.attach.poller import base_url
 from kvviz.attach.request_trace import model_label
 from kvviz.present import UNKNOWN, mib
-from kvviz.qt.panels.model import card_table, status_and_card
+from kvviz.qt.panels.model import Fold, card_table, status_and_card
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 
@@ -64,6 +64,10 @@ class ServerPanel(QGroupBox):
         self.dtype.addItems(DTYPES)
         self.dtype.setToolTip("The server's --dtype, for the prediction (auto: the checkpoint's)")
         self.status, self.card = status_and_card("not connected")
+        # once attached, the settings and the card fold away behind the status line (room for the prompt and
+        # the load set at 720 pixels high); the arrow unfolds them
+        self.body = QWidget()
+        self.fold_button = Fold(self.body, "Show or hide the polling settings and the server's cache card")
 
         row = QHBoxLayout()
         row.addWidget(self.url, 1)
@@ -72,14 +76,25 @@ class ServerPanel(QGroupBox):
         folder.addWidget(self.model_dir, 1)
         folder.addWidget(browse)
         form = QFormLayout()
+        form.setContentsMargins(0, 0, 0, 0)
         form.addRow("poll every", self.interval)
         form.addRow("config", folder)
         form.addRow("dtype", self.dtype)
+        body = QVBoxLayout(self.body)
+        body.setContentsMargins(0, 0, 0, 0)
+        body.addLayout(form)
+        body.addWidget(self.card)
+        status_row = QHBoxLayout()
+        status_row.setSpacing(2)
+        status_row.addWidget(self.fold_button, 0, Qt.AlignmentFlag.AlignTop)
+        status_row.addWidget(self.status, 1)
         layout = QVBoxLayout(self)
+        layout.setContentsMargins(8, 4, 8, 6)
+        layout.setSpacing(4)
         layout.addLayout(row)
-        layout.addLayout(form)
-        layout.addWidget(self.status)
-        layout.addWidget(self.card)
+        layout.addLayout(status_row)
+        layout.addWidget(self.body)
+        self.fold_button.unfold(True)
         self._connected = False
 
     def current_url(self) -> str:
@@ -114,6 +129,7 @@ class ServerPanel(QGroupBox):
         for widget in (self.url, self.interval, self.model_dir, self.dtype):
             widget.setEnabled(not connected)
         self.status.setText(text)
+        self.fold_button.unfold(not connected)
 
     def show_session(self, session) -> None:
         self.card.setText(cache_html(session.model, session.cache, session.prediction))

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QLabel
 
 from kvviz.qt import theme
 from kvviz.qt.plots.base import PlotPanel
+from kvviz.qt.plots.legend import Entry
 from kvviz.trace import SlotState
 
 KEYS_COLOUR = theme.BLUE
@@ -18,6 +17,7 @@ VALUES_COLOUR = theme.ORANGE
 class LayerBytesPlot(PlotPanel):
     title = "Cache bytes per layer, now"
     integer_axes = ("bottom",)
+    legend_runs = "primary"
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -29,10 +29,9 @@ class LayerBytesPlot(PlotPanel):
         self._drawn = (None, -1)
         self._unit = (1024.0, "KiB")
         self._data = (np.zeros(0), np.zeros(0))
-        self.title_label.setText(
-            f"{self.title} &nbsp; {self.swatch(KEYS_COLOUR, 'keys')} &nbsp; {self.swatch(VALUES_COLOUR, 'values')}"
-        )
-        self.title_label.setTextFormat(Qt.TextFormat.RichText)
+
+    def legend_entries(self):
+        return [Entry("keys", KEYS_COLOUR, kind="box"), Entry("values", VALUES_COLOUR, kind="box")]
 
     def redraw(self, runs, primary):
         super().redraw(runs, primary)
@@ -127,6 +126,7 @@ class LayerTimePlot(PlotPanel):
 class CacheMapPlot(PlotPanel):
     title = "Cache map: what each layer holds at each position"
     integer_axes = ("left",)
+    legend_runs = "none"  # the title names the run shown
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -135,11 +135,6 @@ class CacheMapPlot(PlotPanel):
         self.plot.addItem(self.image)
         self.plot.invertY(True)
         self.plot.showGrid(x=False, y=False)
-        self.legend = QLabel()
-        self.legend.setObjectName("cacheLegend")
-        self.legend.setTextFormat(Qt.TextFormat.RichText)
-        self.legend.setWordWrap(True)
-        self.layout().addWidget(self.legend)
         self._drawn = (None, -1)
         self._image = np.zeros((0, 0), dtype=np.uint8)
         self._lut = theme.state_lut(self.palette_)
@@ -149,12 +144,12 @@ class CacheMapPlot(PlotPanel):
         self.plot.showGrid(x=False, y=False)
         self._lut = theme.state_lut(palette)
         self.image.setLookupTable(self._lut)
-        self.legend.setText(
-            " &nbsp;&nbsp; ".join(
-                self.swatch(theme.state_colour(state, palette), theme.STATE_LABELS[state]) for state in SlotState
-            )
-        )
         self._drawn = (None, -1)
+
+    def legend_entries(self):
+        """What each colour of the map means."""
+        palette = self.palette_
+        return [Entry(theme.STATE_LABELS[s], theme.state_colour(s, palette), kind="box") for s in SlotState]
 
     def redraw(self, runs, primary):
         super().redraw(runs, primary)
@@ -171,10 +166,7 @@ class CacheMapPlot(PlotPanel):
         # row i spans i-0.5 .. i+0.5, so that the tick "i" sits in the middle of layer i
         self.image.setRect(0, -0.5, image.shape[1], image.shape[0])
         self.plot.setLimits(xMin=0, xMax=max(image.shape[1], 1), yMin=-0.5, yMax=image.shape[0] - 0.5)
-        label = primary.label() if primary else ""
-        title = f"{self.title} &nbsp; <i>{label}</i>"
-        if self.title_label.text() != title:
-            self.title_label.setText(title)
+        self.set_title_detail(primary.label() if primary else "")
 
     def hover_text(self, x, y):
         layer, position = int(np.floor(y + 0.5)), int(np.floor(x))

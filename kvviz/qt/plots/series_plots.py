@@ -8,6 +8,7 @@ from PySide6.QtCore import Qt
 
 from kvviz.qt import theme
 from kvviz.qt.plots.base import PlotPanel
+from kvviz.qt.plots.legend import Entry
 from kvviz.qt.series import CACHE_MIB, KL, PREDICTED_MIB, WALL_MS, RunSeries, X, nearest_index
 
 
@@ -142,6 +143,10 @@ class _SeriesPlot(PlotPanel):
         return nearest_index(series.column(X), x)
 
 
+MEASURED_WIDTH = 3.0  # px: the measured memory line, wide enough to show the prediction inside it
+PREDICTED_WIDTH = 1.2
+
+
 class MemoryPlot(_SeriesPlot):
     title = "Cache memory: measured (solid) and predicted (dashed)"
 
@@ -157,18 +162,27 @@ class MemoryPlot(_SeriesPlot):
         )
         self.prefill_line.setVisible(False)
         self.plot.addItem(self.prefill_line, ignoreBounds=True)
-        self.legend = self.add_legend(offset=(60, 6))  # top left, right of "prefill"
+
+    def legend_entries(self):
+        colour = self.palette_.foreground
+        return [
+            Entry("measured", colour, width=MEASURED_WIDTH),
+            Entry("predicted", colour, style=Qt.PenStyle.DashLine, width=PREDICTED_WIDTH),
+        ]
 
     def make_curves(self, series):
+        # The prediction often equals the measurement: drawn thin, dashed and lighter on top of the wide
+        # measured line, it stays visible inside it.
         colour = theme.run_colour(series.run_id)
-        dashed = pg.mkColor(colour)
+        dashed = pg.mkColor(theme.mix(colour, self.palette_.foreground, 0.6))
         dashed.setAlpha(self.palette_.predicted_alpha)
-        measured = pg.PlotDataItem(pen=pg.mkPen(colour, width=1), name=series.short_label())
-        predicted = pg.PlotDataItem(pen=pg.mkPen(dashed, width=1, style=Qt.PenStyle.DashLine))
+        measured = pg.PlotDataItem(pen=pg.mkPen(colour, width=MEASURED_WIDTH))
+        predicted = pg.PlotDataItem(pen=pg.mkPen(dashed, width=PREDICTED_WIDTH, style=Qt.PenStyle.DashLine))
+        predicted.setZValue(measured.zValue() + 1)
         curves = _Curves()
         curves.items = [measured, predicted]
         for item in curves.items:
-            self.plot.addItem(item)  # the measured curve has a name: it enters the legend
+            self.plot.addItem(item)
         return curves
 
     def update_curves(self, series, curves):
@@ -202,10 +216,6 @@ class LatencyPlot(_SeriesPlot):
     def __init__(self, parent=None):
         super().__init__(parent)
         self.set_labels("step latency (ms)", "tokens in context")
-        self.prefill_text = pg.TextItem("", anchor=(0, 0))
-        self.prefill_text.setParentItem(self.plot.vb)
-        self.prefill_text.setPos(8, 4)
-        self._prefill_html = ""
 
     def make_curves(self, series):
         colour = theme.run_colour(series.run_id)
@@ -230,23 +240,14 @@ class LatencyPlot(_SeriesPlot):
             curves.prefill = series.prefill_ms
             curves.items[1].setData([series.prefill_x], [series.prefill_ms])
 
-    def after_redraw(self, runs, primary):
-        lines = []
-        for series in runs:
-            if series.prefill_ms is None:
-                continue
-            rate = series.tokens_per_s
-            rate_text = f" &middot; {rate:.0f} tokens/s" if rate else ""
-            lines.append(
-                self.swatch(
-                    theme.run_colour(series.run_id),
-                    f"prefill {series.prefill_ms:.0f} ms{rate_text}",
-                )
-            )
-        html = f'<div style="color:{self.palette_.foreground}">{"<br>".join(lines[-4:])}</div>'
-        if html != self._prefill_html:
-            self._prefill_html = html
-            self.prefill_text.setHtml(html)
+    def legend_entries(self):
+        """The prefill time of each run (a star, kept off the decode steps' scale), in the legend row."""
+        stars = [
+            Entry(f"{s.prefill_ms:.0f} ms", theme.run_colour(s.run_id), kind="marker", marker="star")
+            for s in self._runs
+            if s.prefill_ms is not None
+        ]
+        return [Entry("prefill", self.palette_.foreground, kind="text"), *stars] if stars else []
 
     def hover_text(self, x, y):
         parts = [f"{x:.0f} tokens"]

@@ -18,11 +18,11 @@ from PySide6.QtWidgets import QComboBox
 from kvviz.present import number
 from kvviz.qt import theme
 from kvviz.qt.plots.base import PlotPanel
+from kvviz.qt.plots.legend import Entry
 from kvviz.qt.server_series import ServerSeries
 from kvviz.qt.theme import BLUE, GREEN, ORANGE, PURPLE, YELLOW
 
 X_LABEL = "seconds since attach"
-
 
 
 def _number(value: float, digits: int = 0) -> str:
@@ -37,9 +37,11 @@ class _Curve:
     column: str
     item: pg.PlotDataItem
     label: str
-    colour: str
+    colour: str  # as chosen; drawn as theme.readable(colour) on the current background
     text: Callable[[float], str]
+    style: Qt.PenStyle = Qt.PenStyle.SolidLine
     scatter: bool = False  # dots at finite values only, no line
+    legend: bool = True  # named in the legend row
 
 
 class _ServerPlot(PlotPanel):
@@ -48,7 +50,7 @@ class _ServerPlot(PlotPanel):
     zero_based = True  # the y range starts at 0 while it follows the data
     y_min_top = 1.0  # the smallest top of that range (an idle server draws a line at 0, not a blank)
     y_max_top: float | None = None  # the largest (100 for a percentage)
-    headroom = 1.08  # top of the range over the largest value; more where a legend sits above the data
+    headroom = 1.08  # top of the range over the largest value
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -76,17 +78,36 @@ class _ServerPlot(PlotPanel):
         scatter: bool = False,
         legend: bool = True,
     ) -> _Curve:
-        name = label if legend else None
-        if scatter:
-            item = pg.PlotDataItem(
-                pen=None, symbol="o", symbolSize=5, symbolPen=None, symbolBrush=pg.mkBrush(colour), name=name
-            )
-        else:
-            item = pg.PlotDataItem(pen=pg.mkPen(colour, width=1.5, style=style), connect="finite", name=name)
+        item = pg.PlotDataItem(connect="finite")
         self.plot.addItem(item)
-        curve = _Curve(column, item, label, colour, text, scatter)
+        curve = _Curve(column, item, label, colour, text, style, scatter, legend)
+        self._pen(curve)
         self.curves.append(curve)
         return curve
+
+    def _pen(self, curve: _Curve) -> None:
+        colour = theme.readable(curve.colour, self.palette_)
+        if curve.scatter:
+            curve.item.setPen(None)
+            curve.item.setSymbol("o")
+            curve.item.setSymbolSize(5)
+            curve.item.setSymbolPen(None)
+            curve.item.setSymbolBrush(pg.mkBrush(colour))
+        else:
+            curve.item.setPen(pg.mkPen(colour, width=1.5, style=curve.style))
+
+    def legend_entries(self) -> list[Entry]:
+        return [
+            Entry(
+                c.label,
+                theme.readable(c.colour, self.palette_),
+                kind="marker" if c.scatter else "line",
+                style=c.style,
+                width=1.5,
+            )
+            for c in self.curves
+            if c.legend
+        ]
 
     # -- drawing ------------------------------------------------------------------------------------
 
@@ -111,7 +132,11 @@ class _ServerPlot(PlotPanel):
                 curve.item.setData(x, y)
         self._mark_restarts(series.restarts)
         self._fit_y()
+        self.update_legend()
         return True
+
+    def has_data(self) -> bool:
+        return self._series is not None and self._series.n > 0
 
     def values(self, series: ServerSeries, column: str) -> np.ndarray:
         return series.column(column)
@@ -169,6 +194,9 @@ class _ServerPlot(PlotPanel):
 
     def apply_palette(self, palette: theme.Palette) -> None:
         super().apply_palette(palette)
+        for curve in self.curves:
+            self._pen(curve)
+        self.update_legend()
         for line in self.restart_lines:
             line.setPen(pg.mkPen(palette.muted, width=1, style=Qt.PenStyle.DotLine))
             line.label.setColor(palette.muted)
@@ -180,8 +208,13 @@ class _ServerPlot(PlotPanel):
             return ""
         parts = [f"{series.column('elapsed')[i]:.0f} s"]
         for curve in self.curves:
-            parts.append(self.swatch(curve.colour, curve.text(self.values(series, curve.column)[i])))
+            colour = theme.readable(curve.colour, self.palette_)
+            parts.append(self.swatch(colour, curve.text(self.values(series, curve.column)[i])))
         return " &nbsp; ".join(parts)
+
+    def fill_export_copy(self, copy: PlotPanel) -> None:
+        if self._series is not None:
+            copy.redraw_server(self._series)
 
 
 class UsagePlot(_ServerPlot):
@@ -220,7 +253,7 @@ class UsagePlot(_ServerPlot):
         column, label, text = self.UNITS[name]
         curve = self.curves[0]
         curve.column, curve.text = column, text
-        self.plot.setLabel("left", label)
+        self.set_axis_label("left", label)
         self.y_max_top = 100.0 if column == "usage" else None
         self.y_min_top = 1.0 if column != "usage_tokens" else 100.0
         self._follow_y = True
@@ -230,24 +263,23 @@ class UsagePlot(_ServerPlot):
     def state(self) -> tuple:
         return (self.unit,)
 
+    def fill_export_copy(self, copy: PlotPanel) -> None:
+        copy.set_unit(self.unit)
+        super().fill_export_copy(copy)
+
 
 class RequestsPlot(_ServerPlot):
     title = "Requests: running and waiting"
     y_label = "requests"
 
-    headroom = 1.4  # room for the legend above the data
-
     def make_curves(self) -> None:
-        self.add_legend(
-            offset=(50, 2), colCount=2, verSpacing=-6
-        )  # before the curves: named items added later enter it
         self.add_curve("running", "running", GREEN, lambda v: f"{_number(v)} running")
         self.add_curve("waiting", "waiting", ORANGE, lambda v: f"{_number(v)} waiting", style=Qt.PenStyle.DashLine)
 
 
 class ThroughputPlot(_ServerPlot):
     title = "Server generation throughput"
-    y_label = "generated tokens/s"
+    y_label = "throughput (tokens/s)"
 
     def make_curves(self) -> None:
         self.add_curve("tokens_per_s", "tokens/s", BLUE, lambda v: f"{_number(v, 1)} tokens/s", legend=False)
@@ -258,11 +290,9 @@ class PrefixHitPlot(_ServerPlot):
     y_label = "hit rate (%)"
     y_min_top = 100.0
     y_max_top = 100.0
-    headroom = 1.25  # room for the legend above 100 %; the ticks stop at 100
 
     def make_curves(self) -> None:
         self.plot.getAxis("left").setTicks([[(v, str(v)) for v in range(0, 101, 20)]])
-        self.add_legend(offset=(50, 2), colCount=2, verSpacing=-6)
         self.add_curve("hit_rate", "this interval", PURPLE, lambda v: f"{_number(v, 1)} % interval", scatter=True)
         self.add_curve("hit_rate_total", "since attach", YELLOW, lambda v: f"{_number(v, 1)} % since attach")
 
@@ -289,19 +319,22 @@ class ServerLatencyPlot(_ServerPlot):
         axis = MillisecondLogAxis("left")
         axis.enableAutoSIPrefix(False)
         self.plot.setAxisItems({"left": axis})
-        self.plot.setLabel("left", self.y_label)
+        self.set_axis_label("left", self.y_label)
         self.plot.setLogMode(y=True)
-        # One row: the colour says which latency, the line style which percentile.
-        legend = self.add_legend(offset=(50, 2), colCount=4, verSpacing=-6)
-        for name, colour in (("TTFT", ORANGE), ("ITL", BLUE)):
-            legend.addItem(pg.PlotDataItem(pen=pg.mkPen(colour, width=1.5)), name)
-        for key in ("p90", "p99"):
-            legend.addItem(pg.PlotDataItem(pen=pg.mkPen(self.palette_.muted, width=1.5, style=self.STYLES[key])), key)
         for which, name, colour in (("ttft", "TTFT", ORANGE), ("itl", "ITL", BLUE)):
             for key, style in self.STYLES.items():
                 self.add_curve(
                     f"{which}_{key}", f"{name} {key}", colour, self._ms(name, key), style=style, legend=False
                 )
+
+    def legend_entries(self) -> list[Entry]:
+        """The colour says which latency, the line style which percentile."""
+        entries = [
+            Entry(name, theme.readable(colour, self.palette_), width=1.5)
+            for name, colour in (("TTFT", ORANGE), ("ITL", BLUE))
+        ]
+        muted = self.palette_.foreground
+        return entries + [Entry(key, muted, style=style, width=1.5) for key, style in self.STYLES.items()]
 
     @staticmethod
     def _ms(name: str, key: str) -> Callable[[float], str]:
@@ -314,7 +347,7 @@ class ServerLatencyPlot(_ServerPlot):
         return np.where(y > 0, y, np.nan)  # log axis: nothing at or below 0
 
     def _fit_y(self) -> None:
-        """In log10 view units, with room at the top for the legend."""
+        """In log10 view units."""
         if not self._follow_y or self._series is None:
             return
         ys = [self.values(self._series, c.column) for c in self.curves]
@@ -325,4 +358,4 @@ class ServerLatencyPlot(_ServerPlot):
         lo = float(np.log10(min(y.min() for y in ys)))
         hi = float(np.log10(max(y.max() for y in ys)))
         span = max(hi - lo, 0.5)
-        self.plot.setYRange(lo - 0.1 * span, hi + 0.4 * span, padding=0)
+        self.plot.setYRange(lo - 0.1 * span, hi + 0.1 * span, padding=0)

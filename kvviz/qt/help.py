@@ -1,0 +1,195 @@
+"""The Help menu: what each view shows (with its units), the keyboard and mouse shortcuts, and About.
+
+The shortcut list is read from the window's own actions, so it is the set that really works. Versions
+come from the installed packages' metadata (importlib.metadata): torch and transformers are never
+imported on the GUI thread for it.
+"""
+
+from __future__ import annotations
+
+import html
+import platform
+from importlib import metadata
+
+import PySide6
+from PySide6.QtCore import Qt, qVersion
+from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtWidgets import QDialog, QDialogButtonBox, QMessageBox, QTextBrowser, QVBoxLayout
+
+# (title, paragraph): one per view, in the order they appear in the window
+VIEWS: list[tuple[str, str]] = [
+    (
+        "Cache memory",
+        "Bytes the cache holds after each step, in MiB, against the tokens in context (prompt plus generated). "
+        "<b>Measured</b> (wide solid line) is what the cache's tensors really allocate (shared storages "
+        "counted once, quantized tensors walked to their packed payload, scales and zero points). "
+        "<b>Predicted</b> (thin dashed line on top) is what the model's config and the strategy's "
+        "allocation rule alone say it should be; for the dynamic and static caches the two agree exactly. "
+        "The dotted line marks the end of the prompt (prefill); a dash-dotted line marks a switch of strategy.",
+    ),
+    (
+        "Step latency",
+        "Wall time of each decode step in milliseconds: one forward pass over one new token, with the "
+        "cache's own work. The prefill (the whole prompt in one pass) is a star, kept off the scale; its time "
+        "and the run's decode speed (tokens/s = decode steps / decode time) are in the legend above.",
+    ),
+    (
+        "Fidelity",
+        "Shown for runs made with <i>Compare with the exact cache</i>: a full-precision DynamicCache "
+        "reference runs in lockstep on the same tokens, and this plot shows KL(reference || run) of the "
+        "next-token distributions at every step, in nats. 0 means the cache changed nothing; the Runs "
+        "table adds the share of steps whose most likely token agrees (top-1 agree) and the first step "
+        "where they differ. The reference's time is measured apart and not counted in tokens/s.",
+    ),
+    (
+        "Cache map",
+        "What each layer (rows) holds at each position (columns, one per token) after the latest step. "
+        "Blue: full precision. Orange: quantized. Green: the quantized cache's residual buffer, the newest "
+        "tokens kept in full precision. Purple: attention sinks, the first tokens a sink cache keeps. "
+        "Muted red: evicted, the token was dropped. Grey: allocated but not written yet (a static cache's "
+        "preallocated slots). Background: not used yet. The title names the run shown.",
+    ),
+    (
+        "Cache bytes per layer, now",
+        "Bytes of keys and of values each layer holds after the latest step, in KiB (or MiB for large "
+        "caches). Layers that share or skip their cache show it here.",
+    ),
+    (
+        "Time per layer",
+        "Mean wall time of each decoder layer's forward pass over the decode steps, in milliseconds, one "
+        "line per run; measured with hooks on the layers (not every run measures it).",
+    ),
+    (
+        "Tokens",
+        "The prompt (muted) and the generated text of the run in view. Each token is shaded by its step's "
+        "latency, from none at the run's median to full at twice the median; the prefill is underlined; "
+        "\u21b5 marks a new line. Hover a token for its step: position, time in ms, cache size in MiB, RSS.",
+    ),
+    (
+        "Runs",
+        "One row per run (live, finished, stopped, failed or opened from a file): tokens generated, prefill "
+        "ms, mean and 95th-percentile decode ms, tokens/s, peak cache MiB, peak process RSS MiB, and the "
+        "fidelity columns. Select several rows (Ctrl or Shift + click) to overlay them; their colours are "
+        "the plots' colours.",
+    ),
+    (
+        "vLLM server",
+        "Polled from the server's /metrics. <b>KV-cache usage</b>: the share of the server's cache blocks "
+        "in use, or that many tokens, or MiB. <b>Requests</b>: running and waiting. <b>Server latency "
+        "percentiles</b>: time to first token (TTFT) and inter-token latency (ITL), p50 solid, p90 dashed, "
+        "p99 dotted, in ms on a log scale, from the server's histograms. <b>Throughput</b>: generated "
+        "tokens/s. <b>Prefix-cache hit rate</b>: the share of prompt tokens found in the cache, per poll "
+        "interval (dots) and since attach (line), in %. <b>Per-token latency</b>: kvviz's own requests, "
+        "timed on arrival, next to local runs.",
+    ),
+]
+
+MOUSE = [
+    ("Drag in a plot", "pan"),
+    ("Mouse wheel in a plot", "zoom"),
+    ("Double-click a plot", "fit the data again"),
+    ("Hover a plot or a token", "read its values"),
+    ("Ctrl/Shift + click in Runs", "overlay several runs"),
+]
+
+
+def versions() -> list[tuple[str, str]]:
+    """(name, version) of kvviz and what it runs on; "not installed" where a package is missing."""
+
+    def installed(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    return [
+        ("kvviz", installed("kvviz")),
+        ("torch", installed("torch")),
+        ("transformers", installed("transformers")),
+        ("Qt", qVersion()),
+        ("PySide6", PySide6.__version__),
+        ("pyqtgraph", installed("pyqtgraph")),
+        ("Python", platform.python_version()),
+    ]
+
+
+def shortcuts(window) -> list[tuple[str, str]]:
+    """(keys, what) for every window action with a shortcut, then the mouse gestures."""
+    rows = []
+    seen = set()
+    for action in window.findChildren(QAction):
+        keys = [k.toString(QKeySequence.SequenceFormat.NativeText) for k in action.shortcuts() if not k.isEmpty()]
+        text = action.text().replace("&", "").rstrip("…").strip()
+        if keys and text and (text, tuple(keys)) not in seen:
+            seen.add((text, tuple(keys)))
+            rows.append((" or ".join(keys), text))
+    return sorted(rows, key=lambda row: row[1].lower()) + MOUSE
+
+
+def views_html() -> str:
+    return "".join(f"<h3>{html.escape(title)}</h3><p>{text}</p>" for title, text in VIEWS)
+
+
+def table_html(rows: list[tuple[str, str]]) -> str:
+    body = "".join(
+        f"<tr><td style='padding:2px 16px 2px 0'><b>{html.escape(a)}</b></td><td>{html.escape(b)}</td></tr>"
+        for a, b in rows
+    )
+    return f"<table cellspacing='0'>{body}</table>"
+
+
+class HelpMenu:
+    """Help ▸ What the views show, Keyboard and mouse, About kvviz. The dialog shown is kept as `dialog`."""
+
+    def __init__(self, window):
+        self.window = window
+        self.dialog: QDialog | None = None
+        menu = window.menuBar().addMenu("&Help")
+        self.actions: dict[str, QAction] = {}
+        for key, text, shortcut, slot in (
+            ("views", "&What the views show", QKeySequence.StandardKey.HelpContents, self.show_views),
+            ("shortcuts", "&Keyboard and mouse", None, self.show_shortcuts),
+            ("about", "&About kvviz", None, self.show_about),
+        ):
+            action = QAction(text, window)
+            if shortcut is not None:
+                action.setShortcut(shortcut)
+            action.triggered.connect(lambda *_, s=slot: s())
+            menu.addAction(action)
+            self.actions[key] = action
+
+    def show_views(self) -> QDialog:
+        return self._show("What the views show", views_html(), (640, 620))
+
+    def show_shortcuts(self) -> QDialog:
+        return self._show("Keyboard and mouse", table_html(shortcuts(self.window)), (460, 420))
+
+    def show_about(self) -> QDialog:
+        text = (
+            "<h3>kvviz</h3><p>The key-value cache of a transformer language model, live: what it holds, "
+            "what it costs in memory and time, and what each cache strategy changes.</p>"
+            + table_html(versions())
+        )
+        box = QMessageBox(QMessageBox.Icon.NoIcon, "About kvviz", text, QMessageBox.StandardButton.Ok, self.window)
+        box.setTextFormat(Qt.TextFormat.RichText)
+        box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        box.open()
+        self.dialog = box
+        return box
+
+    def _show(self, title: str, body: str, size: tuple[int, int]) -> QDialog:
+        dialog = QDialog(self.window)
+        dialog.setWindowTitle(title)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        browser = QTextBrowser()
+        browser.setOpenExternalLinks(False)
+        browser.setHtml(body)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
+        buttons.rejected.connect(dialog.close)
+        layout = QVBoxLayout(dialog)
+        layout.addWidget(browser)
+        layout.addWidget(buttons)
+        dialog.resize(*size)
+        dialog.show()
+        self.dialog = dialog
+        return dialog

@@ -1,0 +1,229 @@
+"""The window's look and layout as behaviour: what fits, what clears, what a wheel turn changes, what an export
+holds, what Help offers and what a save says. Real window, real tiny model; no pixels compared."""
+
+from __future__ import annotations
+
+import re
+from importlib import metadata
+
+from PySide6.QtCore import QEvent, QPoint, QPointF, Qt
+from PySide6.QtGui import QImage, QKeySequence, QWheelEvent
+from PySide6.QtWidgets import QApplication, QTextBrowser
+
+from kvviz.qt.plots import MemoryPlot
+from kvviz.qt.plots.base import short_forms, unit_forms
+
+
+def _wheel(widget, steps: int = 1) -> None:
+    """A wheel turn over the middle of a widget, delivered as Qt delivers it (through the event filters)."""
+    centre = QPointF(widget.width() / 2, widget.height() / 2)
+    event = QWheelEvent(
+        centre,
+        QPointF(widget.mapToGlobal(centre.toPoint())),
+        QPoint(0, 0),
+        QPoint(0, 120 * steps),
+        Qt.MouseButton.NoButton,
+        Qt.KeyboardModifier.NoModifier,
+        Qt.ScrollPhase.NoScrollPhase,
+        False,
+    )
+    QApplication.sendEvent(widget, event)
+
+
+def test_wheel_changes_a_field_only_when_it_has_the_focus(qtbot, window):
+    tokens = window.controls.settings_panel.max_new_tokens
+    combo = window.controls.strategy_panel.combo
+    tokens.setValue(100)
+    before = combo.currentIndex()
+    window.controls.run_button.setFocus()
+    _wheel(tokens, -1)
+    _wheel(combo, -1)
+    assert tokens.value() == 100 and combo.currentIndex() == before
+    assert tokens.focusPolicy() == Qt.FocusPolicy.StrongFocus  # a passing wheel does not take the focus
+
+    window.activateWindow()
+    tokens.setFocus()
+    qtbot.waitUntil(tokens.hasFocus, timeout=3000)
+    _wheel(tokens, 1)
+    assert tokens.value() == 101  # focused: the wheel is the user's intent
+
+
+def test_hover_readout_clears_on_leave_and_when_another_run_starts(qtbot, drive, window):
+    drive.load(window, "tiny")
+    drive.run(window, "dynamic", tokens=10)
+    window.redraw()
+    plot = window.local_view.memory_plot
+    assert plot.legend_bar.texts() == ["measured", "predicted"]
+    centre = plot.plot.vb.sceneBoundingRect().center()
+    plot.hover_at(centre)
+    assert "tokens" in plot.readout_text() and "MiB (pred." in plot.readout_text()
+    assert plot.crosshair.isVisible()
+    assert plot.title_label.shown_text() not in ("", plot.readout_text())  # the readout is not in the title
+
+    QApplication.sendEvent(plot.widget.viewport(), QEvent(QEvent.Type.Leave))
+    assert plot.readout_text() == "" and not plot.crosshair.isVisible()
+
+    plot.hover_at(centre)
+    assert plot.crosshair.isVisible()
+    drive.run(window, "sliding", {"window": 8}, tokens=6)
+    window.redraw()
+    assert not plot.crosshair.isVisible() and plot.readout_text() == ""
+
+
+def test_empty_plots_have_no_legend_and_legends_name_the_runs(qtbot, drive, window):
+    for plot in window.local_view.plots + window.server.view.plots:
+        assert plot.legend_bar.isHidden(), type(plot).__name__
+    assert window.local_view.run_legend.isHidden()
+    drive.load(window, "tiny")
+    first = drive.run(window, "dynamic", tokens=6)
+    second = drive.run(window, "sink", {"sink_tokens": 2, "window": 6}, tokens=6)
+    window.runs_table.select_runs([first, second])
+    window.redraw()
+    names = window.local_view.run_legend.texts()
+    assert names[0].startswith(f"#{first} dynamic") and names[1].startswith(f"#{second} sink")
+    latency = window.local_view.latency_plot.legend_bar.texts()
+    assert latency[0] == "prefill" and len(latency) == 3 and all(t.endswith(" ms") for t in latency[1:])
+    assert "evicted" in window.local_view.cache_map.legend_bar.texts()
+    assert window.local_view.cache_map.title_label.detail.startswith(f"#{second} sink")
+
+
+def test_titles_and_axis_labels_shorten_but_keep_their_unit(qtbot):
+    assert short_forms("Cache memory: measured (solid) and predicted (dashed)")[-1] == "Cache memory"
+    assert short_forms("Step latency (decode steps; prefill apart)")[-1] == "Step latency"
+    assert unit_forms("cache memory (MiB)") == ["cache memory (MiB)", "memory (MiB)", "MiB"]
+    assert unit_forms("latency (ms, log scale)")[-1] == "ms"
+    plot = MemoryPlot()
+    qtbot.addWidget(plot)
+    plot.resize(900, 400)
+    plot.show()
+    qtbot.waitExposed(plot)
+    assert plot.title_label.shown_text() == MemoryPlot.title and plot.axis_label("left") == "cache memory (MiB)"
+    plot.resize(260, 170)
+    qtbot.waitUntil(lambda: plot.axis_label("left") != "cache memory (MiB)", timeout=3000)
+    assert plot.title_label.shown_text() == "Cache memory"
+    assert plot.axis_label("left").endswith("MiB") or plot.axis_label("left").endswith("MiB)")
+    assert MemoryPlot.title in plot.title_label.toolTip()
+
+
+def test_exports_have_the_width_asked_a_title_and_no_empty_plot(qtbot, drive, window, tmp_path):
+    actions = window.file_actions
+    assert actions.export_plots(tmp_path / "none") == [] and "empty" in actions.last_message
+    actions.message_box.close()
+    drive.load(window, "tiny")
+    window.controls.reference_box.setChecked(True)
+    drive.run(window, "sink", {"sink_tokens": 2, "window": 6}, tokens=8)
+    window.redraw()
+    assert not window.local_view.fidelity_plot.isHidden()
+    files = actions.export_plots(tmp_path / "plots", width=1280)
+    names = {p.name for p in files}
+    assert "fidelity_plot.svg" in names and "fidelity_plot.png" in names
+    for path in files:
+        if path.suffix == ".png":
+            image = QImage(str(path))
+            assert image.width() == 1280 and image.height() > 300, path
+        else:
+            svg = path.read_text(encoding="utf-8")
+            width, height = (float(v) for v in re.search(r'width="([\d.]+)mm" height="([\d.]+)mm"', svg).groups())
+            assert width > 100 and height > 50, path  # never a 0 mm page
+    memory = (tmp_path / "plots" / "memory_plot.svg").read_text(encoding="utf-8")
+    assert "<title>Cache memory: measured (solid) and predicted (dashed)</title>" in memory
+    assert "cache memory (MiB)" in memory and "predicted" in memory  # axis label and legend are drawn
+    message = window.statusBar().currentMessage()
+    assert message.startswith(f"saved {(tmp_path / 'plots').resolve()}") and "1280 px" in message
+
+
+def test_every_save_says_where_in_the_status_bar(qtbot, drive, window, tmp_path):
+    drive.load(window, "tiny")
+    drive.run(window, "dynamic", tokens=4)
+    actions = window.file_actions
+    saved = []
+    window.sigSaved.connect(saved.append)
+    for save, name in (
+        (actions.save_selected_trace, "run.json"),
+        (actions.export_runs_csv, "runs.csv"),
+        (actions.save_window_png, "window.png"),
+    ):
+        path = save(tmp_path / name)
+        assert window.statusBar().currentMessage().startswith(f"saved {path.resolve()}")
+    assert saved == [str((tmp_path / name).resolve()) for name in ("run.json", "runs.csv", "window.png")]
+    assert not window.error_bar.isVisible()
+
+
+def test_prompt_token_count_comes_from_the_model(qtbot, drive, window):
+    panel = window.controls.prompt_panel
+    panel.set_text("Hello there, how are you?")
+    qtbot.waitUntil(lambda: panel.count_label.text() == "– tokens", timeout=3000)  # no model: no count
+    drive.load(window, "tiny")
+    qtbot.waitUntil(
+        lambda: panel.count_label.text().endswith(" tokens") and "–" not in panel.count_label.text(), timeout=10000
+    )
+    run_id = drive.run(window, "dynamic", tokens=2, prompt="Hello there, how are you?")
+    prompt_tokens = window.store.runs[run_id].trace.prompt_tokens
+    qtbot.waitUntil(lambda: panel.count_label.text() == f"{prompt_tokens:,} tokens", timeout=10000)
+    window.controls.settings_panel.raw.setChecked(True)  # no chat template: fewer tokens
+    qtbot.waitUntil(lambda: panel.count_label.text() not in ("counting…", f"{prompt_tokens:,} tokens"), timeout=10000)
+    assert int(panel.count_label.text().split()[0].replace(",", "")) < prompt_tokens
+
+
+def test_open_prompt_file_accepts_utf8_text_and_says_what_is_wrong_otherwise(window, tmp_path):
+    actions = window.file_actions
+    good = tmp_path / "story.md"
+    good.write_text("Once upon a time — a cache.\n", encoding="utf-8")
+    assert actions.open_prompt_file(good) == "Once upon a time — a cache.\n"
+    assert window.controls.prompt_panel.text() == "Once upon a time — a cache.\n"
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("café".encode("latin-1"))
+    pdf = tmp_path / "paper.pdf"
+    pdf.write_bytes(b"%PDF-1.4")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("  \n", encoding="utf-8")
+    for path, words in ((latin, "not UTF-8"), (pdf, ".txt or .md"), (empty, "empty"), (tmp_path / "gone.txt", "gone")):
+        assert actions.open_prompt_file(path) is None
+        assert path.name in actions.last_message and words in actions.last_message, actions.last_message
+        assert "Traceback" not in actions.last_message
+        actions.message_box.close()
+    assert window.controls.prompt_panel.text() == "Once upon a time — a cache.\n"  # unchanged by the failures
+    assert "Open prompt file…" in [a.text().replace("&", "") for a in window.menuBar().actions()[0].menu().actions()]
+
+
+def test_help_menu_and_switch_shortcut(qtbot, window):
+    help_menu = window.menuBar().actions()[-1]
+    assert help_menu.text().replace("&", "") == "Help"
+    entries = [a.text().replace("&", "") for a in help_menu.menu().actions()]
+    assert entries == ["What the views show", "Keyboard and mouse", "About kvviz"]
+
+    views = window.help.show_views()
+    body = views.findChild(QTextBrowser).toPlainText()
+    for heading in ("Cache memory", "Step latency", "Fidelity", "Cache map", "Tokens", "vLLM server"):
+        assert heading in body
+    for unit in ("MiB", "milliseconds", "nats", "KiB"):
+        assert unit in body
+    views.close()
+
+    shortcuts = window.help.show_shortcuts().findChild(QTextBrowser).toPlainText()
+    assert "F6" in shortcuts and "Switch strategy at the next step" in shortcuts and "Ctrl+Q" in shortcuts
+
+    about = window.help.show_about()
+    for name in ("torch", "transformers"):
+        assert f"{name}{metadata.version(name)}" in re.sub(r"<[^>]+>|\s", "", about.text())
+    about.close()
+
+    switch = window.menus.switch_action
+    assert QKeySequence("F6") in switch.shortcuts() and QKeySequence("Ctrl+Shift+Return") in switch.shortcuts()
+    assert not switch.isEnabled()  # only while a run is generating
+
+
+def test_runs_table_keeps_three_rows_and_gets_its_height_back(qtbot, window):
+    table = window.runs_table
+    header = table.horizontalHeader().sizeHint().height()
+    assert table.minimumHeight() >= header + 3 * table.verticalHeader().defaultSectionSize()
+    window.resize(1600, 1000)
+    qtbot.wait(50)
+    QApplication.processEvents()
+    tall = window.runs_dock.height()
+    window.resize(1280, 600)
+    qtbot.wait(50)
+    QApplication.processEvents()
+    assert window.runs_dock.height() >= table.minimumHeight()
+    window.resize(1600, 1000)
+    qtbot.waitUntil(lambda: abs(window.runs_dock.height() - tall) <= 3, timeout=3000)
