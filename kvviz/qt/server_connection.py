@@ -33,6 +33,7 @@ def prediction_folder(model: str | None, chosen: str) -> Path | None:
 class ServerConnection(QObject):
     sigConnected = Signal(object)  # Session: url, model, cache, prediction
     sigConnectFailed = Signal(str, str)  # url, message
+    sigPrediction = Signal(object)  # kvviz's predicted KV bytes per token next to the server's (after sigConnected)
     sigPoint = Signal(object, object)  # Snapshot, Point (None for a failed scrape)
     sigNotice = Signal(str, bool)  # message, is_error: restarts, old metric names, failures, recoveries
     sigRequestStarted = Signal(int, object)  # request key, empty Trace
@@ -77,18 +78,10 @@ class ServerConnection(QObject):
                 if not first.ok:
                     raise RuntimeError(first.error)
                 model = first_model(client, url)
-            session = Session(url=url, model=model, interval=interval, cache=dict(first.cache))
-            folder = prediction_folder(model, model_dir)
-            # The prediction imports transformers, whose lazy module is not safe to import from two
-            # threads at once: wait until the window's worker has finished importing the engine.
-            if folder is not None and self.engine_ready.wait(120):
-                try:
-                    session.prediction = predict(folder, first.cache, dtype)
-                except (RuntimeError, ValueError, ImportError) as exc:
-                    session.errors.append([time.time(), f"no KV prediction: {exc}"])
         except RuntimeError as exc:
             self._send(self.sigConnectFailed, url, str(exc))
             return
+        session = Session(url=url, model=model, interval=interval, cache=dict(first.cache))
         poller = Poller(url, interval=interval)
         poller.callback = lambda snap, point: self._on_scrape(poller, snap, point)
         with self._lock:
@@ -97,6 +90,21 @@ class ServerConnection(QObject):
             self._detached = False
         self._send(self.sigConnected, session)  # before the first point: queued signals keep their order
         poller.start()
+        self._predict(session, prediction_folder(model, model_dir), dtype)
+
+    def _predict(self, session: Session, folder: Path | None, dtype: str) -> None:
+        """kvviz's KV bytes per token for the served model, once polling runs (it may wait for the engine)."""
+        # The prediction imports transformers, whose lazy module is not safe to import from two threads at
+        # once: wait until the window's worker has finished importing the engine.
+        if folder is None or not self.engine_ready.wait(120):
+            return
+        try:
+            session.prediction = predict(folder, session.cache, dtype)
+        except (RuntimeError, ValueError, ImportError) as exc:
+            self._send(self.sigNotice, f"no KV prediction: {exc}", True)
+            return
+        if session is self._session:  # not a connection the user has left meanwhile
+            self._send(self.sigPrediction, session.prediction)
 
     def _on_scrape(self, poller: Poller, snap, point) -> None:  # on the poller's thread
         if poller is not self.poller:  # a scrape of the previous server, finishing after a reconnect

@@ -122,6 +122,7 @@ class ServerMode(QObject):
         self.panel.sigDisconnectRequested.connect(self.disconnect)
         c = self.connection
         c.sigConnected.connect(self._on_connected)
+        c.sigPrediction.connect(self._on_prediction)
         c.sigConnectFailed.connect(self._on_connect_failed)
         c.sigPoint.connect(self._on_point)
         c.sigNotice.connect(self._on_notice)
@@ -204,6 +205,12 @@ class ServerMode(QObject):
             self.window.show_error(message)
         self._summarise(session.model, session.url)
         self.update_controls()
+
+    def _on_prediction(self, prediction: dict) -> None:
+        session = self.connection.session()
+        if session is not None:
+            self._prediction = prediction
+            self.panel.card.setText(cache_html(session.model, self._cache, prediction))
 
     def _on_connect_failed(self, url: str, message: str) -> None:
         self.panel.set_connected(False, "not connected")
