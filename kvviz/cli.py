@@ -466,14 +466,33 @@ def main(argv: list[str] | None = None) -> int:
         _report(args, exc)
         return 2
     except KeyboardInterrupt as exc:
-        print("kvviz: interrupted" if exit_status(exc) == 130 else "kvviz: terminated", file=sys.stderr)
-        return exit_status(exc)
-    except (ModelError, RuntimeError, OSError) as exc:
-        _report(args, exc)
+        return _interrupted(exc)
+    except Exception as exc:
+        # transformers' lazy imports turn a Ctrl-C that lands inside them into an import error
+        interrupt = _interrupt_behind(exc)
+        if interrupt is not None:
+            return _interrupted(interrupt)
+        if isinstance(exc, (ModelError, RuntimeError, OSError)):
+            _report(args, exc)
+        else:  # a failure inside torch/transformers: still one readable paragraph
+            _report(args, f"{type(exc).__name__}: {exc} (run with --debug for the traceback)", exc)
         return 1
-    except Exception as exc:  # a failure inside torch/transformers: still one readable paragraph
-        _report(args, f"{type(exc).__name__}: {exc} (run with --debug for the traceback)", exc)
-        return 1
+
+
+def _interrupted(interrupt: KeyboardInterrupt) -> int:
+    print("kvviz: interrupted" if exit_status(interrupt) == 130 else "kvviz: terminated", file=sys.stderr)
+    return exit_status(interrupt)
+
+
+def _interrupt_behind(exc: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C (or SIGTERM) an exception was raised while handling, if any."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def _report(args, message, exc: BaseException | None = None) -> None:

@@ -69,3 +69,19 @@ def test_output_the_terminal_cannot_encode_costs_nothing(tmp_path):
     kept = trace.load(path)
     assert any(ord(c) > 127 for c in kept.text), "the model wrote plain ASCII: this test needs another prompt"
     assert "br?l" in out  # shown with a stand-in character, not fatal
+
+
+def test_an_interrupt_wrapped_by_a_lazy_import_still_counts_as_one():
+    from kvviz import cli
+
+    def wrapped():
+        try:
+            raise KeyboardInterrupt()
+        except KeyboardInterrupt as exc:
+            raise ModuleNotFoundError("Could not import module 'AutoTokenizer'") from exc
+
+    try:
+        wrapped()
+    except ModuleNotFoundError as exc:
+        assert isinstance(cli._interrupt_behind(exc), KeyboardInterrupt)
+    assert cli._interrupt_behind(ValueError("plain")) is None
