@@ -39,6 +39,16 @@ def ms(value: float | None, digits: int = 1) -> str:
     return UNKNOWN if value is None else f"{number(value, digits)} ms"
 
 
+def seconds(value_ms: float | None, digits: int = 1) -> str:
+    """Milliseconds as a number of seconds, for a column titled in seconds: `seconds(38210.0)` -> "38.2"."""
+    return number(None if value_ms is None else value_ms / 1000.0, digits)
+
+
+def percent(share: float | None) -> str:
+    """A share as a whole percentage: `percent(0.517)` -> "52%"; None -> UNKNOWN."""
+    return UNKNOWN if share is None else f"{share * 100:.0f}%"
+
+
 def strategy_label(strategy: Mapping[str, Any] | None) -> str:
     """A trace's strategy as one line: "sink (sink_tokens=4, window=60)"."""
     strategy = strategy or {}
@@ -46,6 +56,19 @@ def strategy_label(strategy: Mapping[str, Any] | None) -> str:
     text = str(strategy.get("name") or "?")
     if options:
         text += " (" + ", ".join(f"{k}={v}" for k, v in options.items()) + ")"
+    return text
+
+
+def strategy_path(trace, options: bool = True) -> str:
+    """The strategy a run started with, then each live switch and the step it took effect at:
+    "dynamic -> sliding (window=8) @95"; `options=False` leaves the options out ("dynamic -> sliding @95")."""
+
+    def named(strategy: Mapping[str, Any]) -> str:
+        return strategy_label(strategy) if options else str(strategy.get("name") or "?")
+
+    text = named(trace.strategy or {})
+    for switch in trace.switches:
+        text += f" -> {named({'name': switch.to_strategy, 'options': switch.options})} @{switch.step}"
     return text
 
 
@@ -70,13 +93,18 @@ def run_row(label: str, trace, status: str | None = None) -> dict[str, Any]:
         "model": str((trace.model or {}).get("name", "")),
         "strategy": strategy.get("name", ""),
         "options": " ".join(f"{k}={v}" for k, v in options.items()),
-        "label": strategy_label(strategy),
+        "label": strategy_path(trace),
         "prompt_tokens": trace.prompt_tokens,
         "new_tokens": s["new_tokens"],
         "prefill_ms": s["prefill_ms"],
         "decode_ms_mean": s["decode_ms_mean"],
         "decode_ms_p95": s["decode_ms_p95"],
         "decode_tokens_per_s": s["decode_tokens_per_s"],
+        # one-time pauses, in no step's time: the strategy's warm-up (kernel builds) and torch.compile
+        "warm_up_ms": trace.warm_up_ms,
+        "compile_ms": trace.compile_ms,
+        "memory_bound_tokens_per_s": s["memory_bound_tokens_per_s"],
+        "share_of_memory_bound": s["share_of_memory_bound"],
         "final_cache_mib": in_mib(s["final_cache_bytes"]),
         "peak_cache_mib": in_mib(s["peak_cache_bytes"]),
         "peak_rss_mib": in_mib(s["peak_rss_bytes"]),
@@ -102,10 +130,13 @@ RUN_TABLE: list[tuple[str, Callable[[Mapping[str, Any]], str], bool]] = [
     ("model", lambda r: r["model"], False),
     ("strategy", lambda r: r["label"], False),
     ("tokens", lambda r: str(r["new_tokens"]), True),
+    ("warm-up s", lambda r: seconds(r["warm_up_ms"]), True),
+    ("compile s", lambda r: seconds(r["compile_ms"]), True),
     ("prefill ms", lambda r: number(r["prefill_ms"]), True),
     ("decode ms (mean)", lambda r: number(r["decode_ms_mean"], 2), True),
     ("decode ms (p95)", lambda r: number(r["decode_ms_p95"], 2), True),
     ("tokens/s", lambda r: number(r["decode_tokens_per_s"]), True),
+    ("of memory bound", lambda r: percent(r["share_of_memory_bound"]), True),
     ("peak cache MiB", lambda r: number(r["peak_cache_mib"], 3), True),
     ("peak RSS MiB", lambda r: number(r["peak_rss_mib"], 0), True),
     ("top-1 agree", lambda r: number(r["top1_agreement"], 3), True),
@@ -113,6 +144,17 @@ RUN_TABLE: list[tuple[str, Callable[[Mapping[str, Any]], str], bool]] = [
     ("first diverge", _divergence, True),
     ("status", lambda r: r["status"], False),
 ]
+
+
+# What a column means, where its title cannot say it all (the Runs table's header tooltips).
+RUN_TABLE_HELP = {
+    "strategy": "the strategy the run started with; a live switch reads \"-> new strategy @N\": from step N on",
+    "warm-up s": "the strategy's one-time preparation before the prefill (quanto's kernels), in no step's time",
+    "compile s": "torch.compile of the decode step before the first decode step, in no step's time",
+    "tokens/s": "decode steps per second (the prefill, warm-up and compile are not counted)",
+    "of memory bound": "the share of the memory-bound speed the decode steps reached: the time to read the weights "
+    "and the KV cache once at this machine's bandwidth, over the steps' real time",
+}
 
 
 def run_cells(row: Mapping[str, Any]) -> list[str]:

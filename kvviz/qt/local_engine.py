@@ -1,34 +1,48 @@
 """The local model: the worker on its own thread, the model it loaded, and its runs fed into the run store.
 
-Requests leave as queued signals (load, run, switch) and every engine call happens on the worker's
-thread; answers come back as the worker's signals. A run's one record is the decoder's own `Trace`:
-it is attached to the run in the store when the worker starts the run, and each step the worker
-reports is a record appended to it.
+Requests leave as queued signals (load, run, switch, prompt count) and every engine call happens on the
+worker's thread; answers come back as the worker's signals. A run's one record is the decoder's own
+`Trace`: it is attached to the run in the store when the worker starts the run, and each step the worker
+reports is a record appended to it. A run the engine refuses before it starts (an option that cannot work
+with this model or prompt) is withdrawn from the store: it was never a run.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from PySide6.QtCore import QObject, Signal
+from PySide6.QtCore import QObject, QTimer, Signal
 
 from kvviz.present import FAILED, RUNNING, STARTING, final_status
 from kvviz.qt.run_store import RunStore
 from kvviz.qt.worker import Worker, WorkerThread
 from kvviz.trace import Trace
 
+COUNT_DELAY_MS = 250  # the prompt is counted once typing pauses this long, not at every key
+
 
 class LocalEngine(QObject):
     sigRequestLoad = Signal(str, str, str)  # to the worker: spec, dtype, device
     sigRequestRun = Signal(int, object)  # to the worker: run id, request dict
-    sigRequestSwitch = Signal(str, object)  # to the worker's switch desk: strategy, options
+    sigRequestSwitch = Signal(str, object)  # to the worker's desk: strategy, options
+    sigRequestCount = Signal(int, str, bool)  # to the worker's desk: serial, prompt, raw
+    sigPromptTokens = Signal(object)  # the prompt's token count as a run would feed it; None: unknown (no model)
 
     def __init__(self, store: RunStore, parent: QObject | None = None):
         super().__init__(parent)
         self.store = store
         self.card: dict[str, Any] | None = None  # the loaded model's card (plus "threads")
+        self.loaded_spec: str | None = None  # the spec of the model loaded now: the only one worth remembering
         self.loading = False
         self.stuck = False  # the thread did not end in time when the window closed
+        self.prompt_tokens: int | None = None  # the latest count of the prompt (see count_prompt)
+        self._prompt: tuple[str, bool] | None = None  # the prompt to count, and whether it is raw
+        self._count_serial = 0
+        self._count_timer = QTimer(self)
+        self._count_timer.setSingleShot(True)
+        self._count_timer.setInterval(COUNT_DELAY_MS)
+        self._count_timer.timeout.connect(self._send_count)
+        self._shown_before: dict[int, list[int]] = {}  # runs shown when a run was asked for, until it starts
         self.worker = Worker()
         self.thread = WorkerThread(self.worker)
         worker = self.worker
@@ -39,9 +53,11 @@ class LocalEngine(QObject):
         worker.sigStep.connect(self._on_step)
         worker.sigRunFinished.connect(self._on_run_finished)
         worker.sigRunFailed.connect(self._on_run_failed)
+        worker.sigPromptCounted.connect(self._on_prompt_counted)
         self.sigRequestLoad.connect(worker.load)
         self.sigRequestRun.connect(worker.run)
-        self.sigRequestSwitch.connect(worker.switches.request)
+        self.sigRequestSwitch.connect(worker.desk.switch)
+        self.sigRequestCount.connect(worker.desk.count_prompt)
 
     def start(self) -> None:
         """Start the worker's thread (after the window connected to the worker's signals: it reports at once)."""
@@ -55,7 +71,9 @@ class LocalEngine(QObject):
 
     def run(self, header: Trace, request: dict[str, Any]) -> int:
         """Add the run to the store (its header until the worker's trace arrives) and start it; its id."""
+        shown = self.store.shown
         run_id = self.store.add(header, STARTING, generating=True)
+        self._shown_before[run_id] = shown
         self.sigRequestRun.emit(run_id, request)
         return run_id
 
@@ -63,25 +81,44 @@ class LocalEngine(QObject):
         """Ask the running generation to switch; the worker answers sigSwitchAccepted or sigSwitchRefused."""
         self.sigRequestSwitch.emit(strategy, dict(options))
 
+    def count_prompt(self, prompt: str, raw: bool) -> None:
+        """Count the prompt's tokens on the worker once typing pauses; the answer is sigPromptTokens."""
+        self._prompt = (prompt, raw)
+        self._count_timer.start()
+
     def cancel(self, run_id: int) -> None:
         self.worker.cancel(run_id)
 
     def stop(self, timeout_ms: int = 1800) -> bool:
         """End the worker thread; True if it ended within timeout_ms (else `stuck` is set)."""
+        self._count_timer.stop()
         finished = self.thread.stop(timeout_ms)
         self.stuck = not finished
         return finished
+
+    def _send_count(self) -> None:
+        if self._prompt is not None:
+            self._count_serial += 1
+            self.sigRequestCount.emit(self._count_serial, *self._prompt)
 
     # -- from the worker ----------------------------------------------------------------------------
 
     def _on_model_loaded(self, spec: str, card: dict) -> None:
         self.loading = False
         self.card = card
+        self.loaded_spec = spec
+        self._send_count()  # another tokenizer: the prompt counts again
 
     def _on_model_failed(self, spec: str, message: str) -> None:
         self.loading = False
 
+    def _on_prompt_counted(self, serial: int, count: int | None) -> None:
+        if serial == self._count_serial:  # an answer to an older request is stale
+            self.prompt_tokens = count
+            self.sigPromptTokens.emit(count)
+
     def _on_run_started(self, run_id: int, trace: Trace) -> None:
+        self._shown_before.pop(run_id, None)
         self.store.attach(run_id, trace)
         self.store.set_status(run_id, RUNNING)
 
@@ -92,4 +129,8 @@ class LocalEngine(QObject):
         self.store.end(run_id, final_status(trace))
 
     def _on_run_failed(self, run_id: int, message: str) -> None:
-        self.store.end(run_id, FAILED, error=message)
+        shown_before = self._shown_before.pop(run_id, None)
+        if shown_before is not None and self.store.status(run_id) == STARTING:  # refused before it started
+            self.store.withdraw(run_id, shown_before)
+        else:
+            self.store.end(run_id, FAILED, error=message)

@@ -41,7 +41,7 @@ class MainWindow(QMainWindow):
     sigModelReady = Signal(str, bool)  # spec, loaded (False: failed); after the window updated
     sigRunDone = Signal(int, str)  # run id, status; after the final redraw
 
-    def __init__(self, settings: QSettings | None = None, autoload: str | None = None, parent=None):
+    def __init__(self, settings: QSettings | None = None, parent=None):
         super().__init__(parent)
         self.setWindowTitle("kvviz: the key-value cache, live")
         self.settings = settings if settings is not None else QSettings("kvviz", "kvviz")
@@ -98,10 +98,14 @@ class MainWindow(QMainWindow):
         worker.sigRunFailed.connect(self._on_run_failed)
         worker.sigSwitchAccepted.connect(self._on_switch_accepted)
         worker.sigSwitchRefused.connect(self._on_switch_refused)
+        worker.sigRunNotice.connect(self.status_line.notice)
+        # options are checked as they are typed, and the prompt counted, so that Run knows before it is pressed
+        controls.strategy_panel.sigChanged.connect(self.update_controls)
+        self.engine.sigPromptTokens.connect(controls.strategy_panel.set_prompt_tokens)
+        controls.prompt_panel.editor.textChanged.connect(self._count_prompt)
+        controls.settings_panel.raw.toggled.connect(self._count_prompt)
         self.update_controls()
         self.engine.start()
-        if autoload:
-            self.load_model(autoload)
         from kvviz.qt.file_actions import install_file_actions  # noqa: I001 - File menu, drops, Record
 
         install_file_actions(self)
@@ -172,7 +176,13 @@ class MainWindow(QMainWindow):
         self.sigModelReady.emit(spec, True)
 
     def _on_run_failed(self, run_id: int, message: str) -> None:
-        self.show_error(f"Run #{run_id} failed: {message}")
+        if run_id in self.store.runs:
+            self.show_error(f"Run #{run_id} failed: {message}")
+        else:  # refused before it started: withdrawn, the runs shown before are shown again
+            self.show_error(f"Cannot run: {message}")
+
+    def _count_prompt(self, *_) -> None:
+        self.engine.count_prompt(self.controls.prompt_panel.text(), self.controls.settings_panel.raw.isChecked())
 
     def _on_switch_accepted(self, strategy: str) -> None:
         self.status_line.say(f"switching to {strategy} at the next step…")
@@ -218,8 +228,13 @@ class MainWindow(QMainWindow):
 
     def switch_strategy(self) -> bool:
         """Ask the running generation to switch to the strategy and options chosen in the picker; False when
-        nothing runs. The worker answers with sigSwitchAccepted or sigSwitchRefused (shown above the plots)."""
+        nothing runs or an option is invalid. The worker answers with sigSwitchAccepted or sigSwitchRefused
+        (shown above the plots)."""
         if self.store.generating is None:
+            return False
+        problem = self.controls.strategy_panel.problem()
+        if problem:
+            self.show_error(f"Cannot switch: {problem}")
             return False
         self.engine.switch(self.controls.strategy_panel.current(), self.controls.strategy_panel.values())
         return True
@@ -281,8 +296,10 @@ class MainWindow(QMainWindow):
         idle = self.store.generating is None
         loading = self.engine.loading
         ready = self.engine.card is not None and self.controls.strategy_panel.current() is not None
-        can_run = idle and not loading and ready
+        valid = self.controls.strategy_panel.problem() is None  # its message is beside the field
+        can_run = idle and not loading and ready and valid
         self.controls.set_enabled(can_run, not idle, loading)
+        self.controls.switch_button.setEnabled(not idle and valid)
         self.menus.set_enabled(can_run, not idle)
         self._update_status()
 

@@ -1,8 +1,8 @@
 """What the window keeps between sessions (QSettings), and its colour theme.
 
-Kept: the model spec, the prompt, the generation settings, every strategy's options and the one
-chosen, the server address, model folder and load set, the theme, and the window's geometry, dock
-layout and splitter sizes.
+Kept: the model loaded last (never one that failed to load), the prompt, the generation settings,
+every strategy's options and the one chosen, the server address, model folder and load set, the theme,
+and the window's geometry, dock layout and splitter sizes.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ def restore(window) -> None:
 def save(window) -> None:
     s = window.settings
     controls, server = window.controls, window.server
-    s.setValue("model/spec", controls.model_panel.current_spec())
+    if window.engine.loaded_spec is not None:  # only a model that loaded is worth loading at the next start
+        s.setValue("model/spec", window.engine.loaded_spec)
     s.setValue("prompt/text", controls.prompt_panel.text())
     s.setValue("generation/state", json.dumps(controls.settings_panel.state()))
     s.setValue("strategy/values", json.dumps(controls.strategy_panel.all_values()))

@@ -1,7 +1,7 @@
 """The worker: the one object that talks to the engine, living in its own QThread.
 
-The GUI thread sends requests through queued signals (`load`, `run` and `switches.request` are
-slots) and gets plain records back through the `sig*` signals declared below; every engine call
+The GUI thread sends requests through queued signals (`load`, `run`, `desk.switch` and
+`desk.count_prompt` are slots) and gets plain records back through the `sig*` signals declared below; every engine call
 (torch included) runs on the worker's thread. A run's records go into the decoder's own `Trace`,
 which `sigRunStarted` hands to the window: that trace is the run's one record. `cancel()` and
 `shutdown()` may be called from any thread. Nothing here holds a widget; nothing in the GUI holds
@@ -33,12 +33,13 @@ class _Interrupted(Exception):
     """Raised from the load progress callback when the window is closing."""
 
 
-class SwitchDesk(QObject):
-    """Where switch requests arrive (a queued slot on the worker's thread).
+class Desk(QObject):
+    """Where requests that must not wait for a generation to end arrive (queued slots on the worker's thread):
+    switches and prompt token counts.
 
-    While a run decodes the worker's event loop is busy, so the decode loop serves this desk between
-    two steps; a request therefore takes effect at the next step, and the strategy's checks (which
-    read the model's tensors) run on the worker's thread, never on the GUI's.
+    While a run decodes the worker's event loop is busy, so the decode loop serves this desk between two
+    steps (outside every step's time); a switch therefore takes effect at the next step. The strategy's
+    checks and the tokenizer run on the worker's thread, never on the GUI's.
     """
 
     def __init__(self, worker: Worker):
@@ -46,8 +47,12 @@ class SwitchDesk(QObject):
         self.worker = worker
 
     @Slot(str, object)
-    def request(self, strategy: str, options: dict[str, Any]) -> None:
+    def switch(self, strategy: str, options: dict[str, Any]) -> None:
         self.worker._switch(strategy, options)  # the desk is the worker's own door, in this module
+
+    @Slot(int, str, bool)
+    def count_prompt(self, serial: int, prompt: str, raw: bool) -> None:
+        self.worker._count_prompt(serial, prompt, raw)
 
     def serve(self) -> None:
         """Answer the requests waiting for this desk (called by the decode loop between steps)."""
@@ -66,11 +71,13 @@ class Worker(QObject):
     sigSwitchAccepted = Signal(str)  # strategy: it takes over at the next step
     sigSwitchRefused = Signal(str, str)  # strategy, why not
     sigRunNotice = Signal(int, str)  # run id, what a long one-time pause is doing ("" once it is over)
+    sigPromptCounted = Signal(int, object)  # request serial, the prompt's tokens as the model gets them (or None)
 
     def __init__(self):
         super().__init__()
         self.loaded = None
-        self.switches = SwitchDesk(self)
+        self.desk = Desk(self)
+        self._notice = False  # a run notice is on screen: the next step (or the run's end) clears it
         self._lock = threading.Lock()
         self._decoder = None
         self._run_id = 0
@@ -141,8 +148,21 @@ class Worker(QObject):
         card["threads"] = torch.get_num_threads()
         self.sigModelLoaded.emit(spec, card)
 
+    def _count_prompt(self, serial: int, prompt: str, raw: bool) -> None:
+        """The prompt's token count with the loaded model's tokenizer and chat template, as a run would feed it
+        (worker thread, from `desk` only); None while no model is loaded or where the text cannot be encoded."""
+        count = None
+        if self.loaded is not None:
+            from kvviz.engine.decode import encode_prompt
+
+            try:
+                count = len(encode_prompt(self.loaded.tokenizer, prompt, raw))
+            except Exception:  # noqa: BLE001 - a count is a hint; the run itself names any problem
+                log.debug("prompt count failed:\n%s", traceback.format_exc())
+        self.sigPromptCounted.emit(serial, count)
+
     def _switch(self, strategy: str, options: dict[str, Any]) -> None:
-        """Switch the running generation's cache at its next step (worker thread, from `switches` only)."""
+        """Switch the running generation's cache at its next step (worker thread, from `desk` only)."""
         from kvviz.engine import strategies
 
         with self._lock:
@@ -171,7 +191,7 @@ class Worker(QObject):
             settings = decode.GenerationSettings(**request.get("settings", {}))
             decoder = decode.Decoder(
                 self.loaded, choice, settings, request["prompt"], reference=bool(request.get("reference")),
-                notify=lambda message: self.sigRunNotice.emit(run_id, message),
+                notify=lambda message: self._notify(run_id, message),
             )
             with self._lock:
                 self._decoder = decoder
@@ -180,8 +200,10 @@ class Worker(QObject):
                     decoder.cancel()
             self.sigRunStarted.emit(run_id, decoder.trace)
             for step in decoder:
+                if self._notice:  # a step came: the pause it announced is over
+                    self._notify(run_id, "")
                 self.sigStep.emit(run_id, step)
-                self.switches.serve()
+                self.desk.serve()
             self.sigRunFinished.emit(run_id, decoder.trace)
         except Exception as exc:  # noqa: BLE001 - any failure is reported, the worker lives on
             log.debug("run %d failed:\n%s", run_id, traceback.format_exc())
@@ -189,9 +211,16 @@ class Worker(QObject):
                 decoder.trace.error = _message(exc)
             self.sigRunFailed.emit(run_id, _message(exc))
         finally:
+            if self._notice:
+                self._notify(run_id, "")
             with self._lock:
                 self._decoder = None
                 self._cancelled.discard(run_id)
+
+    def _notify(self, run_id: int, message: str) -> None:
+        """Say what a long one-time pause of the run is doing ("" when it is over)."""
+        self._notice = bool(message)
+        self.sigRunNotice.emit(run_id, message)
 
 
 def _message(exc: BaseException) -> str:

@@ -1,4 +1,5 @@
-"""Plots against tokens in context: cache memory (measured and predicted), step latency, fidelity."""
+"""Plots against tokens in context: cache memory (measured and predicted), step latency with its memory-bound
+floor and the one-time pauses, fidelity."""
 
 from __future__ import annotations
 
@@ -6,9 +7,10 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
 
+from kvviz.present import MIB, percent
 from kvviz.qt import theme
-from kvviz.qt.plots.base import PlotPanel
-from kvviz.qt.series import CACHE_MIB, KL, PREDICTED_MIB, WALL_MS, RunSeries, X, nearest_index
+from kvviz.qt.plots.base import HINT_TEXT, PlotPanel
+from kvviz.qt.series import CACHE_MIB, FLOOR_MS, KL, PREDICTED_MIB, WALL_MS, RunSeries, X, nearest_index
 
 
 class _Curves:
@@ -19,6 +21,7 @@ class _Curves:
         self.drawn_n = -1
         self.prefill: float | None = None
         self.switch_lines: list[pg.InfiniteLine] = []
+        self.pauses: dict[str, pg.InfiniteLine] = {}  # one-time pauses marked: "warm-up", "compile"
 
 
 class _SeriesPlot(PlotPanel):
@@ -78,9 +81,7 @@ class _SeriesPlot(PlotPanel):
         shown = {r.run_id for r in runs}
         for run_id in list(self._curves):
             if run_id not in shown:
-                curves = self._curves.pop(run_id)
-                for item in curves.items + curves.switch_lines:
-                    self.plot.removeItem(item)
+                self._remove(self._curves.pop(run_id))
         for series in runs:
             curves = self._curves.get(series.run_id)
             if curves is None:
@@ -91,6 +92,10 @@ class _SeriesPlot(PlotPanel):
             self._mark_switches(series, curves)
         self._fit_x(runs)
         self.after_redraw(runs, primary)
+
+    def _remove(self, curves: _Curves) -> None:
+        for item in curves.items + curves.switch_lines + list(curves.pauses.values()):
+            self.plot.removeItem(item)
 
     def _mark_switches(self, series: RunSeries, curves: _Curves) -> None:
         """A labelled vertical line, in the run's colour, where the run switched strategy."""
@@ -115,9 +120,7 @@ class _SeriesPlot(PlotPanel):
     def restyle(self) -> None:
         """Recreate items with the current palette (after a theme change)."""
         for run_id in list(self._curves):
-            curves = self._curves.pop(run_id)
-            for item in curves.items + curves.switch_lines:
-                self.plot.removeItem(item)
+            self._remove(self._curves.pop(run_id))
         if self._runs:
             self.redraw(self._runs, self._primary)
 
@@ -198,51 +201,115 @@ class MemoryPlot(_SeriesPlot):
 
 class LatencyPlot(_SeriesPlot):
     title = "Step latency (decode steps; prefill apart)"
+    help_text = (
+        "Solid: the time of each decode step. Dashed: its memory-bound floor, the time to read every weight "
+        "and the whole KV cache once at this machine's measured memory bandwidth; no step can be faster. "
+        "The KV cache's share of those bytes grows with the context, so the floor of a growing cache "
+        "(dynamic, static's written part) rises, while a sink or sliding window's, or a quantized cache's, "
+        "stays low and flat: a smaller cache is faster because each step reads fewer bytes. "
+        "One-time pauses (quanto's kernel build, torch.compile) are marked where they happened and are "
+        "in no step's time; the star is the prefill."
+    )
 
     def __init__(self, parent=None):
         super().__init__(parent)
         self.set_labels("step latency (ms)", "tokens in context")
+        self.title_label.setToolTip(f"{self.help_text}\n\n{HINT_TEXT}")
         self.prefill_text = pg.TextItem("", anchor=(0, 0))
         self.prefill_text.setParentItem(self.plot.vb)
         self.prefill_text.setPos(8, 4)
         self._prefill_html = ""
+        # the legend says what the line styles mean; the runs' colours are the memory plot's and the table's
+        self.legend = self.add_legend(offset=(-10, 6))  # top right: the text of the prefill sits top left
+        self._legend_samples = [pg.PlotDataItem(), pg.PlotDataItem()]
+        self.legend.addItem(self._legend_samples[0], "step time")
+        self.legend.addItem(self._legend_samples[1], "memory-bound floor")
+        self._style_samples()
+
+    def apply_palette(self, palette):
+        super().apply_palette(palette)
+        self._style_samples()
+
+    def _style_samples(self) -> None:
+        colour = self.palette_.foreground
+        self._legend_samples[0].setPen(pg.mkPen(colour, width=1))
+        self._legend_samples[1].setPen(pg.mkPen(colour, width=1, style=Qt.PenStyle.DashLine))
 
     def make_curves(self, series):
         colour = theme.run_colour(series.run_id)
-        decode = pg.PlotDataItem(pen=pg.mkPen(colour, width=1), name=series.label())
+        decode = pg.PlotDataItem(pen=pg.mkPen(colour, width=1))
         prefill = pg.ScatterPlotItem(size=10, symbol="star", pen=pg.mkPen(colour), brush=pg.mkBrush(colour))
+        floor = pg.PlotDataItem(pen=pg.mkPen(colour, width=1, style=Qt.PenStyle.DashLine), connect="finite")
         curves = _Curves()
-        curves.items = [decode, prefill]
+        curves.items = [decode, prefill, floor]
         self.plot.addItem(decode)
         # The prefill often takes many times a decode step; keep it out of the auto range.
         self.plot.addItem(prefill, ignoreBounds=True)
+        self.plot.addItem(floor)
         return curves
 
     def update_curves(self, series, curves):
         mask = series.decode_mask()
         x = series.column(X)
         y = series.column(WALL_MS)
-        if mask.all():
-            curves.items[0].setData(x, y)
-        else:
-            curves.items[0].setData(x[mask], y[mask])
+        floor = series.column(FLOOR_MS)
+        if not mask.all():
+            x, y, floor = x[mask], y[mask], floor[mask]
+        curves.items[0].setData(x, y)
+        if series.share_of_memory_bound is not None:  # every decode step has its floor
+            curves.items[2].setData(x, floor)
         if series.prefill_x is not None and curves.prefill != series.prefill_ms:
             curves.prefill = series.prefill_ms
             curves.items[1].setData([series.prefill_x], [series.prefill_ms])
+        self._mark_pauses(series, curves)
+
+    def _mark_pauses(self, series: RunSeries, curves: _Curves) -> None:
+        """A labelled line where a one-time pause happened: the strategy's warm-up at the run's start, torch.compile
+        before the first decode step. Neither is in any step's time, so neither is on the curve."""
+        trace = series.trace
+        for kind, pause_ms, x in (
+            ("warm-up", trace.warm_up_ms, series.prefill_x),
+            ("compile", trace.compile_ms, series.first_decode_x),
+        ):
+            if pause_ms is None or x is None or kind in curves.pauses:
+                continue
+            colour = theme.run_colour(series.run_id)
+            line = pg.InfiniteLine(
+                pos=x,
+                angle=90,
+                movable=False,
+                pen=pg.mkPen(colour, width=1, style=Qt.PenStyle.DotLine),
+                label=f"{kind} {pause_ms / 1000:.1f} s, in no step",
+                labelOpts={"position": 0.7, "color": colour, "anchors": [(0, 0.5), (0, 0.5)]},
+            )
+            self.plot.addItem(line, ignoreBounds=True)
+            curves.pauses[kind] = line
+
+    def pause_positions(self, run_id: int) -> dict[str, float]:
+        """x of each one-time pause marked for a run (tests)."""
+        curves = self._curves.get(run_id)
+        return {kind: line.value() for kind, line in curves.pauses.items()} if curves else {}
+
+    def floor_data(self, run_id: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """(x, floor ms) of a run's memory-bound floor line as drawn (tests), or None where it is not drawn."""
+        curves = self._curves.get(run_id)
+        if curves is None or curves.items[2].xData is None:
+            return None
+        return curves.items[2].getOriginalDataset()
 
     def after_redraw(self, runs, primary):
         lines = []
         for series in runs:
             if series.prefill_ms is None:
                 continue
+            text = f"prefill {series.prefill_ms:.0f} ms"
             rate = series.tokens_per_s
-            rate_text = f" &middot; {rate:.0f} tokens/s" if rate else ""
-            lines.append(
-                self.swatch(
-                    theme.run_colour(series.run_id),
-                    f"prefill {series.prefill_ms:.0f} ms{rate_text}",
-                )
-            )
+            if rate:
+                text += f" &middot; {rate:.0f} tokens/s"
+            share = series.share_of_memory_bound
+            if share is not None:
+                text += f" ({percent(share)} of memory bound)"
+            lines.append(self.swatch(theme.run_colour(series.run_id), text))
         html = f'<div style="color:{self.palette_.foreground}">{"<br>".join(lines[-4:])}</div>'
         if html != self._prefill_html:
             self._prefill_html = html
@@ -252,9 +319,15 @@ class LatencyPlot(_SeriesPlot):
         parts = [f"{x:.0f} tokens"]
         for series in self._runs:
             i = self.nearest(series, x)
-            if i is not None:
-                ms = series.column(WALL_MS)[i]
-                parts.append(self.swatch(theme.run_colour(series.run_id), f"{ms:.1f} ms"))
+            if i is None:
+                continue
+            text = f"{series.column(WALL_MS)[i]:.1f} ms"
+            floor = series.column(FLOOR_MS)[i]
+            weights = series.trace.weight_bytes
+            if np.isfinite(floor) and weights is not None:
+                kv = series.column(CACHE_MIB)[i] * MIB
+                text += f" (floor {floor:.1f} ms, KV {percent(kv / (kv + weights))} of the bytes read)"
+            parts.append(self.swatch(theme.run_colour(series.run_id), text))
         return " &nbsp; ".join(parts)
 
 
