@@ -39,9 +39,19 @@ def ms(value: float | None, digits: int = 1) -> str:
     return UNKNOWN if value is None else f"{number(value, digits)} ms"
 
 
-def seconds(value_ms: float | None, digits: int = 1) -> str:
-    """Milliseconds as a number of seconds, for a column titled in seconds: `seconds(38210.0)` -> "38.2"."""
-    return number(None if value_ms is None else value_ms / 1000.0, digits)
+def seconds(value_ms: float | None) -> str:
+    """Milliseconds as seconds, for a column titled in seconds: `seconds(38210.0)` -> "38.2", `seconds(4.0)` ->
+    "0.004" (a short pause is not written as 0)."""
+    if value_ms is None:
+        return UNKNOWN
+    return number(value_ms / 1000.0, 1 if value_ms >= 10_000 else 2 if value_ms >= 100 else 3)
+
+
+def one_time(row: Mapping[str, Any]) -> str:
+    """A run's one-time pauses, in no step's time: "warm-up 0.004", "compile 36.7", or UNKNOWN when it had none."""
+    parts = [f"{name} {seconds(row[key])}" for name, key in (("warm-up", "warm_up_ms"), ("compile", "compile_ms"))
+             if row[key] is not None]
+    return " + ".join(parts) or UNKNOWN
 
 
 def percent(share: float | None) -> str:
@@ -130,13 +140,12 @@ RUN_TABLE: list[tuple[str, Callable[[Mapping[str, Any]], str], bool]] = [
     ("model", lambda r: r["model"], False),
     ("strategy", lambda r: r["label"], False),
     ("tokens", lambda r: str(r["new_tokens"]), True),
-    ("warm-up s", lambda r: seconds(r["warm_up_ms"]), True),
-    ("compile s", lambda r: seconds(r["compile_ms"]), True),
+    ("one-time s", one_time, True),
     ("prefill ms", lambda r: number(r["prefill_ms"]), True),
     ("decode ms (mean)", lambda r: number(r["decode_ms_mean"], 2), True),
     ("decode ms (p95)", lambda r: number(r["decode_ms_p95"], 2), True),
     ("tokens/s", lambda r: number(r["decode_tokens_per_s"]), True),
-    ("of memory bound", lambda r: percent(r["share_of_memory_bound"]), True),
+    ("of mem. limit", lambda r: percent(r["share_of_memory_bound"]), True),
     ("peak cache MiB", lambda r: number(r["peak_cache_mib"], 3), True),
     ("peak RSS MiB", lambda r: number(r["peak_rss_mib"], 0), True),
     ("top-1 agree", lambda r: number(r["top1_agreement"], 3), True),
@@ -149,11 +158,11 @@ RUN_TABLE: list[tuple[str, Callable[[Mapping[str, Any]], str], bool]] = [
 # What a column means, where its title cannot say it all (the Runs table's header tooltips).
 RUN_TABLE_HELP = {
     "strategy": "the strategy the run started with; a live switch reads \"-> new strategy @N\": from step N on",
-    "warm-up s": "the strategy's one-time preparation before the prefill (quanto's kernels), in no step's time",
-    "compile s": "torch.compile of the decode step before the first decode step, in no step's time",
-    "tokens/s": "decode steps per second (the prefill, warm-up and compile are not counted)",
-    "of memory bound": "the share of the memory-bound speed the decode steps reached: the time to read the weights "
-    "and the KV cache once at this machine's bandwidth, over the steps' real time",
+    "one-time s": "seconds spent once and in no step's time: the strategy's warm-up before the prefill (quanto's "
+    "kernels) and torch.compile before the first decode step",
+    "tokens/s": "decode steps per second (the prefill, a warm-up and a compile are not counted)",
+    "of mem. limit": "the share of the memory-bound speed the decode steps reached: the time to read the weights "
+    "and the KV cache once at this machine's memory bandwidth, over the steps' real time",
 }
 
 

@@ -280,7 +280,7 @@ class MainWindow(QMainWindow):
         self._update_status()
 
     def _update_status(self) -> None:
-        store = self.store
+        store, panel = self.store, self.controls.strategy_panel
         generating = store.runs[store.generating] if store.generating is not None else None
         if self.engine.loading:
             state = "loading model…"
@@ -288,6 +288,10 @@ class MainWindow(QMainWindow):
             state = f"generating run #{generating.run_id}: {generating.n} tokens"
         elif self.engine.card is None:
             state = "no model loaded"
+        elif panel.problem():  # also beside its option, which may be scrolled out of view
+            state = f"Run is off: {panel.problem()}"
+        elif panel.warning():
+            state = f"ready. {panel.warning()}"
         else:
             state = "ready"
         self.status_line.update(state, generating is not None, self.engine.card, generating or store.primary())

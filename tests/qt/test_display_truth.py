@@ -36,7 +36,7 @@ def test_unknown_bandwidth_leaves_floor_and_share_unknown():
     trace.steps.extend(make_step(i) for i in range(4))
     series.sync()
     assert series.share_of_memory_bound is None and np.isnan(series.column(FLOOR_MS)).all()
-    assert percent(series.share_of_memory_bound) == "–" and seconds(None) == "–"
+    assert percent(series.share_of_memory_bound) == "–" and seconds(None) == "–" and seconds(4.0) == "0.004"
 
 
 def test_switches_name_the_strategy_of_the_step_shown():
@@ -76,7 +76,7 @@ def test_floor_line_is_trace_floor_ms_and_a_window_keeps_it_flat(qtbot, drive, w
         np.testing.assert_allclose(x, [trace.prompt_tokens + s.index for s in decode])
         np.testing.assert_allclose(floor, [trace.floor_ms(s.cache_bytes) for s in decode])
         share = trace.summary()["share_of_memory_bound"]
-        assert window.runs_table.cell(run_id, "of memory bound") == percent(share)
+        assert window.runs_table.cell(run_id, "of mem. limit") == percent(share)
     growing_floor = latency.floor_data(growing)[1]
     windowed_floor = latency.floor_data(windowed)[1]
     assert (np.diff(growing_floor) > 0).all()  # every token adds KV bytes each step reads
@@ -148,8 +148,7 @@ def test_quanto_warm_up_is_announced_marked_and_kept_out_of_the_steps(qtbot, dri
     assert [m for _, m in notices][0].startswith("loading quanto's kernels") and notices[-1] == (run_id, "")
     trace = window.store.runs[run_id].trace
     assert trace.warm_up_ms is not None
-    assert window.runs_table.cell(run_id, "warm-up s") == seconds(trace.warm_up_ms)
-    assert window.runs_table.cell(run_id, "compile s") == "–"
+    assert window.runs_table.cell(run_id, "one-time s") == f"warm-up {seconds(trace.warm_up_ms)}"
     decode = [s.wall_ms for s in trace.steps if s.phase == "decode"]
     assert window.runs_table.cell(run_id, "tokens/s") == f"{1000 * len(decode) / sum(decode):,.1f}"
     marks = window.local_view.latency_plot.pause_positions(run_id)
@@ -174,7 +173,7 @@ def test_compile_is_shown_stoppable_and_in_no_step(qtbot, drive, window):
     assert done.args == [run_id, "finished"]
     trace = window.store.runs[run_id].trace
     assert trace.compile_ms is not None and max(s.wall_ms for s in trace.steps) < trace.compile_ms
-    assert window.runs_table.cell(run_id, "compile s") == seconds(trace.compile_ms)
+    assert window.runs_table.cell(run_id, "one-time s") == f"compile {seconds(trace.compile_ms)}"
     assert window.local_view.latency_plot.pause_positions(run_id) == {"compile": trace.prompt_tokens + 1}
     assert window.status_line.notice_text == "" and not state.text().startswith("compiling")
     # Stop during a compile: the run ends at once, cancelled, and the notice goes
@@ -185,7 +184,7 @@ def test_compile_is_shown_stoppable_and_in_no_step(qtbot, drive, window):
         window.menus.stop_action.trigger()
     assert stopped.args == [second, "cancelled"]
     assert len(window.store.runs[second].trace.steps) == 1  # the prefill; the compile was stopped
-    assert window.runs_table.cell(second, "compile s") == "–"
+    assert window.runs_table.cell(second, "one-time s") == "–"
     window.redraw()
     assert window.status_line.notice_text == "" and not state.text().startswith("compiling")
     # the stopped compile finishes on its own thread; a process that exits under it aborts

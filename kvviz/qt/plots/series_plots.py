@@ -7,7 +7,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
 
-from kvviz.present import MIB, percent
+from kvviz.present import MIB, percent, seconds
 from kvviz.qt import theme
 from kvviz.qt.plots.base import HINT_TEXT, PlotPanel
 from kvviz.qt.series import CACHE_MIB, FLOOR_MS, KL, PREDICTED_MIB, WALL_MS, RunSeries, X, nearest_index
@@ -279,8 +279,8 @@ class LatencyPlot(_SeriesPlot):
                 angle=90,
                 movable=False,
                 pen=pg.mkPen(colour, width=1, style=Qt.PenStyle.DotLine),
-                label=f"{kind} {pause_ms / 1000:.1f} s, in no step",
-                labelOpts={"position": 0.7, "color": colour, "anchors": [(0, 0.5), (0, 0.5)]},
+                label=f"{kind} {seconds(pause_ms)} s, in no step",
+                labelOpts={"position": 0.5, "color": colour, "anchors": [(0, 0.5), (0, 0.5)]},
             )
             self.plot.addItem(line, ignoreBounds=True)
             curves.pauses[kind] = line
