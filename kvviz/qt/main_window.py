@@ -99,11 +99,16 @@ class MainWindow(QMainWindow):
         worker.sigSwitchAccepted.connect(self._on_switch_accepted)
         worker.sigSwitchRefused.connect(self._on_switch_refused)
         worker.sigRunNotice.connect(self.status_line.notice)
-        # options are checked as they are typed, and the prompt counted, so that Run knows before it is pressed
-        controls.strategy_panel.sigChanged.connect(self.update_controls)
-        self.engine.sigPromptTokens.connect(controls.strategy_panel.set_prompt_tokens)
-        controls.prompt_panel.editor.textChanged.connect(self._count_prompt)
-        controls.settings_panel.raw.toggled.connect(self._count_prompt)
+        # the next run is checked as it is set up (the options here, the rest by the worker's model), so that Run
+        # is off while it cannot work and the strategy panel says why before Run is pressed
+        panel = controls.strategy_panel
+        panel.sigChecked.connect(self.update_controls)
+        panel.sigEdited.connect(self.update_controls)
+        for edited in (panel.sigEdited, controls.prompt_panel.editor.textChanged, controls.settings_panel.raw.toggled,
+                       controls.settings_panel.max_new_tokens.valueChanged):
+            edited.connect(self._preflight)
+        self.engine.sigPromptTokens.connect(panel.set_prompt_tokens)
+        self.engine.sigPreflight.connect(panel.set_preflight)
         self.update_controls()
         self.engine.start()
         from kvviz.qt.file_actions import install_file_actions  # noqa: I001 - File menu, drops, Record
@@ -181,8 +186,14 @@ class MainWindow(QMainWindow):
         else:  # refused before it started: withdrawn, the runs shown before are shown again
             self.show_error(f"Cannot run: {message}")
 
-    def _count_prompt(self, *_) -> None:
-        self.engine.count_prompt(self.controls.prompt_panel.text(), self.controls.settings_panel.raw.isChecked())
+    def _preflight(self, *_) -> None:
+        controls = self.controls
+        if controls.strategy_panel.current() is not None:
+            self.engine.preflight({
+                "prompt": controls.prompt_panel.text(), "raw": controls.settings_panel.raw.isChecked(),
+                "strategy": controls.strategy_panel.current(), "options": controls.strategy_panel.values(),
+                "max_new_tokens": controls.settings_panel.max_new_tokens.value(),
+            })
 
     def _on_switch_accepted(self, strategy: str) -> None:
         self.status_line.say(f"switching to {strategy} at the next step…")

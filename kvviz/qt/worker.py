@@ -1,7 +1,7 @@
 """The worker: the one object that talks to the engine, living in its own QThread.
 
 The GUI thread sends requests through queued signals (`load`, `run`, `desk.switch` and
-`desk.count_prompt` are slots) and gets plain records back through the `sig*` signals declared below; every engine call
+`desk.preflight` are slots) and gets plain records back through the `sig*` signals declared below; every engine call
 (torch included) runs on the worker's thread. A run's records go into the decoder's own `Trace`,
 which `sigRunStarted` hands to the window: that trace is the run's one record. `cancel()` and
 `shutdown()` may be called from any thread. Nothing here holds a widget; nothing in the GUI holds
@@ -35,7 +35,7 @@ class _Interrupted(Exception):
 
 class Desk(QObject):
     """Where requests that must not wait for a generation to end arrive (queued slots on the worker's thread):
-    switches and prompt token counts.
+    switches, and the checks of the next run's prompt and strategy against the loaded model.
 
     While a run decodes the worker's event loop is busy, so the decode loop serves this desk between two
     steps (outside every step's time); a switch therefore takes effect at the next step. The strategy's
@@ -50,9 +50,9 @@ class Desk(QObject):
     def switch(self, strategy: str, options: dict[str, Any]) -> None:
         self.worker._switch(strategy, options)  # the desk is the worker's own door, in this module
 
-    @Slot(int, str, bool)
-    def count_prompt(self, serial: int, prompt: str, raw: bool) -> None:
-        self.worker._count_prompt(serial, prompt, raw)
+    @Slot(int, object)
+    def preflight(self, serial: int, request: dict[str, Any]) -> None:
+        self.worker._preflight(serial, request)
 
     def serve(self) -> None:
         """Answer the requests waiting for this desk (called by the decode loop between steps)."""
@@ -71,7 +71,7 @@ class Worker(QObject):
     sigSwitchAccepted = Signal(str)  # strategy: it takes over at the next step
     sigSwitchRefused = Signal(str, str)  # strategy, why not
     sigRunNotice = Signal(int, str)  # run id, what a long one-time pause is doing ("" once it is over)
-    sigPromptCounted = Signal(int, object)  # request serial, the prompt's tokens as the model gets them (or None)
+    sigPreflight = Signal(int, object)  # request serial, {"prompt_tokens": int | None, "problem": str | None}
 
     def __init__(self):
         super().__init__()
@@ -148,18 +148,29 @@ class Worker(QObject):
         card["threads"] = torch.get_num_threads()
         self.sigModelLoaded.emit(spec, card)
 
-    def _count_prompt(self, serial: int, prompt: str, raw: bool) -> None:
-        """The prompt's token count with the loaded model's tokenizer and chat template, as a run would feed it
-        (worker thread, from `desk` only); None while no model is loaded or where the text cannot be encoded."""
-        count = None
+    def _preflight(self, serial: int, request: dict[str, Any]) -> None:
+        """What the loaded model says of the next run before it is asked for (worker thread, from `desk` only):
+        the prompt's token count with its tokenizer and chat template, and why the strategy and options cannot run
+        with this model, prompt and token count (the checks that need the model; the window checks the options
+        themselves as they are typed). request: prompt, raw, strategy, options, max_new_tokens. Both None while no
+        model is loaded; a count that fails is None (the run itself names the problem)."""
+        count = problem = None
         if self.loaded is not None:
+            from kvviz.engine import strategies
             from kvviz.engine.decode import encode_prompt
 
             try:
-                count = len(encode_prompt(self.loaded.tokenizer, prompt, raw))
-            except Exception:  # noqa: BLE001 - a count is a hint; the run itself names any problem
+                count = len(encode_prompt(self.loaded.tokenizer, request["prompt"], request["raw"]))
+            except Exception:  # noqa: BLE001 - a count is a hint
                 log.debug("prompt count failed:\n%s", traceback.format_exc())
-        self.sigPromptCounted.emit(serial, count)
+            try:
+                choice = strategies.choose(request["strategy"], dict(request["options"]))
+                problem = strategies.get(choice.name).unsupported(self.loaded.model, choice.options)
+                if problem is None and count is not None:
+                    strategies.capacity_for(choice, count + request["max_new_tokens"])
+            except OptionError as exc:
+                problem = str(exc)
+        self.sigPreflight.emit(serial, {"prompt_tokens": count, "problem": problem})
 
     def _switch(self, strategy: str, options: dict[str, Any]) -> None:
         """Switch the running generation's cache at its next step (worker thread, from `desk` only)."""

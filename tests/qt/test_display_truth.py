@@ -117,6 +117,26 @@ def test_invalid_option_disables_run_and_switch_with_the_message_beside_it(qtbot
     assert window.store.runs[run_id].trace.switches == []
 
 
+def test_what_needs_the_model_is_checked_by_the_worker_before_run(qtbot, drive, window):
+    drive.load(window, "tiny")  # 2 KV heads of 16 values: a token has 32 key values per layer
+    panel = window.controls.strategy_panel
+    assert panel.set_current("quantized")
+    panel.set_option("q_group_size", 64)
+    qtbot.waitUntil(lambda: panel.problem() is not None, timeout=30000)
+    assert panel.problem().startswith("cannot use q_group_size=64 with this model")
+    assert panel._messages["q_group_size"].isVisibleTo(window) and not window.controls.run_button.isEnabled()
+    panel.set_option("q_group_size", 32)
+    assert panel.problem() is None and window.controls.run_button.isEnabled()  # the verdict was for 64
+    # the prompt counts too: a static cache smaller than the prompt plus the new tokens
+    assert panel.set_current("static")
+    panel.set_option("max_cache_len", 8)
+    qtbot.waitUntil(lambda: panel.problem() is not None, timeout=30000)
+    assert "max_cache_len" in panel.problem() and panel._messages["max_cache_len"].isVisibleTo(window)
+    assert window.status_line.labels["state"].text().startswith("Run is off: ")
+    panel.set_option("max_cache_len", 0)
+    assert panel.problem() is None
+
+
 def test_a_window_smaller_than_the_prompt_warns_before_the_run(qtbot, drive, window):
     drive.load(window, "tiny")
     panel = window.controls.strategy_panel

@@ -90,19 +90,16 @@ def test_failing_model_path_shows_error_and_window_still_works(qtbot, drive, win
 
 
 def test_refused_run_leaves_no_run_behind_and_says_why(qtbot, drive, window):
-    """A run the engine refuses before it starts (max_cache_len smaller than the prompt, known only once the prompt
-    is tokenized) is withdrawn: no failed row, the run shown before is shown again under its own title."""
+    """A run the engine refuses before it starts (more tokens than the model's context) is withdrawn: no failed
+    row, the run shown before is shown again under its own title."""
     drive.load(window, "tiny")
     first = drive.run(window, "dynamic", tokens=4)
-    window.controls.prompt_panel.editor.setPlainText("A prompt that is certainly longer than four tokens, surely.")
-    window.controls.settings_panel.max_new_tokens.setValue(8)
-    window.controls.strategy_panel.set_current("static")
-    window.controls.strategy_panel.set_option("max_cache_len", 4)
+    window.controls.settings_panel.max_new_tokens.setValue(5000)  # the tiny model's context is 4,096 tokens
     with qtbot.waitSignal(window.sigRunDone, timeout=60000) as blocker:
         refused = window.start_run()
     assert blocker.args == [refused, "failed"]
     message = window.error_bar.label.text()
-    assert window.error_bar.isVisible() and message.startswith("Cannot run:") and "max_cache_len" in message
+    assert window.error_bar.isVisible() and message.startswith("Cannot run:") and "context of 4096" in message
     assert refused not in window.store.runs and window.runs_table.run_ids() == [first]
     assert window.store.shown == [first] and window.runs_table.selected_runs() == [first]
     window.redraw()

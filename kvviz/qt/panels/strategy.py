@@ -4,10 +4,11 @@ Strategies the engine reports unavailable are listed disabled, with the reason a
 values of every strategy's options are kept while the user switches between strategies.
 
 Options are checked as they are typed, by the strategy's own `parse_options` and `check_options` (pure
-Python, no model needed): the message stands beside the option it names, and `problem()` tells the
-window to keep Run and Switch disabled meanwhile. An evicting strategy whose budget is smaller than the
-prompt (its token count comes from the worker, `set_prompt_tokens`) gets a warning: the run would drop the
-prompt's start before the first new token.
+Python, no model needed); what needs the model (a group size this model's heads cannot fill, a compile this
+machine cannot do) comes back from the worker's check of the next run (`set_preflight`). The message stands
+beside the option it names, and `problem()` tells the window to keep Run and Switch disabled meanwhile.
+An evicting strategy whose budget is smaller than the prompt (its token count also comes from the worker,
+`set_prompt_tokens`) gets a warning: the run would drop the prompt's start before the first new token.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ WARNING_STYLE = "color: #d9822b; font-weight: 600;"
 
 
 class StrategyPanel(QGroupBox):
-    sigChanged = Signal()  # another strategy, or an option changed (its check may have changed)
+    sigEdited = Signal()  # the user chose another strategy or changed an option
+    sigChecked = Signal()  # problem() or warning() changed
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__("Cache strategy", parent)
@@ -66,6 +68,7 @@ class StrategyPanel(QGroupBox):
         self._problem: str | None = None
         self._warning: str | None = None
         self._prompt_tokens: int | None = None
+        self._preflight: tuple[str, dict[str, Any], str | None] | None = None  # strategy, options, model's verdict
 
     def set_strategies(self, listing: list[tuple[Any, bool, str]]) -> None:
         """listing: (Strategy, available, reason) as the worker reports them."""
@@ -127,6 +130,12 @@ class StrategyPanel(QGroupBox):
         self._prompt_tokens = count
         self._check()
 
+    def set_preflight(self, request: dict[str, Any], problem: str | None) -> None:
+        """The worker's verdict on a run with request's strategy and options: why it cannot run with the loaded
+        model (None: it can). It stands while these are the strategy and options set."""
+        self._preflight = (request["strategy"], dict(request["options"]), problem)
+        self._check()
+
     def all_values(self) -> dict[str, dict[str, Any]]:
         self._store()
         return {k: dict(v) for k, v in self._values.items()}
@@ -153,7 +162,11 @@ class StrategyPanel(QGroupBox):
         self._store()
         self._current = self._strategies[index].name
         self._build(self._current)
-        self.sigChanged.emit()
+        self.sigEdited.emit()
+
+    def _edited(self, *_) -> None:
+        self._check()
+        self.sigEdited.emit()
 
     def _store(self) -> None:
         if self._current is None:
@@ -171,18 +184,22 @@ class StrategyPanel(QGroupBox):
         problem = warning = None
         if strategy is not None:
             options = None
+            values = self.values()
             try:
-                options = strategy.parse_options(self.values())
+                options = strategy.parse_options(values)
                 problem = strategy.check_options(options)
             except OptionError as exc:
                 problem = str(exc)
+            if problem is None and self._preflight is not None and self._preflight[:2] == (strategy.name, values):
+                problem = self._preflight[2]
             count = self._prompt_tokens
             if problem is None and count and strategy.evicts and strategy.has_evicted(options, count):
                 warning = (
                     f"The prompt is {count} tokens, more than this cache keeps: it drops the start of the prompt "
                     "before the first new token, and the model never sees it. Keep more tokens, or shorten the prompt."
                 )
-        named = next((n for n in self._messages if problem and f"'{n}'" in problem), None)
+        # beside the option the message names: "option 'nbits' of …", "cannot use q_group_size=64 with …"
+        named = next((n for n in self._messages if problem and (f"'{n}'" in problem or f"{n}=" in problem)), None)
         for name, label in self._messages.items():
             text = problem if name == named else ""
             label.setText(text)
@@ -192,7 +209,7 @@ class StrategyPanel(QGroupBox):
         changed = (problem, warning) != (self._problem, self._warning)
         self._problem, self._warning = problem, warning
         if changed:
-            self.sigChanged.emit()
+            self.sigChecked.emit()
 
     def _build(self, name: str) -> None:
         while self.form.rowCount():
@@ -215,7 +232,7 @@ class StrategyPanel(QGroupBox):
             message = _message_label("optionProblem", PROBLEM_STYLE)
             self.form.addRow(message)
             self.form.setRowVisible(message, False)
-            _on_change(widget, self._check)
+            _on_change(widget, self._edited)
             self._widgets[option.name] = widget
             self._options[option.name] = option
             self._messages[option.name] = message
