@@ -97,10 +97,21 @@ class _SeriesPlot(PlotPanel):
         for item in curves.items + curves.switch_lines + list(curves.pauses.values()):
             self.plot.removeItem(item)
 
+    def marks(self, series: RunSeries) -> bool:
+        """Whether this plot marks the run's switches (it draws data of the run)."""
+        return True
+
     def _mark_switches(self, series: RunSeries, curves: _Curves) -> None:
         """A labelled vertical line, in the run's colour, where the run switched strategy."""
+        if not self.marks(series):
+            return
         colour = theme.run_colour(series.run_id)
-        for x, strategy in series.switches[len(curves.switch_lines) :]:
+        new = series.switches[len(curves.switch_lines) :]
+        if new and self._legend_item is not None:  # its legend entry names the switch too
+            label = self._legend_item.getLabel(curves.items[0])
+            if label is not None:
+                label.setText(series.short_label())
+        for x, strategy in new:
             line = pg.InfiniteLine(
                 pos=x,
                 angle=90,
@@ -234,6 +245,9 @@ class LatencyPlot(_SeriesPlot):
         colour = self.palette_.foreground
         self._legend_samples[0].setPen(pg.mkPen(colour, width=1))
         self._legend_samples[1].setPen(pg.mkPen(colour, width=1, style=Qt.PenStyle.DashLine))
+        for sample, label in self.legend.items:  # a legend's labels keep their colour until written again
+            label.setText(label.text, color=colour)
+            sample.update()
 
     def make_curves(self, series):
         colour = theme.run_colour(series.run_id)
@@ -339,6 +353,9 @@ class FidelityPlot(_SeriesPlot):
     def __init__(self, parent=None):
         super().__init__(parent)
         self.set_labels("KL (nats)", "tokens in context")
+
+    def marks(self, series):
+        return series.has_reference
 
     def make_curves(self, series):
         curve = pg.PlotDataItem(pen=pg.mkPen(theme.run_colour(series.run_id), width=1), connect="finite")
