@@ -120,11 +120,12 @@ def run_demo(record: Path | None = None, model: str = "default", tokens: int = 6
             series = window.store.runs[run_id]
             if scene.switch is not None:
                 at, target, target_options = scene.switch
-                drive.wait(lambda s=series, a=at: s.finished or s.n >= a, 600)
+                # the trace's own length: the engine's progress, not the steps drawn so far
+                drive.wait(lambda s=series, a=at: s.finished or len(s.trace.steps) >= a, 600)
                 if not series.finished:
                     drive.choose(window, target, target_options)
                     caption.show(f"Switching to {strategy_label({'name': target, 'options': target_options})} "
-                                 f"at token {series.n}…")
+                                 f"at token {len(series.trace.steps)}…")
                     if not window.switch_strategy():
                         failures += 1
             if not drive.wait(lambda s=series: s.finished, 900):
