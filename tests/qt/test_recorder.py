@@ -17,6 +17,7 @@ def _record(window, drive, qtbot, path, tokens=48):
     title = window.windowTitle()
     written = control.start(path, fps=10)
     assert control.recorder.recording and window.windowTitle().startswith("● REC")
+    assert "slower while recording" in window.windowTitle()  # the encoder shares the CPU with the generation
     # the REC clock is in the title bar, outside the frames: nothing drawn in the window says it
     assert not [label for label in window.findChildren(QLabel) if label.isVisible() and "REC" in label.text()]
     qtbot.wait(400)
