@@ -54,9 +54,9 @@ def one_time(row: Mapping[str, Any]) -> str:
     return " + ".join(parts) or UNKNOWN
 
 
-def percent(share: float | None) -> str:
-    """A share as a whole percentage: `percent(0.517)` -> "52%"; None -> UNKNOWN."""
-    return UNKNOWN if share is None else f"{share * 100:.0f}%"
+def percent(share: float | None, digits: int = 0) -> str:
+    """A share as a percentage: `percent(0.517)` -> "52%", `percent(0.0027, 1)` -> "0.3%"; None -> UNKNOWN."""
+    return UNKNOWN if share is None else f"{share * 100:.{digits}f}%"
 
 
 def strategy_label(strategy: Mapping[str, Any] | None) -> str:

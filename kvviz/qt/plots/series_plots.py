@@ -340,7 +340,7 @@ class LatencyPlot(_SeriesPlot):
             weights = series.trace.weight_bytes
             if np.isfinite(floor) and weights is not None:
                 kv = series.column(CACHE_MIB)[i] * MIB
-                text += f" (floor {floor:.1f} ms, KV {percent(kv / (kv + weights))} of the bytes read)"
+                text += f" (floor {floor:.1f} ms, KV {percent(kv / (kv + weights), 1)} of the bytes read)"
             parts.append(self.swatch(theme.run_colour(series.run_id), text))
         return " &nbsp; ".join(parts)
 
