@@ -81,6 +81,9 @@ def test_floor_line_is_trace_floor_ms_and_a_window_keeps_it_flat(qtbot, drive, w
     windowed_floor = latency.floor_data(windowed)[1]
     assert (np.diff(growing_floor) > 0).all()  # every token adds KV bytes each step reads
     assert np.ptp(windowed_floor[-8:]) == 0  # the sink cache holds 8 tokens: the floor stops rising
+    last = window.store.runs[growing].trace
+    hover = latency.hover_text(last.prompt_tokens + last.steps[-1].index, 0).replace("&nbsp;", " ")
+    assert f"floor {growing_floor[-1]:.1f} ms" in hover and "of the bytes read" in hover
     assert "memory-bound floor" in [label.text for _, label in latency.legend.items]
     assert "memory-bound floor" in latency.title_label.toolTip() or "floor" in latency.title_label.toolTip()
     window.runs_table.select_runs([windowed])
