@@ -138,12 +138,10 @@ class RunSeries:
     def column(self, index: int) -> np.ndarray:
         return self._data[: self.n, index]
 
-    def decode_mask(self) -> np.ndarray:
-        """True for decode steps (every step but a leading prefill)."""
-        mask = np.ones(self.n, dtype=bool)
-        if self.n and self.prefill_x is not None and self._data[0, X] == self.prefill_x:
-            mask[0] = False
-        return mask
+    @property
+    def decode_start(self) -> int:
+        """The row of the first decode step: 1 after a leading prefill, else 0 (columns sliced from it are views)."""
+        return 1 if self.n and self.prefill_x is not None and self._data[0, X] == self.prefill_x else 0
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -164,7 +162,7 @@ class RunSeries:
         """x of the first decode step drawn (torch.compile runs just before it), or None."""
         if not self._decode_count:
             return None
-        return float(self._data[0 if self.prefill_x is None else 1, X])
+        return float(self._data[self.decode_start, X])
 
     def switch_shown(self) -> Switch | None:
         """The live switch whose strategy the latest step drawn ran with, or None (the run's own strategy)."""

@@ -178,7 +178,7 @@ class StrategyPanel(QGroupBox):
     def _strategy(self):
         return next((s for s in self._strategies if s.name == self._current), None)
 
-    def _check(self, *_) -> None:
+    def _check(self) -> None:
         """Check the options as set; show the problem beside its option and the warning under them."""
         strategy = self._strategy()
         problem = warning = None

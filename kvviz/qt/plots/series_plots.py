@@ -263,12 +263,8 @@ class LatencyPlot(_SeriesPlot):
         return curves
 
     def update_curves(self, series, curves):
-        mask = series.decode_mask()
-        x = series.column(X)
-        y = series.column(WALL_MS)
-        floor = series.column(FLOOR_MS)
-        if not mask.all():
-            x, y, floor = x[mask], y[mask], floor[mask]
+        start = series.decode_start
+        x, y, floor = (series.column(c)[start:] for c in (X, WALL_MS, FLOOR_MS))
         curves.items[0].setData(x, y)
         if series.share_of_memory_bound is not None:  # every decode step has its floor
             curves.items[2].setData(x, floor)
