@@ -16,7 +16,7 @@ from kvviz.qt import theme
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="kvviz", description="Open the kvviz window.")
-    parser.add_argument("--model", default=None, help="model to load at start (default: the last one used)")
+    parser.add_argument("--model", default=None, help="model to load at start (default: the last one that loaded)")
     parser.add_argument("--theme", choices=theme.THEMES, default=None, help="colour theme")
     parser.add_argument("--no-load", action="store_true", help="do not load a model at start")
     parser.add_argument(
