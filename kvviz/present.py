@@ -39,6 +39,26 @@ def ms(value: float | None, digits: int = 1) -> str:
     return UNKNOWN if value is None else f"{number(value, digits)} ms"
 
 
+def seconds(value_ms: float | None) -> str:
+    """Milliseconds as seconds, for a column titled in seconds: `seconds(38210.0)` -> "38.2", `seconds(4.0)` ->
+    "0.004" (a short pause is not written as 0)."""
+    if value_ms is None:
+        return UNKNOWN
+    return number(value_ms / 1000.0, 1 if value_ms >= 10_000 else 2 if value_ms >= 100 else 3)
+
+
+def one_time(row: Mapping[str, Any]) -> str:
+    """A run's one-time pauses, in no step's time: "warm-up 0.004", "compile 36.7", or UNKNOWN when it had none."""
+    parts = [f"{name} {seconds(row[key])}" for name, key in (("warm-up", "warm_up_ms"), ("compile", "compile_ms"))
+             if row[key] is not None]
+    return " + ".join(parts) or UNKNOWN
+
+
+def percent(share: float | None, digits: int = 0) -> str:
+    """A share as a percentage: `percent(0.517)` -> "52%", `percent(0.0027, 1)` -> "0.3%"; None -> UNKNOWN."""
+    return UNKNOWN if share is None else f"{share * 100:.{digits}f}%"
+
+
 def strategy_label(strategy: Mapping[str, Any] | None) -> str:
     """A trace's strategy as one line: "sink (sink_tokens=4, window=60)"."""
     strategy = strategy or {}
@@ -46,6 +66,19 @@ def strategy_label(strategy: Mapping[str, Any] | None) -> str:
     text = str(strategy.get("name") or "?")
     if options:
         text += " (" + ", ".join(f"{k}={v}" for k, v in options.items()) + ")"
+    return text
+
+
+def strategy_path(trace, options: bool = True) -> str:
+    """The strategy a run started with, then each live switch and the step it took effect at:
+    "dynamic -> sliding (window=8) @95"; `options=False` leaves the options out ("dynamic -> sliding @95")."""
+
+    def named(strategy: Mapping[str, Any]) -> str:
+        return strategy_label(strategy) if options else str(strategy.get("name") or "?")
+
+    text = named(trace.strategy or {})
+    for switch in trace.switches:
+        text += f" -> {named({'name': switch.to_strategy, 'options': switch.options})} @{switch.step}"
     return text
 
 
@@ -70,13 +103,18 @@ def run_row(label: str, trace, status: str | None = None) -> dict[str, Any]:
         "model": str((trace.model or {}).get("name", "")),
         "strategy": strategy.get("name", ""),
         "options": " ".join(f"{k}={v}" for k, v in options.items()),
-        "label": strategy_label(strategy),
+        "label": strategy_path(trace),
         "prompt_tokens": trace.prompt_tokens,
         "new_tokens": s["new_tokens"],
         "prefill_ms": s["prefill_ms"],
         "decode_ms_mean": s["decode_ms_mean"],
         "decode_ms_p95": s["decode_ms_p95"],
         "decode_tokens_per_s": s["decode_tokens_per_s"],
+        # one-time pauses, in no step's time: the strategy's warm-up (kernel builds) and torch.compile
+        "warm_up_ms": trace.warm_up_ms,
+        "compile_ms": trace.compile_ms,
+        "memory_bound_tokens_per_s": s["memory_bound_tokens_per_s"],
+        "share_of_memory_bound": s["share_of_memory_bound"],
         "final_cache_mib": in_mib(s["final_cache_bytes"]),
         "peak_cache_mib": in_mib(s["peak_cache_bytes"]),
         "peak_rss_mib": in_mib(s["peak_rss_bytes"]),
@@ -102,10 +140,12 @@ RUN_TABLE: list[tuple[str, Callable[[Mapping[str, Any]], str], bool]] = [
     ("model", lambda r: r["model"], False),
     ("strategy", lambda r: r["label"], False),
     ("tokens", lambda r: str(r["new_tokens"]), True),
+    ("one-time s", one_time, True),
     ("prefill ms", lambda r: number(r["prefill_ms"]), True),
     ("decode ms (mean)", lambda r: number(r["decode_ms_mean"], 2), True),
     ("decode ms (p95)", lambda r: number(r["decode_ms_p95"], 2), True),
     ("tokens/s", lambda r: number(r["decode_tokens_per_s"]), True),
+    ("of mem. limit", lambda r: percent(r["share_of_memory_bound"]), True),
     ("peak cache MiB", lambda r: number(r["peak_cache_mib"], 3), True),
     ("peak RSS MiB", lambda r: number(r["peak_rss_mib"], 0), True),
     ("top-1 agree", lambda r: number(r["top1_agreement"], 3), True),
@@ -113,6 +153,17 @@ RUN_TABLE: list[tuple[str, Callable[[Mapping[str, Any]], str], bool]] = [
     ("first diverge", _divergence, True),
     ("status", lambda r: r["status"], False),
 ]
+
+
+# What a column means, where its title cannot say it all (the Runs table's header tooltips).
+RUN_TABLE_HELP = {
+    "strategy": "the strategy the run started with; a live switch reads \"-> new strategy @N\": from step N on",
+    "one-time s": "seconds spent once and in no step's time: the strategy's warm-up before the prefill (quanto's "
+    "kernels) and torch.compile before the first decode step",
+    "tokens/s": "decode steps per second (the prefill, a warm-up and a compile are not counted)",
+    "of mem. limit": "the share of the memory-bound speed the decode steps reached: the time to read the weights "
+    "and the KV cache once at this machine's memory bandwidth, over the steps' real time",
+}
 
 
 def run_cells(row: Mapping[str, Any]) -> list[str]:

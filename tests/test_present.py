@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from kvviz import present
 
 
@@ -35,3 +37,32 @@ def test_model_card_rows_say_what_is_missing():
     assert rows["KV / token"] == "46,080 bytes (45.0 KiB)"
     partial = dict(present.model_card_rows({"name": "x"}))
     assert partial["parameters"] == present.UNKNOWN and partial["KV / token"] == present.UNKNOWN
+
+
+def test_run_row_names_switches_pauses_and_the_memory_bound_share(tmp_path):
+    from kvviz import report
+    from kvviz.trace import LayerRecord, StepRecord, Switch, Trace
+
+    def step(i, strategy):
+        layer = LayerRecord(keys_bytes=100 * (i + 1), values_bytes=100 * (i + 1), seq_len=i + 1, capacity=i + 1)
+        return StepRecord(index=i, phase="prefill" if i == 0 else "decode", token_id=i, token="x", wall_ms=2.0,
+                          cache_bytes=200 * (i + 1), predicted_cache_bytes=200 * (i + 1), rss_bytes=1,
+                          strategy=strategy, layers=[layer])
+
+    trace = Trace(model={"name": "m"}, strategy={"name": "dynamic", "options": {}}, prompt_tokens=5,
+                  compile_ms=38_250.0, weight_bytes=10**6, bandwidth_bytes_per_s=10**9,
+                  steps=[step(i, "dynamic" if i < 3 else "sliding") for i in range(5)],
+                  switches=[Switch(3, "dynamic", "sliding", {"window": 8})])
+    row = present.run_row("#1", trace)
+    assert row["label"] == "dynamic -> sliding (window=8) @3" and row["switches"] == "3:sliding"
+    assert row["compile_ms"] == 38_250.0 and row["warm_up_ms"] is None
+    summary = trace.summary()
+    assert row["share_of_memory_bound"] == summary["share_of_memory_bound"] == pytest.approx(0.5, rel=0.01)
+    cells = dict(zip([title for title, _, _ in present.RUN_TABLE], present.run_cells(row), strict=True))
+    assert cells["one-time s"] == "compile 38.2" and cells["of mem. limit"] == "50%"
+    assert cells["strategy"] == row["label"]
+    path = report.write_csv([row], tmp_path / "runs.csv")
+    header, values = path.read_text().splitlines()
+    csv = dict(zip(header.split(","), values.split(","), strict=True))
+    assert csv["compile ms"] == "38250.0" and csv["warm-up ms"] == ""
+    assert float(csv["share of memory-bound speed"]) == pytest.approx(0.5, rel=0.01)

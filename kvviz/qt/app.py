@@ -16,7 +16,7 @@ from kvviz.qt import theme
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="kvviz", description="Open the kvviz window.")
-    parser.add_argument("--model", default=None, help="model to load at start (default: the last one used)")
+    parser.add_argument("--model", default=None, help="model to load at start (default: the last one that loaded)")
     parser.add_argument("--theme", choices=theme.THEMES, default=None, help="colour theme")
     parser.add_argument("--no-load", action="store_true", help="do not load a model at start")
     parser.add_argument(
@@ -72,7 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.theme:
         settings.setValue("view/theme", args.theme)
     skip_load = (args.no_load or (args.connect and not args.model)) and not args.smoke_test
-    window = MainWindow(settings=settings, autoload=None if skip_load else spec)
+    window = MainWindow(settings=settings)
+    if not skip_load:
+        load_at_start(window, spec, remembered=args.model is None and not args.smoke_test)
     problems = _open_traces(window, args.open)
     if args.connect:
         window.connect_server(args.connect)
@@ -97,6 +99,33 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.flush()
         os._exit(int(status))
     return int(status)
+
+
+FALLBACK_SPEC = "default"
+
+
+def load_at_start(window, spec: str, remembered: bool) -> None:
+    """Load the model a start asks for. A remembered model that no longer loads (a folder moved or deleted)
+    gives way to the default model, and the window says so once that one has loaded."""
+    if remembered and spec != FALLBACK_SPEC:
+
+        def loaded(loaded_spec: str, ok: bool) -> None:
+            window.sigModelReady.disconnect(loaded)
+            if ok:
+                return
+            reason = window.last_error
+
+            def fallen_back(fallback_spec: str, fallback_ok: bool) -> None:
+                window.sigModelReady.disconnect(fallen_back)
+                if fallback_ok:  # its own failure speaks for itself otherwise
+                    window.show_error(f"{reason}. The model used last did not load, so the {FALLBACK_SPEC} model "
+                                      "is loaded instead.")
+
+            window.sigModelReady.connect(fallen_back)
+            window.load_model(FALLBACK_SPEC)
+
+        window.sigModelReady.connect(loaded)
+    window.load_model(spec)
 
 
 def _open_traces(window, paths: list[str]) -> list[str]:

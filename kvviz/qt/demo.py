@@ -1,8 +1,10 @@
 """`kvviz demo`: a scripted tour of the window sized for a 1080p screen recording.
 
 One prompt through dynamic, static, quantized int4 (hqq) and sink caches, then one run that
-switches from dynamic to quantized int4 mid-run, each step labelled by a large banner; with
-`record` the whole tour is written to MP4 (or GIF without imageio-ffmpeg) by kvviz.qt.recorder.
+switches from dynamic to quantized int4 mid-run, then a quantized int2 run compared with the exact
+cache (its KL divergence per step and top-1 agreement). Each scene is captioned in a band of its own
+above the window's views, which covers no plot; with `record` the whole tour is written to MP4 (or
+GIF without imageio-ffmpeg) by kvviz.qt.recorder.
 """
 
 from __future__ import annotations
@@ -10,51 +12,66 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from kvviz.present import FAILED
+from kvviz.present import FAILED, strategy_label
 from kvviz.qt import drive
 
 DEMO_PROMPT = "Explain in a few sentences what the key-value cache of a transformer does."
 SIZE = (1920, 1080)
+HQQ_INT4 = {"backend": "hqq", "nbits": 4, "residual_length": 16, "q_group_size": 32}
 
-# label, strategy, options, switch (step, strategy, options) or None
+
+@dataclass(frozen=True)
+class Scene:
+    caption: str
+    strategy: str
+    options: dict[str, Any]
+    switch: tuple[int, str, dict[str, Any]] | None = None  # at token, to strategy, its options
+    reference: bool = False  # compared with the exact cache in lockstep (the fidelity plot)
+
+
 TOUR = [
-    ("1 / 5  DynamicCache: grows by one token per step", "dynamic", {}, None),
-    ("2 / 5  StaticCache: every slot preallocated, written in place", "static", {}, None),
-    ("3 / 5  QuantizedCache int4 (hqq): old tokens in 4 bits, a full-precision residual", "quantized",
-     {"backend": "hqq", "nbits": 4, "residual_length": 16, "q_group_size": 32}, None),
-    ("4 / 5  Attention sinks: the first 4 tokens plus a sliding window of 24", "sink",
-     {"sink_tokens": 4, "window": 24}, None),
-    ("5 / 5  Live switch: dynamic, then quantized int4 from token 24", "dynamic", {},
-     (24, "quantized", {"backend": "hqq", "nbits": 4, "residual_length": 16, "q_group_size": 32})),
+    Scene("1 / 6  DynamicCache: grows by one token per step", "dynamic", {}),
+    Scene("2 / 6  StaticCache: every slot preallocated, written in place", "static", {}),
+    Scene("3 / 6  QuantizedCache int4 (hqq): old tokens in 4 bits, a full-precision residual", "quantized", HQQ_INT4),
+    Scene("4 / 6  Attention sinks: the first 4 tokens plus a sliding window of 24", "sink",
+          {"sink_tokens": 4, "window": 24}),
+    Scene("5 / 6  Live switch: dynamic, then quantized int4 from token 24", "dynamic", {},
+          switch=(24, "quantized", HQQ_INT4)),
+    Scene("6 / 6  Fidelity: quantized int2 against the exact cache, KL per step and top-1 agreement", "quantized",
+          {**HQQ_INT4, "nbits": 2}, reference=True),
 ]
+FINALE = "All runs overlaid: memory, latency against its memory-bound floor, and the compared run's KL"
 
 
-class Banner:
+class Caption:
+    """The demo's caption: a band of its own across the top of the window (a tool bar), so it covers no plot."""
+
     def __init__(self, window):
         from PySide6.QtCore import Qt
-        from PySide6.QtWidgets import QLabel
+        from PySide6.QtWidgets import QLabel, QSizePolicy, QToolBar
 
-        self.window = window
-        self.label = QLabel(window)
-        self.label.setObjectName("demoBanner")
+        self.bar = QToolBar("Demo caption", window)
+        self.bar.setObjectName("demoCaption")
+        self.bar.setMovable(False)
+        self.bar.setFloatable(False)
+        self.label = QLabel()
+        self.label.setObjectName("demoCaptionText")
         self.label.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.label.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
         self.label.setStyleSheet(
-            "QLabel#demoBanner { background: rgba(20, 24, 32, 215); color: #ffffff; font-size: 30px;"
-            " font-weight: 600; padding: 14px 28px; border: 2px solid #4c9be8; border-radius: 12px; }"
+            "QLabel#demoCaptionText { background: #14181f; color: #ffffff; font-size: 28px; font-weight: 600;"
+            " padding: 10px 24px; border-bottom: 3px solid #4c9be8; }"
         )
-        self.label.setAttribute(Qt.WidgetAttribute.WA_TransparentForMouseEvents)
+        self.bar.addWidget(self.label)
+        window.addToolBar(Qt.ToolBarArea.TopToolBarArea, self.bar)
 
     def show(self, text: str) -> None:
         print(f"kvviz demo: {text}", file=sys.stderr, flush=True)
         self.label.setText(text)
-        self.label.adjustSize()
-        width = min(self.label.width(), self.window.width() - 80)
-        self.label.resize(width, self.label.height())
-        self.label.move((self.window.width() - width) // 2, self.window.menuBar().height() + 24)
-        self.label.show()
-        self.label.raise_()
 
 
 def run_demo(record: Path | None = None, model: str = "default", tokens: int = 64, fps: float = 10.0,
@@ -69,8 +86,8 @@ def run_demo(record: Path | None = None, model: str = "default", tokens: int = 6
     window = MainWindow(settings=QSettings(ini, QSettings.Format.IniFormat))
     window.resize(*SIZE)
     window.show()
-    banner = Banner(window)
-    banner.show("kvviz: the key-value cache of a transformer, live")
+    caption = Caption(window)
+    caption.show("kvviz: the key-value cache of a transformer, live")
     drive.wait(lambda: bool(window.controls.strategy_panel.names()), 60)
     control = window.recorder
     if record is not None:
@@ -79,45 +96,49 @@ def run_demo(record: Path | None = None, model: str = "default", tokens: int = 6
     refusals: list[str] = []
     window.engine.worker.sigSwitchRefused.connect(lambda strategy, why: refusals.append(why))
     try:
-        banner.show(f"Loading the model ({model})…")
+        caption.show(f"Loading the model ({model})…")
         if not drive.load(window, model):
             print(f"kvviz demo: could not load {model!r}: {window.last_error}", file=sys.stderr)
             return 1
         window.controls.prompt_panel.set_text(DEMO_PROMPT)
         window.controls.settings_panel.max_new_tokens.setValue(tokens)
         drive.pause(pause)
-        for label, strategy, options, switch in TOUR:
-            if not drive.choose(window, strategy, options):
-                banner.show(label + "  (skipped: not available here)")
+        for scene in TOUR:
+            if not drive.choose(window, scene.strategy, scene.options):
+                caption.show(scene.caption + "  (skipped: not available here)")
                 drive.pause(pause)
                 continue
-            banner.show(label)
+            window.controls.reference_box.setChecked(scene.reference)
+            caption.show(scene.caption)
             drive.pause(pause)
             run_id = window.start_run({"stop_at_eos": False})
             if run_id is None:
-                banner.show(label + f"  (could not start: {window.last_error})")
+                caption.show(scene.caption + f"  (could not start: {window.last_error})")
                 failures += 1
                 drive.pause(pause)
                 continue
             series = window.store.runs[run_id]
-            if switch is not None:
-                at, target, target_options = switch
-                drive.wait(lambda s=series, a=at: s.finished or s.n >= a, 600)
+            if scene.switch is not None:
+                at, target, target_options = scene.switch
+                # the trace's own length: the engine's progress, not the steps drawn so far
+                drive.wait(lambda s=series, a=at: s.finished or len(s.trace.steps) >= a, 600)
                 if not series.finished:
                     drive.choose(window, target, target_options)
-                    banner.show(f"Switching to {target} int4 at token {series.n}…")
+                    caption.show(f"Switching to {strategy_label({'name': target, 'options': target_options})} "
+                                 f"at token {len(series.trace.steps)}…")
                     if not window.switch_strategy():
                         failures += 1
             if not drive.wait(lambda s=series: s.finished, 900):
                 failures += 1
                 break
-            if window.store.status(run_id) == FAILED:
+            if run_id not in window.store.runs or window.store.status(run_id) == FAILED:
                 failures += 1
-                banner.show(label + f"  (failed: {window.last_error})")
+                caption.show(scene.caption + f"  (failed: {window.last_error})")
             drive.pause(pause)
+        window.controls.reference_box.setChecked(False)
         failures += len(refusals)
         window.runs_table.select_runs(list(window.store.runs))
-        banner.show("All runs overlaid: memory, speed and fidelity side by side")
+        caption.show(FINALE)
         drive.pause(2 * pause)
     finally:
         if record is not None:

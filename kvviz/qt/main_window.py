@@ -60,10 +60,9 @@ class ViewTabs(QTabWidget):
 class MainWindow(QMainWindow):
     sigModelReady = Signal(str, bool)  # spec, loaded (False: failed); after the window updated
     sigRunDone = Signal(int, str)  # run id, status; after the final redraw
-    sigCountTokens = Signal(int, str, bool)  # to the worker: request id, prompt, raw (no chat template)
     sigSaved = Signal(str)  # the full path of a file just saved (confirmed in the status bar)
 
-    def __init__(self, settings: QSettings | None = None, autoload: str | None = None, parent=None):
+    def __init__(self, settings: QSettings | None = None, parent=None):
         super().__init__(parent)
         self.setWindowTitle("kvviz: the key-value cache, live")
         self.settings = settings if settings is not None else QSettings("kvviz", "kvviz")
@@ -112,7 +111,6 @@ class MainWindow(QMainWindow):
         controls.switch_button.clicked.connect(lambda *_: self.switch_strategy())
         controls.model_panel.sigLoadRequested.connect(self.load_model)
         controls.model_panel.sigServerRequested.connect(self.connect_server)
-        controls.prompt_panel.sigCountRequested.connect(self._count_tokens)
         controls.settings_panel.raw.toggled.connect(controls.prompt_panel.request_count)
         controls.source_tabs.currentChanged.connect(self.set_mode)
         self.views.currentChanged.connect(self.set_mode)
@@ -130,12 +128,20 @@ class MainWindow(QMainWindow):
         worker.sigRunFailed.connect(self._on_run_failed)
         worker.sigSwitchAccepted.connect(self._on_switch_accepted)
         worker.sigSwitchRefused.connect(self._on_switch_refused)
-        worker.sigTokenCount.connect(controls.prompt_panel.show_count)
-        self.sigCountTokens.connect(worker.count_tokens)
+        worker.sigRunNotice.connect(self.status_line.notice)
+        # the next run is checked as it is set up (the options here, the rest by the worker's model), so that Run
+        # is off while it cannot work and the strategy panel says why before Run is pressed
+        panel = controls.strategy_panel
+        panel.sigChecked.connect(self.update_controls)
+        panel.sigEdited.connect(self.update_controls)
+        for edited in (panel.sigEdited, controls.prompt_panel.editor.textChanged, controls.settings_panel.raw.toggled,
+                       controls.settings_panel.max_new_tokens.valueChanged):
+            edited.connect(self._preflight)
+        self.engine.sigPromptTokens.connect(panel.set_prompt_tokens)
+        self.engine.sigPromptTokens.connect(controls.prompt_panel.set_count)
+        self.engine.sigPreflight.connect(panel.set_preflight)
         self.update_controls()
         self.engine.start()
-        if autoload:
-            self.load_model(autoload)
         from kvviz.qt.file_actions import install_file_actions  # noqa: I001 - File menu, drops, Record
 
         install_file_actions(self)
@@ -247,15 +253,20 @@ class MainWindow(QMainWindow):
         self.update_controls()
         self.sigModelReady.emit(spec, True)
 
-    def _count_tokens(self, request: int, prompt: str) -> None:
-        """Ask the worker to count the prompt's tokens (its thread has the tokenizer); no model: no count."""
-        if self.engine.card is None or self.engine.loading:
-            self.controls.prompt_panel.show_count(request, None)
-            return
-        self.sigCountTokens.emit(request, prompt, self.controls.settings_panel.raw.isChecked())
-
     def _on_run_failed(self, run_id: int, message: str) -> None:
-        self.show_error(f"Run #{run_id} failed: {message}")
+        if run_id in self.store.runs:
+            self.show_error(f"Run #{run_id} failed: {message}")
+        else:  # refused before it started: withdrawn, the runs shown before are shown again
+            self.show_error(f"Cannot run: {message}")
+
+    def _preflight(self, *_) -> None:
+        controls = self.controls
+        if controls.strategy_panel.current() is not None:
+            self.engine.preflight({
+                "prompt": controls.prompt_panel.text(), "raw": controls.settings_panel.raw.isChecked(),
+                "strategy": controls.strategy_panel.current(), "options": controls.strategy_panel.values(),
+                "max_new_tokens": controls.settings_panel.max_new_tokens.value(),
+            })
 
     def _on_switch_accepted(self, strategy: str) -> None:
         self.status_line.say(f"switching to {strategy} at the next step…")
@@ -301,8 +312,13 @@ class MainWindow(QMainWindow):
 
     def switch_strategy(self) -> bool:
         """Ask the running generation to switch to the strategy and options chosen in the picker; False when
-        nothing runs. The worker answers with sigSwitchAccepted or sigSwitchRefused (shown above the plots)."""
+        nothing runs or an option is invalid. The worker answers with sigSwitchAccepted or sigSwitchRefused
+        (shown above the plots)."""
         if self.store.generating is None:
+            return False
+        problem = self.controls.strategy_panel.problem()
+        if problem:
+            self.show_error(f"Cannot switch: {problem}")
             return False
         self.engine.switch(self.controls.strategy_panel.current(), self.controls.strategy_panel.values())
         return True
@@ -350,7 +366,7 @@ class MainWindow(QMainWindow):
         self._update_status()
 
     def _update_status(self) -> None:
-        store = self.store
+        store, panel = self.store, self.controls.strategy_panel
         generating = store.runs[store.generating] if store.generating is not None else None
         if self.engine.loading:
             state = "loading model…"
@@ -358,6 +374,10 @@ class MainWindow(QMainWindow):
             state = f"generating run #{generating.run_id}: {generating.n} tokens"
         elif self.engine.card is None:
             state = "no model loaded"
+        elif panel.problem():  # also beside its option, which may be scrolled out of view
+            state = f"Run is off: {panel.problem()}"
+        elif panel.warning():
+            state = f"ready. {panel.warning()}"
         else:
             state = "ready"
         self.status_line.update(state, generating is not None, self.engine.card, generating or store.primary())
@@ -366,8 +386,10 @@ class MainWindow(QMainWindow):
         idle = self.store.generating is None
         loading = self.engine.loading
         ready = self.engine.card is not None and self.controls.strategy_panel.current() is not None
-        can_run = idle and not loading and ready
+        valid = self.controls.strategy_panel.problem() is None  # its message is beside the field
+        can_run = idle and not loading and ready and valid
         self.controls.set_enabled(can_run, not idle, loading)
+        self.controls.switch_button.setEnabled(not idle and valid)
         self.menus.set_enabled(can_run, not idle)
         self._update_status()
 

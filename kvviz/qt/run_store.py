@@ -24,6 +24,7 @@ class RunStore(QObject):
     sigRunAdded = Signal(int)  # a new run's id
     sigRunsChanged = Signal()  # records arrived or a status changed: a redraw is due
     sigRunEnded = Signal(int, str)  # run id, final status; its last records are drawn
+    sigRunRemoved = Signal(int)  # a run withdrawn (refused before it started): it leaves every view
     sigShownChanged = Signal(list)  # the ids of the runs the plots overlay
 
     def __init__(self, parent: QObject | None = None):
@@ -118,6 +119,25 @@ class RunStore(QObject):
             self._generating = None
         self.set_status(run_id, status)
         self.sigRunEnded.emit(run_id, status)
+
+    def withdraw(self, run_id: int, shown_before: list[int]) -> None:
+        """A run its producer refused before it started: it leaves the store (its number goes to the next run)
+        and the runs shown before it was asked for are shown again. It ends as FAILED for whoever waits on it."""
+        series = self._runs.pop(run_id, None)
+        if series is None:
+            return
+        del self._status[run_id]
+        self._arrived.discard(run_id)
+        self._changed.discard(run_id)
+        series.finished = True
+        if self._generating == run_id:
+            self._generating = None
+        if run_id == self._next_id - 1:
+            self._next_id = run_id
+        self._shown = [r for r in self._shown if r != run_id]  # no view may look it up from here on
+        self.sigRunRemoved.emit(run_id)
+        self.show([r for r in shown_before if r in self._runs])
+        self.sigRunEnded.emit(run_id, FAILED)
 
     # -- the selection ------------------------------------------------------------------------------
 

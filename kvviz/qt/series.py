@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvviz.present import MIB, strategy_label
-from kvviz.trace import SlotState, StepRecord, Trace
+from kvviz.present import MIB, strategy_label, strategy_path
+from kvviz.trace import SlotState, StepRecord, Switch, Trace
 
-# Columns of the per-step table.
-X, WALL_MS, CACHE_MIB, PREDICTED_MIB, RSS_MIB, KL = range(6)  # KL is NaN where no reference ran
-_NCOLS = 6
+# Columns of the per-step table. KL is NaN where no reference ran; FLOOR_MS, the step's memory-bound floor
+# (Trace.floor_ms), is NaN at the prefill and where the bandwidth or the bytes read are not known.
+X, WALL_MS, CACHE_MIB, PREDICTED_MIB, RSS_MIB, KL, FLOOR_MS = range(7)
+_NCOLS = 7
 
 
 def grown(data: np.ndarray, need: int) -> np.ndarray:
@@ -54,12 +55,14 @@ class RunSeries:
         self.prefill_x: float | None = None
         self._decode_ms_sum = 0.0
         self._decode_count = 0
+        self._floor_ms_sum = 0.0
+        self._floor_unknown = False  # a decode step without a floor: the run's share is unknown
         self._layer_ms_sum: np.ndarray | None = None
         self._layer_ms_count = 0
         self._map = np.zeros((0, 0), dtype=np.uint8)
         self._map_width = 0
         self._map_step = -1
-        self.switches: list[tuple[float, str]] = []  # (x, strategy switched to), from the steps
+        self.switches: list[tuple[float, str]] = []  # (x, strategy switched to) of trace.switches drawn
         self.has_reference = False
 
     @classmethod
@@ -100,16 +103,20 @@ class RunSeries:
             row[RSS_MIB] = _mib(step.rss_bytes)
             row[KL] = np.nan if step.kl is None else step.kl
             self.has_reference = self.has_reference or step.kl is not None
-            previous = self.latest.strategy if self.latest is not None else None
-            if previous is not None and step.strategy != previous:
-                self.switches.append((x, step.strategy))
             self.latest = step
+            row[FLOOR_MS] = np.nan
             if step.phase == "prefill":
                 self.prefill_ms = step.wall_ms
                 self.prefill_x = x
             else:
                 self._decode_ms_sum += step.wall_ms
                 self._decode_count += 1
+                floor = self.trace.floor_ms(step.cache_bytes)
+                if floor is None:
+                    self._floor_unknown = True
+                else:
+                    row[FLOOR_MS] = floor
+                    self._floor_ms_sum += floor
                 times = [layer.layer_ms for layer in step.layers]
                 if times and all(t is not None for t in times):
                     arr = np.asarray(times, dtype=np.float64)
@@ -119,6 +126,11 @@ class RunSeries:
                     self._layer_ms_sum += arr
                     self._layer_ms_count += 1
         self.n = need
+        # a switch is drawn with the first step it applied to (the engine notes it just before that step)
+        for switch in self.trace.switches[len(self.switches) :]:
+            if switch.step > self.latest.index:
+                break
+            self.switches.append((base + switch.step, switch.to_strategy))
         return True
 
     # -- columns ------------------------------------------------------------------------------------
@@ -126,18 +138,36 @@ class RunSeries:
     def column(self, index: int) -> np.ndarray:
         return self._data[: self.n, index]
 
-    def decode_mask(self) -> np.ndarray:
-        """True for decode steps (every step but a leading prefill)."""
-        mask = np.ones(self.n, dtype=bool)
-        if self.n and self.prefill_x is not None and self._data[0, X] == self.prefill_x:
-            mask[0] = False
-        return mask
+    @property
+    def decode_start(self) -> int:
+        """The row of the first decode step: 1 after a leading prefill, else 0 (columns sliced from it are views)."""
+        return 1 if self.n and self.prefill_x is not None and self._data[0, X] == self.prefill_x else 0
 
     @property
     def tokens_per_s(self) -> float | None:
         if not self._decode_count or self._decode_ms_sum <= 0:
             return None
         return 1000.0 * self._decode_count / self._decode_ms_sum
+
+    @property
+    def share_of_memory_bound(self) -> float | None:
+        """The share of the memory-bound speed the decode steps drawn so far reached (as Trace.summary's
+        share_of_memory_bound, kept up step by step); None before a decode step or where a floor is unknown."""
+        if not self._decode_count or self._floor_unknown or self._decode_ms_sum <= 0:
+            return None
+        return self._floor_ms_sum / self._decode_ms_sum
+
+    @property
+    def first_decode_x(self) -> float | None:
+        """x of the first decode step drawn (torch.compile runs just before it), or None."""
+        if not self._decode_count:
+            return None
+        return float(self._data[self.decode_start, X])
+
+    def switch_shown(self) -> Switch | None:
+        """The live switch whose strategy the latest step drawn ran with, or None (the run's own strategy)."""
+        step = self.latest.index if self.latest is not None else -1
+        return next((w for w in reversed(self.trace.switches) if w.step <= step), None)
 
     @property
     def cache_bytes(self) -> int | None:
@@ -186,12 +216,26 @@ class RunSeries:
         return self._map[:, :width]
 
     def short_label(self, limit: int = 34) -> str:
-        """The label cut to `limit` characters (legends)."""
+        """The label cut to `limit` characters (legends); a run that switched names its strategies without options."""
         text = self.label()
-        return text if len(text) <= limit else text[: limit - 1].rstrip(", ") + "…)"
+        if len(text) > limit and self.trace.switches:
+            text = f"#{self.run_id} {strategy_path(self.trace, options=False)}"
+        if len(text) <= limit:
+            return text
+        cut = text[: limit - 1].rstrip(", ") + "…"
+        return cut + ")" if cut.count("(") > cut.count(")") else cut
 
     def label(self) -> str:
-        return f"#{self.run_id} {strategy_label(self.trace.strategy)}"
+        """"#3 sink (sink_tokens=4, window=60)"; a run that switched: "#5 dynamic -> quantized (…) @24"."""
+        return f"#{self.run_id} {strategy_path(self.trace)}"
+
+    def label_now(self) -> str:
+        """The run and the strategy of its latest step drawn: "#5 quantized (nbits=4), from dynamic at step 24"."""
+        switch = self.switch_shown()
+        if switch is None:
+            return f"#{self.run_id} {strategy_label(self.trace.strategy)}"
+        shown = strategy_label({"name": switch.to_strategy, "options": switch.options})
+        return f"#{self.run_id} {shown}, from {switch.from_strategy} at step {switch.step}"
 
 
 def _mib(n_bytes: int | None) -> float:

@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import psutil
 from PySide6.QtCore import QObject, Qt, QTimer
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QStatusBar, QToolButton
 
-from kvviz.present import UNKNOWN, mib, number
+from kvviz.present import UNKNOWN, mib, number, percent
 from kvviz.qt.series import RunSeries
 
 
 class StatusLine(QObject):
-    """The status bar: what the window is doing, device and threads, tokens/s and cache size of the run
-    in view, and this process's RSS (sampled once a second)."""
+    """The status bar: what the window is doing, device and threads, tokens/s (and the share of the
+    memory-bound limit) and cache size of the run in view, and this process's RSS (sampled once a second).
+
+    What the window is doing, by precedence: a note held until the generation ends ("stopping after this
+    step…"), the generating run's notice while a one-time pause lasts ("compiling …: 12 s", counted up every
+    second so that a long pause never looks frozen), then the window's own state."""
 
     def __init__(self, status_bar: QStatusBar, parent: QObject | None = None):
         super().__init__(parent)
@@ -23,6 +28,9 @@ class StatusLine(QObject):
             status_bar.addPermanentWidget(self.labels[name])
         status_bar.addWidget(self.labels["state"], 1)
         self._held = ""  # a note kept until the generation ends ("stopping after this step…")
+        self._notice = ""  # what the generating run's one-time pause is doing ("" when none lasts)
+        self._notice_since = 0.0
+        self._state = ""
         self._process = psutil.Process()
         self._rss_bytes: int | None = self._process.memory_info().rss
         self._timer = QTimer(self)
@@ -39,6 +47,17 @@ class StatusLine(QObject):
         self._held = text
         self.say(text)
 
+    def notice(self, run_id: int, message: str) -> None:
+        """The worker's sigRunNotice: a one-time pause of run `run_id` began ("" when it is over)."""
+        if message != self._notice:
+            self._notice = message
+            self._notice_since = time.perf_counter()
+        self._show_state()
+
+    @property
+    def notice_text(self) -> str:
+        return self._notice
+
     def update(self, state: str, generating: bool, card: dict[str, Any] | None, series: RunSeries | None) -> None:
         """state: what the window does now; series: the run whose speed and cache are shown, if any."""
         card = card or {}
@@ -47,16 +66,28 @@ class StatusLine(QObject):
         labels["threads"].setText(f"{card.get('threads', UNKNOWN)} threads")
         if not generating:
             self._held = ""
-        labels["state"].setText(self._held or state)
+            self._notice = ""  # a run's pause cannot outlast the run
+        self._state = state
+        self._show_state()
         rate = series.tokens_per_s if series is not None else None
-        labels["rate"].setText(f"{number(rate)} tokens/s")
+        share = series.share_of_memory_bound if series is not None else None
+        bound = f" ({percent(share)} of the memory-bound limit)" if share is not None else ""
+        labels["rate"].setText(f"{number(rate)} tokens/s{bound}")
         labels["cache"].setText(f"cache {mib(series.cache_bytes)}" if series is not None else f"cache {UNKNOWN}")
         self._show_rss()
+
+    def _show_state(self) -> None:
+        text = self._held or self._state
+        if not self._held and self._notice:
+            text = f"{self._notice}: {time.perf_counter() - self._notice_since:.0f} s"
+        self.labels["state"].setText(text)
 
     def stop(self) -> None:
         self._timer.stop()
 
     def _sample_rss(self) -> None:
+        if self._notice:
+            self._show_state()  # the pause's seconds count up
         try:
             self._rss_bytes = self._process.memory_info().rss
         except psutil.Error:

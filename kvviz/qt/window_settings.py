@@ -1,8 +1,8 @@
 """What the window keeps between sessions (QSettings), its colour theme, and its layout's default sizes.
 
-Kept: the model spec, the prompt, the generation settings, every strategy's options and the one
-chosen, the server address, model folder and load set, the theme, and the window's geometry, dock
-layout, Runs height and splitter sizes.
+Kept: the model loaded last (never one that failed to load), the prompt, the generation settings,
+every strategy's options and the one chosen, the server address, model folder and load set, the theme,
+and the window's geometry, dock layout, Runs height and splitter sizes.
 
 Default sizes follow the window (1280x720 up to 4K): the docks take a share of its width and height
 within fixed bounds, so the plots keep most of the room on a small screen and the side docks do not
@@ -104,7 +104,8 @@ def default_layout(window) -> None:
 def save(window) -> None:
     s = window.settings
     controls, server = window.controls, window.server
-    s.setValue("model/spec", controls.model_panel.current_spec())
+    if window.engine.loaded_spec is not None:  # only a model that loaded is worth loading at the next start
+        s.setValue("model/spec", window.engine.loaded_spec)
     s.setValue("prompt/text", controls.prompt_panel.text())
     s.setValue("generation/state", json.dumps(controls.settings_panel.state()))
     s.setValue("strategy/values", json.dumps(controls.strategy_panel.all_values()))

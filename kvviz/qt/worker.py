@@ -1,7 +1,7 @@
 """The worker: the one object that talks to the engine, living in its own QThread.
 
-The GUI thread sends requests through queued signals (`load`, `run` and `switches.request` are
-slots) and gets plain records back through the `sig*` signals declared below; every engine call
+The GUI thread sends requests through queued signals (`load`, `run`, `desk.switch` and
+`desk.preflight` are slots) and gets plain records back through the `sig*` signals declared below; every engine call
 (torch included) runs on the worker's thread. A run's records go into the decoder's own `Trace`,
 which `sigRunStarted` hands to the window: that trace is the run's one record. `cancel()` and
 `shutdown()` may be called from any thread. Nothing here holds a widget; nothing in the GUI holds
@@ -33,12 +33,13 @@ class _Interrupted(Exception):
     """Raised from the load progress callback when the window is closing."""
 
 
-class SwitchDesk(QObject):
-    """Where switch requests arrive (a queued slot on the worker's thread).
+class Desk(QObject):
+    """Where requests that must not wait for a generation to end arrive (queued slots on the worker's thread):
+    switches, and the checks of the next run's prompt and strategy against the loaded model.
 
-    While a run decodes the worker's event loop is busy, so the decode loop serves this desk between
-    two steps; a request therefore takes effect at the next step, and the strategy's checks (which
-    read the model's tensors) run on the worker's thread, never on the GUI's.
+    While a run decodes the worker's event loop is busy, so the decode loop serves this desk between two
+    steps (outside every step's time); a switch therefore takes effect at the next step. The strategy's
+    checks and the tokenizer run on the worker's thread, never on the GUI's.
     """
 
     def __init__(self, worker: Worker):
@@ -46,8 +47,12 @@ class SwitchDesk(QObject):
         self.worker = worker
 
     @Slot(str, object)
-    def request(self, strategy: str, options: dict[str, Any]) -> None:
+    def switch(self, strategy: str, options: dict[str, Any]) -> None:
         self.worker._switch(strategy, options)  # the desk is the worker's own door, in this module
+
+    @Slot(int, object)
+    def preflight(self, serial: int, request: dict[str, Any]) -> None:
+        self.worker._preflight(serial, request)
 
     def serve(self) -> None:
         """Answer the requests waiting for this desk (called by the decode loop between steps)."""
@@ -66,12 +71,13 @@ class Worker(QObject):
     sigSwitchAccepted = Signal(str)  # strategy: it takes over at the next step
     sigSwitchRefused = Signal(str, str)  # strategy, why not
     sigRunNotice = Signal(int, str)  # run id, what a long one-time pause is doing ("" once it is over)
-    sigTokenCount = Signal(int, object)  # request id, the prompt's token count (None: no model to count with)
+    sigPreflight = Signal(int, object)  # request serial, {"prompt_tokens": int | None, "problem": str | None}
 
     def __init__(self):
         super().__init__()
         self.loaded = None
-        self.switches = SwitchDesk(self)
+        self.desk = Desk(self)
+        self._notice = False  # a run notice is on screen: the next step (or the run's end) clears it
         self._lock = threading.Lock()
         self._decoder = None
         self._run_id = 0
@@ -142,21 +148,32 @@ class Worker(QObject):
         card["threads"] = torch.get_num_threads()
         self.sigModelLoaded.emit(spec, card)
 
-    @Slot(int, str, bool)
-    def count_tokens(self, request: int, prompt: str, raw: bool) -> None:
-        """Count the prompt's tokens as a run would feed them (chat template unless raw)."""
-        count = None
+    def _preflight(self, serial: int, request: dict[str, Any]) -> None:
+        """What the loaded model says of the next run before it is asked for (worker thread, from `desk` only):
+        the prompt's token count with its tokenizer and chat template, and why the strategy and options cannot run
+        with this model, prompt and token count (the checks that need the model; the window checks the options
+        themselves as they are typed). request: prompt, raw, strategy, options, max_new_tokens. Both None while no
+        model is loaded; a count that fails is None (the run itself names the problem)."""
+        count = problem = None
         if self.loaded is not None:
-            from kvviz.engine import decode
+            from kvviz.engine import strategies
+            from kvviz.engine.decode import encode_prompt
 
             try:
-                count = len(decode.encode_prompt(self.loaded.tokenizer, prompt, raw))
-            except Exception:  # noqa: BLE001 - no count beats a wrong one; Run reports the prompt's problem
-                count = None
-        self.sigTokenCount.emit(request, count)
+                count = len(encode_prompt(self.loaded.tokenizer, request["prompt"], request["raw"]))
+            except Exception:  # noqa: BLE001 - a count is a hint
+                log.debug("prompt count failed:\n%s", traceback.format_exc())
+            try:
+                choice = strategies.choose(request["strategy"], dict(request["options"]))
+                problem = strategies.get(choice.name).unsupported(self.loaded.model, choice.options)
+                if problem is None and count is not None:
+                    strategies.capacity_for(choice, count + request["max_new_tokens"])
+            except OptionError as exc:
+                problem = str(exc)
+        self.sigPreflight.emit(serial, {"prompt_tokens": count, "problem": problem})
 
     def _switch(self, strategy: str, options: dict[str, Any]) -> None:
-        """Switch the running generation's cache at its next step (worker thread, from `switches` only)."""
+        """Switch the running generation's cache at its next step (worker thread, from `desk` only)."""
         from kvviz.engine import strategies
 
         with self._lock:
@@ -185,7 +202,7 @@ class Worker(QObject):
             settings = decode.GenerationSettings(**request.get("settings", {}))
             decoder = decode.Decoder(
                 self.loaded, choice, settings, request["prompt"], reference=bool(request.get("reference")),
-                notify=lambda message: self.sigRunNotice.emit(run_id, message),
+                notify=lambda message: self._notify(run_id, message),
             )
             with self._lock:
                 self._decoder = decoder
@@ -194,8 +211,10 @@ class Worker(QObject):
                     decoder.cancel()
             self.sigRunStarted.emit(run_id, decoder.trace)
             for step in decoder:
+                if self._notice:  # a step came: the pause it announced is over
+                    self._notify(run_id, "")
                 self.sigStep.emit(run_id, step)
-                self.switches.serve()
+                self.desk.serve()
             self.sigRunFinished.emit(run_id, decoder.trace)
         except Exception as exc:  # noqa: BLE001 - any failure is reported, the worker lives on
             log.debug("run %d failed:\n%s", run_id, traceback.format_exc())
@@ -203,9 +222,16 @@ class Worker(QObject):
                 decoder.trace.error = _message(exc)
             self.sigRunFailed.emit(run_id, _message(exc))
         finally:
+            if self._notice:
+                self._notify(run_id, "")
             with self._lock:
                 self._decoder = None
                 self._cancelled.discard(run_id)
+
+    def _notify(self, run_id: int, message: str) -> None:
+        """Say what a long one-time pause of the run is doing ("" when it is over)."""
+        self._notice = bool(message)
+        self.sigRunNotice.emit(run_id, message)
 
 
 def _message(exc: BaseException) -> str:

@@ -67,7 +67,7 @@ def test_closing_mid_run_exits_zero(tmp_path):
         "from PySide6.QtWidgets import QApplication\n"
         "app = QApplication([])\n"
         "from kvviz.qt.main_window import MainWindow\n"
-        "w = MainWindow(autoload='tiny')\n"
+        "w = MainWindow()\n"
         "w.controls.settings_panel.max_new_tokens.setValue(4000)\n"
         + CLOSE_TIMED +
         "def close_once_generating():\n"
@@ -81,6 +81,7 @@ def test_closing_mid_run_exits_zero(tmp_path):
         "    w.start_run()\n"
         "    close_once_generating()\n"
         "w.sigModelReady.connect(started)\n"
+        "w.load_model('tiny')\n"
         "w.show()\n"
         "rc = app.exec()\n"
         "assert not w.engine.stuck and w.store.runs[1].trace.steps\n"

@@ -47,6 +47,11 @@ def test_switch_mid_run_converts_and_marks_the_plots(qtbot, drive, window, monke
     assert window.local_view.latency_plot.switch_positions(run_id) == [x]
     # the sink cache holds 4 + 8 tokens after the switch, far less than the dynamic one before it
     assert trace.steps[switch.step].layers[0].seq_len == 12
+    # the table and the cache map's title name the switch, not only the strategy the run began with
+    window.redraw()
+    assert window.runs_table.cell(run_id, "strategy") == f"dynamic -> sink (sink_tokens=4, window=8) @{switch.step}"
+    title = window.local_view.cache_map.title_label.text()
+    assert f"#{run_id} sink (sink_tokens=4, window=8), from dynamic at step {switch.step}" in title
 
 
 def test_refused_switch_shows_the_reason_and_the_run_goes_on(qtbot, drive, window):
@@ -80,6 +85,6 @@ def test_reference_run_plots_kl(qtbot, drive, window):
     np.testing.assert_allclose(kl, [s.kl for s in steps])
     assert max(kl) > 0  # a 4-token window on a 16-token run does lose information
     summary = window.store.runs[run_id].trace.summary()
-    row = window.runs_table.row_text(run_id)
-    assert row[-4:-1] == [f"{summary['top1_agreement']:,.3f}", f"{summary['mean_kl']:,.4f}",
-                          "none" if summary["first_divergence"] is None else f"step {summary['first_divergence']}"]
+    cells = [window.runs_table.cell(run_id, column) for column in ("top-1 agree", "mean KL", "first diverge")]
+    assert cells == [f"{summary['top1_agreement']:,.3f}", f"{summary['mean_kl']:,.4f}",
+                     "none" if summary["first_divergence"] is None else f"step {summary['first_divergence']}"]

@@ -10,16 +10,22 @@ from kvviz.qt.recorder import have_ffmpeg, qimage_to_array
 
 
 def _record(window, drive, qtbot, path, tokens=48):
+    from PySide6.QtWidgets import QLabel
+
     control = window.recorder
     drive.load(window, "tiny")
+    title = window.windowTitle()
     written = control.start(path, fps=10)
-    assert control.recorder.recording and control.label.isVisible()
-    assert control.label.text().startswith("● REC")
+    assert control.recorder.recording and window.windowTitle().startswith("● REC")
+    assert "slower while recording" in window.windowTitle()  # the encoder shares the CPU with the generation
+    # the REC clock is in the title bar, outside the frames: nothing drawn in the window says it
+    assert not [label for label in window.findChildren(QLabel) if label.isVisible() and "REC" in label.text()]
     qtbot.wait(400)
     drive.run(window, "dynamic", tokens=tokens)
     qtbot.wait(600)
     control.stop()
-    assert not control.recorder.recording
+    assert not control.recorder.recording and window.windowTitle() == title
+    assert str(written.resolve()) in window.statusBar().currentMessage()
     return written, control.recorder.stats()
 
 

@@ -39,11 +39,12 @@ def test_tiny_run_draws_exactly_its_records(qtbot, drive, window):
     assert_plots_match(window, run_id)
 
     summary = trace.summary()
-    row = window.runs_table.row_text(run_id)
-    assert row[0] == f"#{run_id}" and row[2] == "dynamic" and row[3] == "12"
-    assert row[7] == f"{summary['decode_tokens_per_s']:,.1f}"
-    assert row[8] == f"{summary['peak_cache_bytes'] / MIB:,.3f}"
-    assert row[-1] == "finished"
+    table = window.runs_table
+    assert table.cell(run_id, "run") == f"#{run_id}" and table.cell(run_id, "strategy") == "dynamic"
+    assert table.cell(run_id, "tokens") == "12"
+    assert table.cell(run_id, "tokens/s") == f"{summary['decode_tokens_per_s']:,.1f}"
+    assert table.cell(run_id, "peak cache MiB") == f"{summary['peak_cache_bytes'] / MIB:,.3f}"
+    assert table.cell(run_id, "status") == "finished"
 
     last = trace.steps[-1]
     keys, values = window.local_view.layer_bytes_plot._data
@@ -88,20 +89,24 @@ def test_failing_model_path_shows_error_and_window_still_works(qtbot, drive, win
     assert window.store.status(run_id) == "finished"
 
 
-def test_engine_error_in_run_is_readable_and_next_run_works(qtbot, drive, window):
+def test_refused_run_leaves_no_run_behind_and_says_why(qtbot, drive, window):
+    """A run the engine refuses before it starts (more tokens than the model's context) is withdrawn: no failed
+    row, the run shown before is shown again under its own title."""
     drive.load(window, "tiny")
-    window.controls.prompt_panel.editor.setPlainText("A prompt that is certainly longer than four tokens, surely.")
-    window.controls.settings_panel.max_new_tokens.setValue(8)
-    window.controls.strategy_panel.set_current("static")
-    window.controls.strategy_panel.set_option("max_cache_len", 4)
+    first = drive.run(window, "dynamic", tokens=4)
+    window.controls.settings_panel.max_new_tokens.setValue(5000)  # the tiny model's context is 4,096 tokens
     with qtbot.waitSignal(window.sigRunDone, timeout=60000) as blocker:
-        run_id = window.start_run()
-    assert blocker.args == [run_id, "failed"]
-    assert window.error_bar.isVisible() and f"Run #{run_id} failed" in window.error_bar.label.text()
-    assert "max_cache_len" in window.error_bar.label.text() or "max cache" in window.error_bar.label.text()
-    assert window.runs_table.row_text(run_id)[-1] == "failed"
+        refused = window.start_run()
+    assert blocker.args == [refused, "failed"]
+    message = window.error_bar.label.text()
+    assert window.error_bar.isVisible() and message.startswith("Cannot run:") and "context of 4096" in message
+    assert refused not in window.store.runs and window.runs_table.run_ids() == [first]
+    assert window.store.shown == [first] and window.runs_table.selected_runs() == [first]
+    window.redraw()
+    assert f"#{first} dynamic" in window.local_view.cache_map.title_label.text()
     assert window.controls.run_button.isEnabled()
     next_id = drive.run(window, "dynamic", tokens=4)
+    assert next_id == refused  # the refused run's number was never used
     assert window.store.status(next_id) == "finished"
 
 
@@ -169,7 +174,7 @@ def test_settings_and_theme_persist(qtbot, drive, settings):
         assert second.controls.settings_panel.max_new_tokens.value() == 77
         assert second.controls.strategy_panel.current() == "sliding"
         assert second.controls.strategy_panel.values()["window"] == 64
-        assert second.controls.model_panel.current_spec() == "tiny"
+        assert second.controls.model_panel.current_spec() == "default"  # "tiny" was typed, never loaded
     finally:
         second.close()
 

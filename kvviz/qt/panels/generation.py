@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from PySide6.QtCore import QEvent, QSize, Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, QSize, Qt, Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -40,7 +40,6 @@ def example_prompts() -> list[dict[str, str]]:
     return prompts
 
 
-COUNT_DELAY_MS = 300  # the token count is asked for this long after the last keystroke
 MAX_LINES = 16  # the prompt editor grows up to this many lines on a tall screen
 
 
@@ -52,10 +51,9 @@ class PromptEditor(QPlainTextEdit):
 
 
 class PromptPanel(QGroupBox):
-    """The prompt. Its token count is counted by the model's tokenizer on the worker's thread: the panel asks
-    with sigCountRequested (after a short pause in typing) and shows the answer given to `show_count`."""
+    """The prompt. Its token count comes from the model's tokenizer on the worker's thread (the window's
+    preflight of the next run, once typing pauses) through `set_count`."""
 
-    sigCountRequested = Signal(int, str)  # request id, prompt text
     sigOpenRequested = Signal()  # "Open…": choose a prompt file
 
     def __init__(self, parent: QWidget | None = None):
@@ -83,12 +81,7 @@ class PromptPanel(QGroupBox):
             "Tokens the model will read for this prompt, counted by its tokenizer (with its chat template "
             "unless the raw prompt is chosen); – while no model is loaded"
         )
-        self._request = 0
-        self._count_timer = QTimer(self)
-        self._count_timer.setSingleShot(True)
-        self._count_timer.setInterval(COUNT_DELAY_MS)
-        self._count_timer.timeout.connect(self._ask_count)
-        self.editor.textChanged.connect(self.request_count)
+        self.editor.textChanged.connect(self._counting)
         row = QHBoxLayout()  # under the editor: where prompts come from, and how long this one is
         row.addWidget(self.examples, 1)
         row.addWidget(self.open_button)
@@ -119,20 +112,13 @@ class PromptPanel(QGroupBox):
 
     # -- the token count ------------------------------------------------------------------------------
 
-    def request_count(self, *_: Any) -> None:
-        """Count again after a short pause (typing restarts the pause)."""
+    def _counting(self) -> None:
         if self.count_label.text() != "– tokens":
             self.count_label.setText("counting…")
-        self._count_timer.start()
 
-    def _ask_count(self) -> None:
-        self._request += 1
-        self.sigCountRequested.emit(self._request, self.text())
-
-    def show_count(self, request: int, count: int | None) -> None:
-        """The answer to request `request` (older answers are ignored); None: no model to count with."""
-        if request == self._request:
-            self.count_label.setText("– tokens" if count is None else f"{count:,} tokens")
+    def set_count(self, count: int | None) -> None:
+        """The prompt's token count as a run would feed it; None: no model to count with."""
+        self.count_label.setText("– tokens" if count is None else f"{count:,} tokens")
 
     # -- the text -------------------------------------------------------------------------------------
 

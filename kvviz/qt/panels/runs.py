@@ -9,7 +9,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QIcon, QPixmap
 from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QTableWidget, QTableWidgetItem, QWidget
 
-from kvviz.present import RUN_TABLE, run_cells, run_row
+from kvviz.present import RUN_TABLE, RUN_TABLE_HELP, run_cells, run_row
 from kvviz.qt import theme
 from kvviz.qt.run_store import RunStore
 
@@ -22,6 +22,9 @@ class RunsTable(QTableWidget):
         super().__init__(0, len(COLUMNS), parent)
         self.store = store
         self.setHorizontalHeaderLabels(COLUMNS)
+        for column, title in enumerate(COLUMNS):
+            if title in RUN_TABLE_HELP:
+                self.horizontalHeaderItem(column).setToolTip(RUN_TABLE_HELP[title])
         self.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
         self.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
@@ -36,6 +39,7 @@ class RunsTable(QTableWidget):
         self._refreshed = 0.0
         self.itemSelectionChanged.connect(self._selection_changed)
         store.sigRunAdded.connect(self._add_run)
+        store.sigRunRemoved.connect(self._remove_run)
         store.sigShownChanged.connect(self._show_selection)
 
     def _cells(self, run_id: int) -> list[str]:
@@ -58,6 +62,16 @@ class RunsTable(QTableWidget):
                 item.setData(Qt.ItemDataRole.UserRole, run_id)
             self.setItem(row, column, item)
 
+    def _remove_run(self, run_id: int) -> None:
+        row = self._rows.pop(run_id, None)
+        if row is None:
+            return
+        self.blockSignals(True)  # the store chooses what is shown after a withdrawal
+        self.removeRow(row)
+        self.blockSignals(False)
+        self._rows = {r: i if i < row else i - 1 for r, i in self._rows.items()}
+        self._stale.discard(run_id)
+
     def refresh(self, live: bool) -> None:
         """Rewrite the rows whose run changed: while a run is live at most every LIVE_REFRESH_S, else now."""
         self._stale |= self.store.take_changed()
@@ -70,6 +84,8 @@ class RunsTable(QTableWidget):
                 item = self.item(row, column)
                 if item.text() != text:
                     item.setText(text)
+                    if COLUMNS[column] == "strategy":
+                        item.setToolTip(text)
             error = self.store.runs[run_id].trace.error
             if error:
                 self.item(row, len(COLUMNS) - 1).setToolTip(error)
@@ -107,6 +123,10 @@ class RunsTable(QTableWidget):
     def row_text(self, run_id: int) -> list[str]:
         row = self._rows[run_id]
         return [self.item(row, c).text() for c in range(self.columnCount())]
+
+    def cell(self, run_id: int, column: str) -> str:
+        """The text of one cell, by its column's title."""
+        return self.item(self._rows[run_id], COLUMNS.index(column)).text()
 
     def _selection_changed(self) -> None:
         self.store.show(self.selected_runs())

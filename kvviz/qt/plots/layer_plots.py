@@ -157,6 +157,9 @@ class CacheMapPlot(PlotPanel):
         if key == self._drawn:
             return
         self._drawn = key
+        # the run shown and the strategy of the step shown (after a live switch: the new one), even before
+        # the run's first step: never the title of a run no longer shown over this one's empty map
+        self.set_title_detail(primary.label_now() if primary else "")
         image = primary.cache_map() if primary else np.zeros((0, 0), dtype=np.uint8)
         self._image = image
         if image.size == 0:
@@ -166,7 +169,6 @@ class CacheMapPlot(PlotPanel):
         # row i spans i-0.5 .. i+0.5, so that the tick "i" sits in the middle of layer i
         self.image.setRect(0, -0.5, image.shape[1], image.shape[0])
         self.plot.setLimits(xMin=0, xMax=max(image.shape[1], 1), yMin=-0.5, yMax=image.shape[0] - 0.5)
-        self.set_title_detail(primary.label() if primary else "")
 
     def hover_text(self, x, y):
         layer, position = int(np.floor(y + 0.5)), int(np.floor(x))

@@ -1,4 +1,5 @@
-"""Plots against tokens in context: cache memory (measured and predicted), step latency, fidelity."""
+"""Plots against tokens in context: cache memory (measured and predicted), step latency with its memory-bound
+floor and the one-time pauses, fidelity."""
 
 from __future__ import annotations
 
@@ -6,10 +7,11 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
 
+from kvviz.present import MIB, percent, seconds
 from kvviz.qt import theme
 from kvviz.qt.plots.base import PlotPanel
 from kvviz.qt.plots.legend import Entry
-from kvviz.qt.series import CACHE_MIB, KL, PREDICTED_MIB, WALL_MS, RunSeries, X, nearest_index
+from kvviz.qt.series import CACHE_MIB, FLOOR_MS, KL, PREDICTED_MIB, WALL_MS, RunSeries, X, nearest_index
 
 
 class _Curves:
@@ -20,6 +22,7 @@ class _Curves:
         self.drawn_n = -1
         self.prefill: float | None = None
         self.switch_lines: list[pg.InfiniteLine] = []
+        self.pauses: dict[str, pg.InfiniteLine] = {}  # one-time pauses marked: "warm-up", "compile"
 
 
 class _SeriesPlot(PlotPanel):
@@ -79,9 +82,7 @@ class _SeriesPlot(PlotPanel):
         shown = {r.run_id for r in runs}
         for run_id in list(self._curves):
             if run_id not in shown:
-                curves = self._curves.pop(run_id)
-                for item in curves.items + curves.switch_lines:
-                    self.plot.removeItem(item)
+                self._remove(self._curves.pop(run_id))
         for series in runs:
             curves = self._curves.get(series.run_id)
             if curves is None:
@@ -93,8 +94,18 @@ class _SeriesPlot(PlotPanel):
         self._fit_x(runs)
         self.after_redraw(runs, primary)
 
+    def _remove(self, curves: _Curves) -> None:
+        for item in curves.items + curves.switch_lines + list(curves.pauses.values()):
+            self.plot.removeItem(item)
+
+    def marks(self, series: RunSeries) -> bool:
+        """Whether this plot marks the run's switches (it draws data of the run)."""
+        return True
+
     def _mark_switches(self, series: RunSeries, curves: _Curves) -> None:
         """A labelled vertical line, in the run's colour, where the run switched strategy."""
+        if not self.marks(series):
+            return
         colour = theme.run_colour(series.run_id)
         for x, strategy in series.switches[len(curves.switch_lines) :]:
             line = pg.InfiniteLine(
@@ -116,9 +127,7 @@ class _SeriesPlot(PlotPanel):
     def restyle(self) -> None:
         """Recreate items with the current palette (after a theme change)."""
         for run_id in list(self._curves):
-            curves = self._curves.pop(run_id)
-            for item in curves.items + curves.switch_lines:
-                self.plot.removeItem(item)
+            self._remove(self._curves.pop(run_id))
         if self._runs:
             self.redraw(self._runs, self._primary)
 
@@ -212,6 +221,15 @@ class MemoryPlot(_SeriesPlot):
 
 class LatencyPlot(_SeriesPlot):
     title = "Step latency (decode steps; prefill apart)"
+    help_text = (
+        "Solid: the time of each decode step. Dashed: its memory-bound floor, the time to read every weight "
+        "and the whole KV cache once at this machine's measured memory bandwidth; no step can be faster. "
+        "The KV cache's share of those bytes grows with the context, so the floor of a growing cache "
+        "(dynamic, static's written part) rises, while a sink or sliding window's, or a quantized cache's, "
+        "stays low and flat: a smaller cache is faster because each step reads fewer bytes. "
+        "One-time pauses (quanto's kernel build, torch.compile) are marked where they happened and are "
+        "in no step's time; the star is the prefill."
+    )
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -219,43 +237,90 @@ class LatencyPlot(_SeriesPlot):
 
     def make_curves(self, series):
         colour = theme.run_colour(series.run_id)
-        decode = pg.PlotDataItem(pen=pg.mkPen(colour, width=1), name=series.label())
+        decode = pg.PlotDataItem(pen=pg.mkPen(colour, width=1))
         prefill = pg.ScatterPlotItem(size=10, symbol="star", pen=pg.mkPen(colour), brush=pg.mkBrush(colour))
+        floor = pg.PlotDataItem(pen=pg.mkPen(colour, width=1, style=Qt.PenStyle.DashLine), connect="finite")
         curves = _Curves()
-        curves.items = [decode, prefill]
+        curves.items = [decode, prefill, floor]
         self.plot.addItem(decode)
         # The prefill often takes many times a decode step; keep it out of the auto range.
         self.plot.addItem(prefill, ignoreBounds=True)
+        self.plot.addItem(floor)
         return curves
 
     def update_curves(self, series, curves):
-        mask = series.decode_mask()
-        x = series.column(X)
-        y = series.column(WALL_MS)
-        if mask.all():
-            curves.items[0].setData(x, y)
-        else:
-            curves.items[0].setData(x[mask], y[mask])
+        start = series.decode_start
+        x, y, floor = (series.column(c)[start:] for c in (X, WALL_MS, FLOOR_MS))
+        curves.items[0].setData(x, y)
+        if series.share_of_memory_bound is not None:  # every decode step has its floor
+            curves.items[2].setData(x, floor)
         if series.prefill_x is not None and curves.prefill != series.prefill_ms:
             curves.prefill = series.prefill_ms
             curves.items[1].setData([series.prefill_x], [series.prefill_ms])
+        self._mark_pauses(series, curves)
+
+    def _mark_pauses(self, series: RunSeries, curves: _Curves) -> None:
+        """A labelled line where a one-time pause happened: the strategy's warm-up at the run's start, torch.compile
+        before the first decode step. Neither is in any step's time, so neither is on the curve."""
+        trace = series.trace
+        for kind, pause_ms, x in (
+            ("warm-up", trace.warm_up_ms, series.prefill_x),
+            ("compile", trace.compile_ms, series.first_decode_x),
+        ):
+            if pause_ms is None or x is None or kind in curves.pauses:
+                continue
+            colour = theme.run_colour(series.run_id)
+            line = pg.InfiniteLine(
+                pos=x,
+                angle=90,
+                movable=False,
+                pen=pg.mkPen(colour, width=1, style=Qt.PenStyle.DotLine),
+                label=f"{kind} {seconds(pause_ms)} s, in no step",
+                labelOpts={"position": 0.5, "color": colour, "anchors": [(0, 0.5), (0, 0.5)]},
+            )
+            self.plot.addItem(line, ignoreBounds=True)
+            curves.pauses[kind] = line
+
+    def pause_positions(self, run_id: int) -> dict[str, float]:
+        """x of each one-time pause marked for a run (tests)."""
+        curves = self._curves.get(run_id)
+        return {kind: line.value() for kind, line in curves.pauses.items()} if curves else {}
+
+    def floor_data(self, run_id: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """(x, floor ms) of a run's memory-bound floor line as drawn (tests), or None where it is not drawn."""
+        curves = self._curves.get(run_id)
+        if curves is None or curves.items[2].xData is None:
+            return None
+        return curves.items[2].getOriginalDataset()
 
     def legend_entries(self):
-        """The prefill time of each run (a star, kept off the decode steps' scale), in the legend row."""
+        """What the line styles mean (the runs' colours are the memory plot's and the table's), and the prefill
+        time of each run (a star, kept off the decode steps' scale)."""
+        foreground = self.palette_.foreground
+        entries = [
+            Entry("step time", foreground),
+            Entry("memory-bound floor", foreground, style=Qt.PenStyle.DashLine, tooltip=self.help_text),
+        ]
         stars = [
             Entry(f"{s.prefill_ms:.0f} ms", theme.run_colour(s.run_id), kind="marker", marker="star")
             for s in self._runs
             if s.prefill_ms is not None
         ]
-        return [Entry("prefill", self.palette_.foreground, kind="text"), *stars] if stars else []
+        return entries + ([Entry("prefill", foreground, kind="text"), *stars] if stars else [])
 
     def hover_text(self, x, y):
         parts = [f"{x:.0f} tokens"]
         for series in self._runs:
             i = self.nearest(series, x)
-            if i is not None:
-                ms = series.column(WALL_MS)[i]
-                parts.append(self.swatch(theme.run_colour(series.run_id), f"{ms:.1f} ms"))
+            if i is None:
+                continue
+            text = f"{series.column(WALL_MS)[i]:.1f} ms"
+            floor = series.column(FLOOR_MS)[i]
+            weights = series.trace.weight_bytes
+            if np.isfinite(floor) and weights is not None:
+                kv = series.column(CACHE_MIB)[i] * MIB
+                text += f" (floor {floor:.1f} ms, KV {percent(kv / (kv + weights), 1)} of the bytes read)"
+            parts.append(self.swatch(theme.run_colour(series.run_id), text))
         return " &nbsp; ".join(parts)
 
 
@@ -267,6 +332,9 @@ class FidelityPlot(_SeriesPlot):
     def __init__(self, parent=None):
         super().__init__(parent)
         self.set_labels("KL (nats)", "tokens in context")
+
+    def marks(self, series):
+        return series.has_reference
 
     def make_curves(self, series):
         curve = pg.PlotDataItem(pen=pg.mkPen(theme.run_colour(series.run_id), width=1), connect="finite")
