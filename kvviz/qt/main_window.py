@@ -111,7 +111,6 @@ class MainWindow(QMainWindow):
         controls.switch_button.clicked.connect(lambda *_: self.switch_strategy())
         controls.model_panel.sigLoadRequested.connect(self.load_model)
         controls.model_panel.sigServerRequested.connect(self.connect_server)
-        controls.settings_panel.raw.toggled.connect(controls.prompt_panel.request_count)
         controls.source_tabs.currentChanged.connect(self.set_mode)
         self.views.currentChanged.connect(self.set_mode)
         self.server.sigChanged.connect(self.redraws.schedule)
@@ -248,7 +247,6 @@ class MainWindow(QMainWindow):
 
     def _on_model_loaded(self, spec: str, card: dict) -> None:
         self.controls.model_panel.set_loaded(card)
-        self.controls.prompt_panel.request_count()
         self.error_bar.hide()
         self.update_controls()
         self.sigModelReady.emit(spec, True)
