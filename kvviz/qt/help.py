@@ -31,7 +31,13 @@ VIEWS: list[tuple[str, str]] = [
         "Step latency",
         "Wall time of each decode step in milliseconds: one forward pass over one new token, with the "
         "cache's own work. The prefill (the whole prompt in one pass) is a star, kept off the scale; its time "
-        "and the run's decode speed (tokens/s = decode steps / decode time) are in the legend above.",
+        "is in the legend above. The dashed line is each step's memory-bound floor: the time to read every "
+        "weight and the whole KV cache once at this machine's measured memory bandwidth (measured once, kept "
+        "in kvviz's cache folder; kvviz bench measures it again). No step can be faster. The KV cache's share "
+        "of those bytes grows with the context, so a growing cache's floor rises while a sink, sliding or "
+        "quantized cache's stays low: a smaller cache is faster because each step reads fewer bytes. The "
+        "status bar and the Runs table give the share of that limit a run reached. One-time pauses (quanto's "
+        "kernel build, torch.compile) are marked where they happened and are in no step's time.",
     ),
     (
         "Fidelity",

@@ -84,8 +84,8 @@ def test_floor_line_is_trace_floor_ms_and_a_window_keeps_it_flat(qtbot, drive, w
     last = window.store.runs[growing].trace
     hover = latency.hover_text(last.prompt_tokens + last.steps[-1].index, 0).replace("&nbsp;", " ")
     assert f"floor {growing_floor[-1]:.1f} ms" in hover and "of the bytes read" in hover
-    assert "memory-bound floor" in [label.text for _, label in latency.legend.items]
-    assert "memory-bound floor" in latency.title_label.toolTip() or "floor" in latency.title_label.toolTip()
+    floor_entry = next(entry for entry in latency.legend_entries() if entry.text == "memory-bound floor")
+    assert "a smaller cache is faster" in floor_entry.tooltip
     window.runs_table.select_runs([windowed])
     window.redraw()
     share = window.store.runs[windowed].share_of_memory_bound
@@ -121,15 +121,15 @@ def test_invalid_option_disables_run_and_switch_with_the_message_beside_it(qtbot
 
 
 def test_what_needs_the_model_is_checked_by_the_worker_before_run(qtbot, drive, window):
-    drive.load(window, "tiny")  # 2 KV heads of 16 values: a token has 32 key values per layer
+    drive.load(window, "tiny")  # 2 KV heads of 32 values: a token has 64 key values per layer
     panel = window.controls.strategy_panel
     assert panel.set_current("quantized")
-    panel.set_option("q_group_size", 64)
+    panel.set_option("q_group_size", 128)
     qtbot.waitUntil(lambda: panel.problem() is not None, timeout=30000)
-    assert panel.problem().startswith("cannot use q_group_size=64 with this model")
+    assert panel.problem().startswith("cannot use q_group_size=128 with this model")
     assert panel._messages["q_group_size"].isVisibleTo(window) and not window.controls.run_button.isEnabled()
-    panel.set_option("q_group_size", 32)
-    assert panel.problem() is None and window.controls.run_button.isEnabled()  # the verdict was for 64
+    panel.set_option("q_group_size", 64)
+    assert panel.problem() is None and window.controls.run_button.isEnabled()  # the verdict was for 128
     # the prompt counts too: a static cache smaller than the prompt plus the new tokens
     assert panel.set_current("static")
     panel.set_option("max_cache_len", 8)
