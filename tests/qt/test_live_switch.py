@@ -50,7 +50,7 @@ def test_switch_mid_run_converts_and_marks_the_plots(qtbot, drive, window, monke
     # the table and the cache map's title name the switch, not only the strategy the run began with
     window.redraw()
     assert window.runs_table.cell(run_id, "strategy") == f"dynamic -> sink (sink_tokens=4, window=8) @{switch.step}"
-    title = window.local_view.cache_map.title_label.text()
+    title = window.local_view.cache_map.title_label.detail  # shown whole where it fits, else shortened
     assert f"#{run_id} sink (sink_tokens=4, window=8), from dynamic at step {switch.step}" in title
 
 

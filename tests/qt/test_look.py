@@ -82,7 +82,8 @@ def test_empty_plots_have_no_legend_and_legends_name_the_runs(qtbot, drive, wind
     names = window.local_view.run_legend.texts()
     assert names[0].startswith(f"#{first} dynamic") and names[1].startswith(f"#{second} sink")
     latency = window.local_view.latency_plot.legend_bar.texts()
-    assert latency[0] == "prefill" and len(latency) == 3 and all(t.endswith(" ms") for t in latency[1:])
+    assert latency[:3] == ["step time", "memory-bound floor", "prefill"] and len(latency) == 5
+    assert all(t.endswith(" ms") for t in latency[3:])
     assert "evicted" in window.local_view.cache_map.legend_bar.texts()
     assert window.local_view.cache_map.title_label.detail.startswith(f"#{second} sink")
 
