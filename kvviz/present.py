@@ -76,6 +76,7 @@ def run_row(label: str, trace, status: str | None = None) -> dict[str, Any]:
         "prefill_ms": s["prefill_ms"],
         "decode_ms_mean": s["decode_ms_mean"],
         "decode_ms_p95": s["decode_ms_p95"],
+        "scoring_ms_mean": scoring_ms_mean(trace),
         "decode_tokens_per_s": s["decode_tokens_per_s"],
         "final_cache_mib": in_mib(s["final_cache_bytes"]),
         "peak_cache_mib": in_mib(s["peak_cache_bytes"]),
@@ -87,6 +88,13 @@ def run_row(label: str, trace, status: str | None = None) -> dict[str, Any]:
         "switches": " ".join(f"{w.step}:{w.to_strategy}" for w in trace.switches),
         "status": status or final_status(trace),
     }
+
+
+def scoring_ms_mean(trace) -> float | None:
+    """The mean time per decode step an evicting cache spent choosing what to keep (part of the step's time);
+    None where no step measured it (a cache that chooses nothing)."""
+    spent = [s.scoring_ms for s in trace.steps if s.phase == "decode" and s.scoring_ms is not None]
+    return sum(spent) / len(spent) if spent else None
 
 
 def _divergence(row: Mapping[str, Any]) -> str:
@@ -105,6 +113,7 @@ RUN_TABLE: list[tuple[str, Callable[[Mapping[str, Any]], str], bool]] = [
     ("prefill ms", lambda r: number(r["prefill_ms"]), True),
     ("decode ms (mean)", lambda r: number(r["decode_ms_mean"], 2), True),
     ("decode ms (p95)", lambda r: number(r["decode_ms_p95"], 2), True),
+    ("scoring ms", lambda r: number(r["scoring_ms_mean"], 2), True),  # of the decode ms: choosing what to keep
     ("tokens/s", lambda r: number(r["decode_tokens_per_s"]), True),
     ("peak cache MiB", lambda r: number(r["peak_cache_mib"], 3), True),
     ("peak RSS MiB", lambda r: number(r["peak_rss_mib"], 0), True),

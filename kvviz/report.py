@@ -22,6 +22,7 @@ COLUMNS = [
     ("prefill_ms", "prefill ms"),
     ("decode_ms_mean", "decode ms mean"),
     ("decode_ms_p95", "decode ms p95"),
+    ("scoring_ms_mean", "scoring ms mean"),
     ("decode_tokens_per_s", "tokens/s"),
     ("final_cache_mib", "cache MiB at end"),
     ("peak_cache_mib", "peak cache MiB"),

@@ -132,6 +132,9 @@ class MainWindow(QMainWindow):
         worker.sigSwitchRefused.connect(self._on_switch_refused)
         worker.sigTokenCount.connect(controls.prompt_panel.show_count)
         self.sigCountTokens.connect(worker.count_tokens)
+        # the engine computes the attention only while its view is on screen
+        self.local_view.sigAttentionShown.connect(worker.switches.attention)
+        worker.sigAttentionRefused.connect(self.local_view.attention_refused)
         self.update_controls()
         self.engine.start()
         if autoload:

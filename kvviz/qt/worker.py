@@ -49,6 +49,11 @@ class SwitchDesk(QObject):
     def request(self, strategy: str, options: dict[str, Any]) -> None:
         self.worker._switch(strategy, options)  # the desk is the worker's own door, in this module
 
+    @Slot(bool)
+    def attention(self, on: bool) -> None:
+        """Compute the attention view's matrix from the next step on (the view is on screen), or stop."""
+        self.worker._watch_attention(on)
+
     def serve(self) -> None:
         """Answer the requests waiting for this desk (called by the decode loop between steps)."""
         QCoreApplication.sendPostedEvents(self, QEvent.Type.MetaCall)
@@ -67,6 +72,7 @@ class Worker(QObject):
     sigSwitchRefused = Signal(str, str)  # strategy, why not
     sigRunNotice = Signal(int, str)  # run id, what a long one-time pause is doing ("" once it is over)
     sigTokenCount = Signal(int, object)  # request id, the prompt's token count (None: no model to count with)
+    sigAttentionRefused = Signal(int, str)  # run id, why its attention cannot be shown
 
     def __init__(self):
         super().__init__()
@@ -77,6 +83,7 @@ class Worker(QObject):
         self._run_id = 0
         self._cancelled: set[int] = set()
         self._stopping = False
+        self._attention = False  # the attention view is on screen: runs compute it
 
     # -- any thread ---------------------------------------------------------------------------------
 
@@ -171,6 +178,20 @@ class Worker(QObject):
             return
         self.sigSwitchAccepted.emit(strategy)
 
+    def _watch_attention(self, on: bool) -> None:
+        """The attention view came on screen or went off it (worker thread, from `switches` only)."""
+        self._attention = on
+        with self._lock:
+            decoder, run_id = self._decoder, self._run_id
+        if decoder is not None:
+            self._apply_attention(decoder, run_id)
+
+    def _apply_attention(self, decoder, run_id: int) -> None:
+        try:
+            decoder.watch_attention(self._attention)
+        except OptionError as exc:
+            self.sigAttentionRefused.emit(run_id, str(exc))
+
     @Slot(int, object)
     def run(self, run_id: int, request: dict[str, Any]) -> None:
         """Decode one prompt. request: strategy, options, settings (GenerationSettings fields), prompt,
@@ -192,6 +213,8 @@ class Worker(QObject):
                 self._run_id = run_id
                 if run_id in self._cancelled or self._stopping:
                     decoder.cancel()
+            if self._attention:
+                self._apply_attention(decoder, run_id)
             self.sigRunStarted.emit(run_id, decoder.trace)
             for step in decoder:
                 self.sigStep.emit(run_id, step)
