@@ -33,6 +33,7 @@ LOG_FLOOR = -5  # log10 of the smallest share with a colour of its own; smaller 
 COLOUR_MAP = "viridis"  # perceptually uniform, readable on both themes, apart from the "evicted" colour
 NOT_HELD = 0  # image value of a position with no attention (the layer does not hold it)
 SHALLOW, DEEP = theme.BLUE, theme.ORANGE  # the sink lines' colours of the first and the last layer
+LINE_ALPHA = 150  # of a layer's sink line (0-255)
 
 
 def _superscript(n: int) -> str:
@@ -243,6 +244,13 @@ class AttentionSinkPlot(_NotePlot):
     def layer_colour(self, layer: int, layers: int) -> str:
         return theme.mix(SHALLOW, DEEP, layer / max(layers - 1, 1))
 
+    def _layer_pen(self, layer: int, layers: int, picked: bool = False):
+        """A layer's line: thin and a little see-through, so that the mean reads over thirty of them; the layer
+        under the mouse wide and solid."""
+        colour = pg.mkColor(self.layer_colour(layer, layers))
+        colour.setAlpha(255 if picked else LINE_ALPHA)
+        return pg.mkPen(colour, width=3 if picked else 1)
+
     def legend_entries(self):
         layers = self._shares.shares.shape[1]
         if not layers:
@@ -288,7 +296,7 @@ class AttentionSinkPlot(_NotePlot):
             self.plot.removeItem(line)
         self._lines = []
         for layer in range(layers):
-            line = pg.PlotDataItem(pen=pg.mkPen(self.layer_colour(layer, layers), width=1), connect="finite")
+            line = pg.PlotDataItem(pen=self._layer_pen(layer, layers), connect="finite")
             self.plot.addItem(line)
             self._lines.append(line)
         self._mean.setPen(pg.mkPen(self.palette_.foreground, width=3))
@@ -315,11 +323,11 @@ class AttentionSinkPlot(_NotePlot):
         layers = len(self._lines)
         if self._picked is not None and self._picked < layers:
             line = self._lines[self._picked]
-            line.setPen(pg.mkPen(self.layer_colour(self._picked, layers), width=1))
+            line.setPen(self._layer_pen(self._picked, layers))
             line.setZValue(0)
         self._picked = layer
         if layer is not None and layer < layers:
-            self._lines[layer].setPen(pg.mkPen(self.layer_colour(layer, layers), width=3))
+            self._lines[layer].setPen(self._layer_pen(layer, layers, picked=True))
             self._lines[layer].setZValue(20)
 
     def clear_hover(self) -> None:
