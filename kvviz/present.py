@@ -109,6 +109,7 @@ def run_row(label: str, trace, status: str | None = None) -> dict[str, Any]:
         "prefill_ms": s["prefill_ms"],
         "decode_ms_mean": s["decode_ms_mean"],
         "decode_ms_p95": s["decode_ms_p95"],
+        "scoring_ms_mean": scoring_ms_mean(trace),
         "decode_tokens_per_s": s["decode_tokens_per_s"],
         # one-time pauses, in no step's time: the strategy's warm-up (kernel builds) and torch.compile
         "warm_up_ms": trace.warm_up_ms,
@@ -125,6 +126,13 @@ def run_row(label: str, trace, status: str | None = None) -> dict[str, Any]:
         "switches": " ".join(f"{w.step}:{w.to_strategy}" for w in trace.switches),
         "status": status or final_status(trace),
     }
+
+
+def scoring_ms_mean(trace) -> float | None:
+    """The mean time per decode step an evicting cache spent choosing what to keep (part of the step's time);
+    None where no step measured it (a cache that chooses nothing)."""
+    spent = [s.scoring_ms for s in trace.steps if s.phase == "decode" and s.scoring_ms is not None]
+    return sum(spent) / len(spent) if spent else None
 
 
 def _divergence(row: Mapping[str, Any]) -> str:
@@ -148,6 +156,8 @@ RUN_TABLE: list[tuple[str, Callable[[Mapping[str, Any]], str], bool]] = [
     ("of mem. limit", lambda r: percent(r["share_of_memory_bound"]), True),
     ("peak cache MiB", lambda r: number(r["peak_cache_mib"], 3), True),
     ("peak RSS MiB", lambda r: number(r["peak_rss_mib"], 0), True),
+    # mean per decode step, part of its time: an evicting cache choosing what to keep
+    ("scoring ms", lambda r: number(r["scoring_ms_mean"], 2), True),
     ("top-1 agree", lambda r: number(r["top1_agreement"], 3), True),
     ("mean KL", lambda r: number(r["mean_kl"], 4), True),
     ("first diverge", _divergence, True),

@@ -22,6 +22,7 @@ COLUMNS = [
     ("prefill_ms", "prefill ms"),
     ("decode_ms_mean", "decode ms mean"),
     ("decode_ms_p95", "decode ms p95"),
+    ("scoring_ms_mean", "scoring ms mean"),
     ("decode_tokens_per_s", "tokens/s"),
     ("share_of_memory_bound", "share of memory-bound speed"),
     ("memory_bound_tokens_per_s", "memory-bound tokens/s"),

@@ -6,7 +6,8 @@ report consume them. Nothing here knows about torch or Qt.
 A trace file is JSON:
 
     {"format": "kvviz-trace", "version": 1, "model": {...}, "strategy": {"name", "options"},
-     "prompt": str, "prompt_tokens": int, "cancelled": bool, "steps": [...], "summary": {...}}
+     "prompt": str, "prompt_tokens": int, "prompt_pieces": [str], "cancelled": bool, "steps": [...],
+     "summary": {...}}
 """
 
 from __future__ import annotations
@@ -138,6 +139,9 @@ class Trace:
     error: str | None = None
     weight_bytes: int | None = None  # weights a decode step reads (every parameter once)
     bandwidth_bytes_per_s: float | None = None  # this machine's memory read bandwidth, measured once
+    # the text of each prompt token as the model saw it (chat template included), what the window's cache map and
+    # attention view name positions by; empty where not known (older files, served requests)
+    prompt_pieces: list[str] = field(default_factory=list)
 
     @property
     def text(self) -> str:
@@ -169,6 +173,7 @@ class Trace:
             "strategy": self.strategy,
             "prompt": self.prompt,
             "prompt_tokens": self.prompt_tokens,
+            "prompt_pieces": self.prompt_pieces,
             "settings": self.settings,
             "cancelled": self.cancelled,
             "compile_ms": self.compile_ms,
@@ -419,6 +424,16 @@ def _layer_within(layer: dict, seen: int, where) -> None:
         )
 
 
+def _pieces_match_prompt(trace: dict, where) -> None:
+    pieces = trace["prompt_pieces"]
+    if pieces and len(pieces) != trace["prompt_tokens"]:
+        raise Refusal(
+            at(where, "prompt_pieces"),
+            f"one text per prompt token ({trace['prompt_tokens']:,}) or none (there are {len(pieces):,})",
+            show_found=False,
+        )
+
+
 def _switches_in_order(trace: dict, where) -> None:
     last = 0
     for i, switch in enumerate(trace["switches"]):
@@ -437,6 +452,7 @@ _TRACE = Record(
         "strategy": STRATEGY,
         "prompt": optional(Text(), ""),
         "prompt_tokens": _POSITIONS,
+        "prompt_pieces": optional(ListOf(Text()), []),
         "settings": optional(MapOf(Json(depth=1)), {}),
         "cancelled": optional(Flag(), False),
         "compile_ms": optional(_MS_OR_UNKNOWN),
@@ -449,7 +465,7 @@ _TRACE = Record(
         "steps": ListOf(_STEP),
         "summary": optional(Json(depth=3)),  # derived again from the steps on load
     },
-    rules=(_steps_in_order, _switches_in_order),
+    rules=(_steps_in_order, _switches_in_order, _pieces_match_prompt),
 )
 
 
@@ -467,6 +483,7 @@ def _build(data: dict) -> Trace:
         strategy={"name": name, "options": data["strategy"]["options"]},
         prompt=data["prompt"],
         prompt_tokens=data["prompt_tokens"],
+        prompt_pieces=data["prompt_pieces"],
         settings=data["settings"],
         steps=steps,
         switches=[Switch(**s) for s in data["switches"]],

@@ -181,6 +181,7 @@ class Decoder:
             strategy={"name": choice.name, "options": dict(choice.options)},
             prompt=prompt,
             prompt_tokens=self.prompt_tokens,
+            prompt_pieces=self.tokenizer.batch_decode([[i] for i in self.prompt_ids]),  # what positions are named by
             settings=asdict(settings),
             weight_bytes=loaded.card.get("weight_bytes"),
             bandwidth_bytes_per_s=memory_bandwidth(self.model.device),

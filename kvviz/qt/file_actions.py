@@ -122,7 +122,8 @@ class FileActions(QObject):
         has a reference) is left out; with nothing to draw, nothing is written and a message says so."""
         if not EXPORT_WIDTHS[0] <= width <= EXPORT_WIDTHS[1]:
             raise ValueError(f"an export is {EXPORT_WIDTHS[0]} to {EXPORT_WIDTHS[1]} pixels wide, not {width}")
-        panels = [p for p in self.window.visible_plots() if not p.isHidden() and p.has_data()]
+        # not a plot the window hides (the fidelity plot without a reference, the tab behind the cache map's)
+        panels = [p for p in self.window.visible_plots() if p.isVisibleTo(self.window) and p.has_data()]
         if not panels:
             self.show_message("Nothing to export", "The plots are empty: run a prompt or open a trace first.")
             return []

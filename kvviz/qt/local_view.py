@@ -1,16 +1,19 @@
 """The "Local run" tab: cache memory, step latency and fidelity against tokens above the cache map,
 per-layer bytes and per-layer time below it; one legend (`run_legend`, which the window puts beside the
-view's tabs) names the runs shown for all of them."""
+view's tabs) names the runs shown for all of them. The cache map shares its place with the attention view
+(a tab each): `sigAttentionShown` says when the attention view comes on and off screen, so that the engine
+computes the attention only while it shows."""
 
 from __future__ import annotations
 
 import time
 
-from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QSplitter, QVBoxLayout, QWidget
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import QSplitter, QTabWidget, QVBoxLayout, QWidget
 
 from kvviz.attach.request_trace import is_served
 from kvviz.qt.plots import CacheMapPlot, FidelityPlot, LatencyPlot, LayerBytesPlot, LayerTimePlot, MemoryPlot
+from kvviz.qt.plots.attention_plots import AttentionView
 from kvviz.qt.plots.legend import LegendBar
 from kvviz.qt.series import RunSeries
 
@@ -18,6 +21,8 @@ LAYER_VIEWS_INTERVAL_S = 0.25  # the per-layer views while generating: 4 redraws
 
 
 class LocalView(QWidget):
+    sigAttentionShown = Signal(bool)  # the attention view came on screen (True) or went off it
+
     def __init__(self, parent=None):
         super().__init__(parent)
         self.memory_plot = MemoryPlot()
@@ -27,6 +32,8 @@ class LocalView(QWidget):
         self.cache_map = CacheMapPlot()
         self.layer_bytes_plot = LayerBytesPlot()
         self.layer_time_plot = LayerTimePlot()
+        self.attention = AttentionView()
+        self.attention_map, self.sink_plot = self.attention.map_plot, self.attention.sink_plot
         # the first three follow every token; the per-layer views change little from one to the next
         self.plots = [
             self.memory_plot,
@@ -35,12 +42,22 @@ class LocalView(QWidget):
             self.cache_map,
             self.layer_bytes_plot,
             self.layer_time_plot,
+            self.attention_map,
+            self.sink_plot,
         ]
         for plot in self.plots:
             plot.show_run_legend = False  # named once, in run_legend
         self.run_legend = LegendBar(max_rows=1)  # placed by the window, beside the view's tabs
         self.latency_plot.plot.setXLink(self.memory_plot.plot)
         self.fidelity_plot.plot.setXLink(self.memory_plot.plot)
+        self.map_tabs = QTabWidget()
+        self.map_tabs.setDocumentMode(True)
+        self.map_tabs.addTab(self.cache_map, "Cache map")
+        self.map_tabs.addTab(self.attention, "Attention")
+        self.map_tabs.setTabToolTip(1, "where the current token's attention goes, per layer; computed only while "
+                                       "this tab shows")
+        self.map_tabs.currentChanged.connect(self._tab_changed)
+        self.attention.sigShownChanged.connect(self.sigAttentionShown)
 
         right = QSplitter(Qt.Orientation.Vertical)
         right.addWidget(self.latency_plot)
@@ -53,15 +70,38 @@ class LocalView(QWidget):
         bottom.addWidget(self.layer_time_plot)
         self.splitter = QSplitter(Qt.Orientation.Vertical)
         self.splitter.addWidget(top)
-        self.splitter.addWidget(self.cache_map)
+        self.splitter.addWidget(self.map_tabs)
         self.splitter.addWidget(bottom)
         self.splitter.setChildrenCollapsible(False)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 2, 0, 0)
         layout.addWidget(self.splitter, 1)
         # sizes kept in the settings
-        self.splitters = {"main": self.splitter, "top": top, "bottom": bottom, "right": right}
+        self.splitters = {"main": self.splitter, "top": top, "bottom": bottom, "right": right,
+                          "attention": self.attention}
         self._last_layer_redraw = 0.0
+        self._last_draw: tuple[list[RunSeries], RunSeries | None] = ([], None)  # the runs of the last redraw
+
+    def show_attention(self, shown: bool = True) -> None:
+        """Bring the attention view to the front (or the cache map)."""
+        self.map_tabs.setCurrentWidget(self.attention if shown else self.cache_map)
+
+    def attention_refused(self, run_id: int, why: str) -> None:
+        """The engine cannot compute the attention of run `run_id` (a compiled run, a model's own attention)."""
+        self.attention_map.refuse(run_id, why)
+        self._tab_changed()
+
+    def _tab_changed(self, *_) -> None:
+        """The tab that came to the front draws what the other drew meanwhile."""
+        shown, primary = self._last_draw
+        for plot in self._tab_plots():
+            plot.redraw(shown, primary)
+
+    def _tab_plots(self) -> list:
+        """The plots of the map's tab in front: only those are drawn (the one behind costs nothing)."""
+        if self.map_tabs.currentWidget() is self.attention:
+            return [self.attention_map, self.sink_plot]
+        return [self.cache_map]
 
     def redraw(self, shown: list[RunSeries], primary: RunSeries | None, generating: bool) -> None:
         """Draw the runs shown; the per-layer views at most every LAYER_VIEWS_INTERVAL_S while generating
@@ -73,7 +113,10 @@ class LocalView(QWidget):
         full = not generating or now - self._last_layer_redraw >= LAYER_VIEWS_INTERVAL_S
         self.fidelity_plot.setVisible(any(r.has_reference for r in local))
         self.run_legend.set_entries(self.memory_plot.run_entries(shown))
+        self._last_draw = (local, local_primary)
+        behind = {self.cache_map, self.attention_map, self.sink_plot} - set(self._tab_plots())
         for plot in self.plots if full else self.plots[:3]:
-            plot.redraw(shown if plot is self.latency_plot else local, local_primary)
+            if plot not in behind:
+                plot.redraw(shown if plot is self.latency_plot else local, local_primary)
         if full:
             self._last_layer_redraw = now

@@ -139,6 +139,9 @@ class MainWindow(QMainWindow):
         self.engine.sigPromptTokens.connect(panel.set_prompt_tokens)
         self.engine.sigPromptTokens.connect(controls.prompt_panel.set_count)
         self.engine.sigPreflight.connect(panel.set_preflight)
+        # the engine computes the attention only while its view is on screen
+        self.local_view.sigAttentionShown.connect(worker.desk.attention)
+        worker.sigAttentionRefused.connect(self.local_view.attention_refused)
         self.update_controls()
         self.engine.start()
         from kvviz.qt.file_actions import install_file_actions  # noqa: I001 - File menu, drops, Record

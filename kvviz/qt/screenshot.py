@@ -3,7 +3,9 @@
 Runs the default model twice through the window (a growing dynamic cache, then an attention-sink
 cache whose window evicts the middle), overlays both, and saves `QWidget.grab()` of the window at each
 size and theme asked for: by default docs/screenshot-window.png (1600x1000, dark) and
-docs/screenshot-<width>x<height>-<theme>.png at 1280x720 and 1920x1080 in both themes.
+docs/screenshot-<width>x<height>-<theme>.png at 1280x720 and 1920x1080 in both themes. Then
+docs/screenshot-eviction.png: about 400 tokens of Alice in Wonderland decoded with a dynamic cache that
+switches live to H2O, the cache map showing what each layer's KV heads kept.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ PROMPT = (
 )
 MAIN = ("screenshot-window.png", (1600, 1000), "dark")  # the README's and the AppStream metainfo's picture
 SIZES = ((1280, 720), (1920, 1080))
+EVICTION = ("screenshot-eviction.png", (1600, 1000), "dark")
+EVICTION_PROMPT_CHARS = 1500  # of Alice in Wonderland's first chapter: about 400 tokens
+EVICTION_SWITCH = ("h2o", {"budget": 96})
 
 
 def shots(folder: str | os.PathLike) -> list[tuple[Path, tuple[int, int], str]]:
@@ -34,7 +39,8 @@ def shots(folder: str | os.PathLike) -> list[tuple[Path, tuple[int, int], str]]:
     return wanted
 
 
-def make(wanted: list[tuple[Path, tuple[int, int], str]], model: str = "default", tokens: int = 96) -> list[Path]:
+def _window(size: tuple[int, int], model: str):
+    """The application and a window with `model` loaded, its settings in a file of its own."""
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     app = drive.application("kvviz-screenshot")
     from PySide6.QtCore import QSettings
@@ -43,13 +49,41 @@ def make(wanted: list[tuple[Path, tuple[int, int], str]], model: str = "default"
 
     ini = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"kvviz-shot-{os.getpid()}.ini")
     window = MainWindow(settings=QSettings(ini, QSettings.Format.IniFormat))
-    window.resize(*wanted[0][1])
+    window.resize(*size)
     window.show()
+    drive.wait(lambda: bool(window.controls.strategy_panel.names()), 60)
+    if not drive.load(window, model, 300):
+        window.close()
+        raise RuntimeError(window.last_error)
+    return app, window, ini
+
+
+def _grab(app, window, path: Path, size: tuple[int, int], theme_name: str) -> Path:
+    window.resize(*size)
+    window.reset_layout()  # every picture as a first start at that size looks
+    window.set_theme(theme_name)
+    drive.pause(0.3)  # layout, then the redraw the theme asked for
+    window.redraw()
+    for _ in range(10):
+        app.processEvents()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not window.grab().save(str(path)):
+        raise OSError(f"could not write {path}")
+    return path
+
+
+def _close(window, ini: str) -> None:
+    window.close()
+    try:
+        os.remove(ini)
+    except OSError:
+        pass
+
+
+def make(wanted: list[tuple[Path, tuple[int, int], str]], model: str = "default", tokens: int = 96) -> list[Path]:
+    app, window, ini = _window(wanted[0][1], model)
     saved = []
     try:
-        drive.wait(lambda: bool(window.controls.strategy_panel.names()), 60)
-        if not drive.load(window, model, 300):
-            raise RuntimeError(window.last_error)
         window.controls.prompt_panel.set_text(PROMPT)
         runs = []
         for strategy, options in (("dynamic", {}), ("sink", {"sink_tokens": 4, "window": 60})):
@@ -57,24 +91,34 @@ def make(wanted: list[tuple[Path, tuple[int, int], str]], model: str = "default"
             runs.append(drive.run(window, tokens))
         window.runs_table.select_runs(runs)
         for path, size, theme_name in wanted:
-            window.resize(*size)
-            window.reset_layout()  # every picture as a first start at that size looks
-            window.set_theme(theme_name)
-            drive.pause(0.3)  # layout, then the redraw the theme asked for
-            window.redraw()
-            for _ in range(10):
-                app.processEvents()
-            path.parent.mkdir(parents=True, exist_ok=True)
-            if not window.grab().save(str(path)):
-                raise OSError(f"could not write {path}")
-            saved.append(path)
+            saved.append(_grab(app, window, path, size, theme_name))
     finally:
-        window.close()
-        try:
-            os.remove(ini)
-        except OSError:
-            pass
+        _close(window, ini)
     return saved
+
+
+def make_eviction(folder: str | os.PathLike, model: str = "default", tokens: int = 64) -> Path:
+    """The eviction picture: a dynamic cache switched live to H2O halfway through `tokens` new tokens."""
+    from kvviz.documents import builtin
+
+    name, size, theme_name = EVICTION
+    app, window, ini = _window(size, model)
+    try:
+        text = builtin("alice").text
+        start = text.index("Alice was beginning")
+        window.controls.prompt_panel.set_text(text[start : start + EVICTION_PROMPT_CHARS])
+        drive.choose(window, "dynamic")
+        window.controls.settings_panel.max_new_tokens.setValue(tokens)
+        run_id = window.start_run({"stop_at_eos": False})
+        if run_id is None:
+            raise RuntimeError(window.last_error)
+        drive.wait(lambda: window.store.runs[run_id].n >= tokens // 2, 600)
+        drive.choose(window, *EVICTION_SWITCH)
+        window.switch_strategy()
+        drive.wait(lambda: window.store.generating is None, 900)
+        return _grab(app, window, Path(folder) / name, size, theme_name)
+    finally:
+        _close(window, ini)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     for path in make(shots(args.folder), args.model, args.tokens):
         print(path)
+    print(make_eviction(args.folder, args.model))
     return 0
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvviz.present import MIB, strategy_label, strategy_path
+from kvviz.qt.cache_cells import head_counts, kv_heads, shade_partial
 from kvviz.trace import SlotState, StepRecord, Switch, Trace
 
 # Columns of the per-step table. KL is NaN where no reference ran; FLOOR_MS, the step's memory-bound floor
@@ -125,6 +126,10 @@ class RunSeries:
                         self._layer_ms_count = 0
                     self._layer_ms_sum += arr
                     self._layer_ms_count += 1
+        # the attention view draws the latest step's matrix only; older ones are let go (a run of 2,000 tokens
+        # would otherwise keep about 500 MB of them on the default model)
+        for step in self.trace.steps[max(self.n - 1, 0) : need - 1]:
+            step.attention = None
         self.n = need
         # a switch is drawn with the first step it applied to (the engine notes it just before that step)
         for switch in self.trace.switches[len(self.switches) :]:
@@ -189,7 +194,8 @@ class RunSeries:
         return self._layer_ms_sum / self._layer_ms_count
 
     def cache_map(self) -> np.ndarray:
-        """The latest step's cache as a (layers, positions) uint8 array of SlotState values."""
+        """The latest step's cache as a (layers, positions) uint8 array of SlotState values, or where only some
+        KV heads hold a position, the share that do (kvviz.qt.cache_cells)."""
         step = self.latest
         if step is None:
             return np.zeros((0, 0), dtype=np.uint8)
@@ -202,6 +208,9 @@ class RunSeries:
                 rows.append(np.repeat(spans[:, 0].astype(np.uint8), np.maximum(spans[:, 1], 0)))
             else:
                 rows.append(np.full(layer.seq_len, SlotState.FULL, dtype=np.uint8))
+            counts = head_counts(layer)  # per-head eviction: positions some KV heads still hold
+            if counts is not None:
+                shade_partial(rows[-1], counts, kv_heads(self.trace, layer))
         width = max((len(r) for r in rows), default=0)
         if self._map.shape[0] != len(rows) or self._map.shape[1] < width:
             capacity = max(64, self._map.shape[1])

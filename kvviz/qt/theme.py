@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pyqtgraph as pg
 
+from kvviz.qt.cache_cells import RAMP_START, RAMP_STEPS
 from kvviz.trace import SlotState
 
 THEMES = ("dark", "light")
@@ -182,11 +183,15 @@ def state_colour(state: SlotState, palette: Palette) -> str:
 
 
 def state_lut(palette: Palette) -> np.ndarray:
-    """A 256-entry RGBA lookup table: index = SlotState value (levels 0..255 map one to one)."""
+    """A 256-entry RGBA lookup table: index = SlotState value (levels 0..255 map one to one); from RAMP_START on,
+    the share of KV heads that hold a position (kvviz.qt.cache_cells), from "evicted" to "full precision"."""
     lut = np.zeros((256, 4), dtype=np.uint8)
     lut[:] = _rgba(palette.unseen)
     for state in SlotState:
         lut[int(state)] = _rgba(state_colour(state, palette))
+    evicted, full = state_colour(SlotState.EVICTED, palette), state_colour(SlotState.FULL, palette)
+    for step in range(RAMP_STEPS + 1):
+        lut[RAMP_START + step] = _rgba(mix(evicted, full, step / RAMP_STEPS))
     return lut
 
 

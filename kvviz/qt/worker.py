@@ -54,6 +54,11 @@ class Desk(QObject):
     def preflight(self, serial: int, request: dict[str, Any]) -> None:
         self.worker._preflight(serial, request)
 
+    @Slot(bool)
+    def attention(self, on: bool) -> None:
+        """Compute the attention view's matrix from the next step on (the view is on screen), or stop."""
+        self.worker._watch_attention(on)
+
     def serve(self) -> None:
         """Answer the requests waiting for this desk (called by the decode loop between steps)."""
         QCoreApplication.sendPostedEvents(self, QEvent.Type.MetaCall)
@@ -72,6 +77,7 @@ class Worker(QObject):
     sigSwitchRefused = Signal(str, str)  # strategy, why not
     sigRunNotice = Signal(int, str)  # run id, what a long one-time pause is doing ("" once it is over)
     sigPreflight = Signal(int, object)  # request serial, {"prompt_tokens": int | None, "problem": str | None}
+    sigAttentionRefused = Signal(int, str)  # run id, why its attention cannot be shown
 
     def __init__(self):
         super().__init__()
@@ -83,6 +89,7 @@ class Worker(QObject):
         self._run_id = 0
         self._cancelled: set[int] = set()
         self._stopping = False
+        self._attention = False  # the attention view is on screen: runs compute it
 
     # -- any thread ---------------------------------------------------------------------------------
 
@@ -188,6 +195,20 @@ class Worker(QObject):
             return
         self.sigSwitchAccepted.emit(strategy)
 
+    def _watch_attention(self, on: bool) -> None:
+        """The attention view came on screen or went off it (worker thread, from `desk` only)."""
+        self._attention = on
+        with self._lock:
+            decoder, run_id = self._decoder, self._run_id
+        if decoder is not None:
+            self._apply_attention(decoder, run_id)
+
+    def _apply_attention(self, decoder, run_id: int) -> None:
+        try:
+            decoder.watch_attention(self._attention)
+        except OptionError as exc:
+            self.sigAttentionRefused.emit(run_id, str(exc))
+
     @Slot(int, object)
     def run(self, run_id: int, request: dict[str, Any]) -> None:
         """Decode one prompt. request: strategy, options, settings (GenerationSettings fields), prompt,
@@ -209,6 +230,8 @@ class Worker(QObject):
                 self._run_id = run_id
                 if run_id in self._cancelled or self._stopping:
                     decoder.cancel()
+            if self._attention:
+                self._apply_attention(decoder, run_id)
             self.sigRunStarted.emit(run_id, decoder.trace)
             for step in decoder:
                 if self._notice:  # a step came: the pause it announced is over

@@ -76,8 +76,9 @@ def test_save_open_drop_and_exports(window, drive, qtbot, tmp_path):
     assert [line["status"] for line in lines] == [row[-1] for row in table]
 
     files = actions.export_plots(tmp_path / "plots")
-    shown = [p for p in window.local_view.plots if not p.isHidden()]  # no reference: no fidelity plot
-    assert len(files) == 2 * len(shown) == 2 * (len(window.local_view.plots) - 1)
+    # no reference: no fidelity plot; the attention view's two plots are in the tab behind the cache map
+    shown = [p for p in window.local_view.plots if p.isVisibleTo(window)]
+    assert len(files) == 2 * len(shown) == 2 * (len(window.local_view.plots) - 3)
     assert not (tmp_path / "plots" / "fidelity_plot.svg").exists()
     for path in files:
         assert path.exists() and path.stat().st_size > 200, path

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import html
+
 import numpy as np
 import pyqtgraph as pg
 
 from kvviz.qt import theme
+from kvviz.qt.cache_cells import RAMP_START, cell_name, heads_at, kv_heads
 from kvviz.qt.plots.base import PlotPanel
 from kvviz.qt.plots.legend import Entry
 from kvviz.trace import SlotState
@@ -137,6 +140,7 @@ class CacheMapPlot(PlotPanel):
         self.plot.showGrid(x=False, y=False)
         self._drawn = (None, -1)
         self._image = np.zeros((0, 0), dtype=np.uint8)
+        self._step = None  # the step drawn (hover reads its layers)
         self._lut = theme.state_lut(self.palette_)
 
     def apply_palette(self, palette):
@@ -147,9 +151,19 @@ class CacheMapPlot(PlotPanel):
         self._drawn = (None, -1)
 
     def legend_entries(self):
-        """What each colour of the map means."""
+        """What each colour of the map means; with per-head eviction, the shades between evicted and full."""
         palette = self.palette_
-        return [Entry(theme.STATE_LABELS[s], theme.state_colour(s, palette), kind="box") for s in SlotState]
+        entries = [Entry(theme.STATE_LABELS[s], theme.state_colour(s, palette), kind="box") for s in SlotState]
+        step = self._primary.latest if self._primary is not None else None
+        if step is not None and any(layer.head_spans for layer in step.layers):
+            evicted, full = (theme.state_colour(s, palette) for s in (SlotState.EVICTED, SlotState.FULL))
+            entries.insert(
+                SlotState.EVICTED + 1,
+                Entry("share of KV heads holding it", evicted, kind="ramp", to_colour=full,
+                      tooltip="per-head eviction: a position held by some KV heads of the layer, not all, is shaded "
+                      "from evicted (none hold it) to full precision (all do)"),
+            )
+        return entries
 
     def redraw(self, runs, primary):
         super().redraw(runs, primary)
@@ -162,10 +176,12 @@ class CacheMapPlot(PlotPanel):
         self.set_title_detail(primary.label_now() if primary else "")
         image = primary.cache_map() if primary else np.zeros((0, 0), dtype=np.uint8)
         self._image = image
+        self._step = primary.latest if primary else None
         if image.size == 0:
             self.image.clear()
             return
-        self.image.setImage(image, levels=(0, 255), lut=self._lut, autoLevels=False, autoDownsample=True)
+        # no downsampling: it averages neighbouring cells, and the average of two states is a third state
+        self.image.setImage(image, levels=(0, 255), lut=self._lut, autoLevels=False, autoDownsample=False)
         # row i spans i-0.5 .. i+0.5, so that the tick "i" sits in the middle of layer i
         self.image.setRect(0, -0.5, image.shape[1], image.shape[0])
         self.plot.setLimits(xMin=0, xMax=max(image.shape[1], 1), yMin=-0.5, yMax=image.shape[0] - 0.5)
@@ -175,5 +191,14 @@ class CacheMapPlot(PlotPanel):
         image = self._image
         if not (0 <= layer < image.shape[0] and 0 <= position < image.shape[1]):
             return ""
-        state = SlotState(int(image[layer, position]))
-        return f"layer {layer}, position {position}: {theme.STATE_LABELS[state]}"
+        value = int(image[layer, position])
+        where = html.escape(cell_name(self._primary.trace if self._primary else None, layer, position), quote=False)
+        record = self._step.layers[layer] if self._step is not None and layer < len(self._step.layers) else None
+        held = heads_at(record, position) if record is not None else None
+        if held is None:
+            return f"{where}: {theme.STATE_LABELS[SlotState(value)]}"
+        heads = kv_heads(self._primary.trace, record)
+        if value >= RAMP_START:
+            return f"{where}: held by {held} of {heads} KV heads"
+        state = theme.STATE_LABELS[SlotState(value)]
+        return f"{where}: {state}, held by " + ("no KV head" if held == 0 else f"all {heads} KV heads")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from PySide6.QtCore import QPointF, QRectF, QSize, Qt
-from PySide6.QtGui import QColor, QFontMetrics, QPainter, QPainterPath, QPen
+from PySide6.QtGui import QColor, QFontMetrics, QLinearGradient, QPainter, QPainterPath, QPen
 from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
 
 SAMPLE_WIDTH = 22  # px of the drawn sample
@@ -24,11 +24,13 @@ MAX_ROWS = 2  # a narrow plot keeps its height: entries past the second row are 
 class Entry:
     text: str
     colour: str
-    kind: str = "line"  # "line", "box", "marker", or "text" (no sample: a heading for the entries after it)
+    kind: str = "line"  # "line", "box", "marker", "ramp" (a box shading from colour to to_colour), or "text"
+    # (no sample: a heading for the entries after it)
     style: Qt.PenStyle = Qt.PenStyle.SolidLine
     width: float = 2.0
     marker: str = "o"  # for kind "marker": "o" (dot) or "star"
     tooltip: str = ""
+    to_colour: str = ""  # for kind "ramp": the colour at its right end
 
 
 class LegendBar(QWidget):
@@ -169,7 +171,14 @@ def draw_sample(painter: QPainter, rect: QRectF, entry: Entry) -> None:
     """The entry's sample, centred in rect."""
     colour = QColor(entry.colour)
     middle = rect.center().y()
-    if entry.kind == "box":
+    if entry.kind == "ramp":
+        side = min(10.0, rect.height() - 4)
+        box = QRectF(rect.left() + 1, middle - side / 2, rect.width() - 2, side)
+        gradient = QLinearGradient(box.topLeft(), box.topRight())
+        gradient.setColorAt(0.0, colour)
+        gradient.setColorAt(1.0, QColor(entry.to_colour))
+        painter.fillRect(box, gradient)
+    elif entry.kind == "box":
         side = min(10.0, rect.height() - 4)
         box = QRectF(rect.center().x() - side / 2, middle - side / 2, side, side)
         painter.fillRect(box, colour)
