@@ -11,21 +11,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
-import threading
 import time
 import traceback
 from pathlib import Path
 
-from kvviz import __version__
+from kvviz import __version__, interrupts
 from kvviz.attach_cli import add_attach_parser, cmd_attach
 from kvviz.errors import ModelError, OptionError, UsageError
 from kvviz.eval_cli import add_eval_parser, cmd_eval
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (a desktop session ending, `kill`), handled like Ctrl-C but with its own exit status."""
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -260,7 +254,7 @@ def cmd_run(args) -> int:
         print(json.dumps(out, indent=2))
     else:
         _print_summary(decoder.trace, summary, trace_path)
-    return exit_status(interrupted) if interrupted else 0
+    return interrupts.exit_status(interrupted) if interrupted else 0
 
 
 def _print_summary(trace, summary, trace_path) -> None:
@@ -435,15 +429,6 @@ COMMANDS = {
 }
 
 
-def _raise_terminated(signum, frame) -> None:
-    raise Terminated()
-
-
-def exit_status(interrupt: KeyboardInterrupt) -> int:
-    """128 + the signal's number, as shells report it: 130 for Ctrl-C, 143 for SIGTERM."""
-    return 128 + (signal.SIGTERM if isinstance(interrupt, Terminated) else signal.SIGINT)
-
-
 def _tolerant_output() -> None:
     """Characters the terminal's encoding cannot show are replaced, never fatal (the run and its trace matter more)."""
     for stream in (sys.stdout, sys.stderr):
@@ -459,8 +444,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, _raise_terminated)
+        interrupts.catch()
         return COMMANDS[args.command](args)
     except (UsageError, OptionError) as exc:
         _report(args, exc)
@@ -468,8 +452,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as exc:
         return _interrupted(exc)
     except Exception as exc:
-        # transformers' lazy imports turn a Ctrl-C that lands inside them into an import error
-        interrupt = _interrupt_behind(exc)
+        interrupt = interrupts.received()  # a Ctrl-C inside an import may come out as another error
         if interrupt is not None:
             return _interrupted(interrupt)
         if isinstance(exc, (ModelError, RuntimeError, OSError)):
@@ -480,19 +463,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _interrupted(interrupt: KeyboardInterrupt) -> int:
-    print("kvviz: interrupted" if exit_status(interrupt) == 130 else "kvviz: terminated", file=sys.stderr)
-    return exit_status(interrupt)
-
-
-def _interrupt_behind(exc: BaseException) -> KeyboardInterrupt | None:
-    """The Ctrl-C (or SIGTERM) an exception was raised while handling, if any."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, KeyboardInterrupt):
-            return exc
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return None
+    status = interrupts.exit_status(interrupt)
+    print("kvviz: interrupted" if status == 130 else "kvviz: terminated", file=sys.stderr)
+    return status
 
 
 def _report(args, message, exc: BaseException | None = None) -> None:

@@ -46,7 +46,7 @@ from kvviz.schema import (
     maybe,
     optional,
 )
-from kvviz.trace import MAX_MS, MAX_POSITIONS, MODEL_CARD, STRATEGY
+from kvviz.trace_schema import MAX_MS, MAX_POSITIONS, MODEL_CARD, STRATEGY
 
 FORMAT = "kvviz-eval"
 VERSION = 1

@@ -19,7 +19,7 @@ from kvviz.schema import FileFormat
 
 # "format" field -> the module that declares FILE_FORMAT for it
 FORMATS = {
-    "kvviz-trace": "kvviz.trace",
+    "kvviz-trace": "kvviz.trace_schema",
     "kvviz-attach": "kvviz.attach.session",
     "kvviz-eval": "kvviz.evaluation",
 }

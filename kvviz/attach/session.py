@@ -39,7 +39,7 @@ from kvviz.schema import (
     maybe,
     optional,
 )
-from kvviz.trace import MAX_POSITIONS
+from kvviz.trace_schema import MAX_POSITIONS
 
 FORMAT = "kvviz-attach"
 VERSION = 1

@@ -12,7 +12,7 @@ import pytest
 from kvviz.attach.client import RequestRecord, TokenTiming
 from kvviz.attach.request_trace import record_trace
 from kvviz.attach.session import SessionError, from_dict
-from kvviz.attach_cli import _show
+from kvviz.attach_cli import show_session
 from kvviz.formats import read_kept
 from kvviz.jsonfile import KeptFileError
 from tests.attach.test_session_cli import recorded_session
@@ -72,8 +72,8 @@ def test_session_mutants_are_refused_by_name_or_open_print_and_save(tmp_path, ca
             continue
         counts["opened"] += 1
         session.points()
-        _show(session, session.url, session.model, as_json=False)  # what `kvviz attach FILE` prints
-        _show(session, session.url, session.model, as_json=True)
+        show_session(session, session.url, session.model, as_json=False)  # what `kvviz attach FILE` prints
+        show_session(session, session.url, session.model, as_json=True)
         for record in session.requests:  # what the window adds to its Runs table
             record_trace(session.url, session.model, record).summary()
         assert read_kept(session.save(tmp_path / "again.json")).summary() == session.summary()

@@ -38,7 +38,7 @@ def test_signal_mid_run_keeps_the_partial_trace(tmp_path, signum, status):
     assert not list(tmp_path.glob("*.part"))
 
 
-@pytest.mark.parametrize("delay", [0.3, 1.0, 2.0])
+@pytest.mark.parametrize("delay", [0.2, 0.3, 0.4, 0.5, 0.7, 1.0, 1.5, 2.0])
 def test_ctrl_c_while_starting_exits_quietly(tmp_path, delay):
     proc = start(*LONG_RUN, "--trace", str(tmp_path / "t.json"))
     time.sleep(delay)  # while torch and the model load
@@ -69,19 +69,3 @@ def test_output_the_terminal_cannot_encode_costs_nothing(tmp_path):
     kept = trace.load(path)
     assert any(ord(c) > 127 for c in kept.text), "the model wrote plain ASCII: this test needs another prompt"
     assert "br?l" in out  # shown with a stand-in character, not fatal
-
-
-def test_an_interrupt_wrapped_by_a_lazy_import_still_counts_as_one():
-    from kvviz import cli
-
-    def wrapped():
-        try:
-            raise KeyboardInterrupt()
-        except KeyboardInterrupt as exc:
-            raise ModuleNotFoundError("Could not import module 'AutoTokenizer'") from exc
-
-    try:
-        wrapped()
-    except ModuleNotFoundError as exc:
-        assert isinstance(cli._interrupt_behind(exc), KeyboardInterrupt)
-    assert cli._interrupt_behind(ValueError("plain")) is None

@@ -1,0 +1,279 @@
+"""What a trace file may hold: the declared schema of the kvviz-trace format and its cross-field rules.
+
+`kvviz.formats` reads every kvviz file through the `FILE_FORMAT` declared here; `kvviz.trace.load` is
+the short way to it. A refusal names the file, the field path and what was expected.
+"""
+
+from __future__ import annotations
+
+from kvviz.schema import (
+    MAX_BYTES,
+    FileFormat,
+    Flag,
+    Int,
+    Json,
+    ListOf,
+    MapOf,
+    Number,
+    Pair,
+    Record,
+    Refusal,
+    Text,
+    at,
+    maybe,
+    optional,
+)
+from kvviz.trace import FORMAT, STORAGE_KINDS, VERSION, LayerRecord, SlotState, StepRecord, Switch, Trace, TraceError
+
+# The most positions (prompt tokens, cache slots) a trace may claim. 2**22 = 4,194,304 is four times the
+# longest context of the open models kvviz runs; the cache map of a run that long already takes
+# 4 MiB per layer to draw, and a damaged file that claims 10**9 positions is refused here, before
+# any array is sized by it.
+MAX_POSITIONS = 2**22
+MAX_MS = 86_400_000.0  # one day: no single step or layer takes longer
+
+_BYTES = Int(0, MAX_BYTES, what="a byte count")
+_BYTES_OR_UNKNOWN = Int(0, MAX_BYTES, null=True, what="a byte count")
+_POSITIONS = Int(0, MAX_POSITIONS, what="a number of positions")
+_MS = Number(0, MAX_MS, what="a time in ms")
+_MS_OR_UNKNOWN = Number(0, MAX_MS, null=True, what="a time in ms")
+_OPTIONS = MapOf(Json(depth=1))
+_SPAN = Pair(Int(0, max(SlotState)), _POSITIONS, what="span [slot state 0-6, count >= 0]")
+_HEAD_SPAN = Pair(Int(0, 2**16), _POSITIONS, what="head span [KV heads holding the positions, count >= 0]")
+
+_LAYER = Record(
+    {
+        "keys_bytes": _BYTES,
+        "values_bytes": _BYTES,
+        "seq_len": _POSITIONS,
+        "capacity": _POSITIONS,
+        "layer_ms": optional(_MS_OR_UNKNOWN),
+        "storage": optional(MapOf(_BYTES, keys=STORAGE_KINDS), {}),
+        "spans": optional(ListOf(_SPAN), []),
+        "head_spans": optional(ListOf(_HEAD_SPAN, null=True)),
+    },
+    what="a layer record (an object)",
+)
+
+MODEL_CARD = Record(  # also the card of other formats' files (kvviz-eval)
+    {
+        "name": optional(Text(), ""),
+        "architecture": maybe(Text(null=True)),
+        "model_type": maybe(Text(null=True)),
+        "parameters": maybe(Int(0, null=True)),
+        "num_layers": maybe(Int(0, null=True)),
+        "num_attention_heads": maybe(Int(0, null=True)),
+        "num_kv_heads": maybe(Int(0, null=True)),
+        "head_dim": maybe(Int(0, null=True)),
+        "layer_types": maybe(ListOf(Text(), null=True)),
+        "sliding_window": maybe(Int(0, null=True)),
+        "dtype": maybe(Text(null=True)),
+        "device": maybe(Text(null=True)),
+        "kv_bytes_per_token": maybe(Int(0, MAX_BYTES, null=True)),
+        "max_position_embeddings": maybe(Int(0, null=True)),
+    },
+    extra=Json(depth=2),
+    what="a model card (an object)",
+)
+
+STRATEGY = Record(
+    {"name": Text(nonempty=True), "options": optional(_OPTIONS, {})},
+    what="an object with the strategy's name and options",
+)
+
+_SWITCH = Record(
+    {"step": Int(0), "from_strategy": Text(), "to_strategy": Text(), "options": optional(_OPTIONS, {})},
+    what="a switch record (an object with step, from_strategy, to_strategy, options)",
+)
+
+
+def _step_adds_up(step: dict, where) -> None:
+    layers = step["layers"]
+    for j, layer in enumerate(layers):
+        total = layer["keys_bytes"] + layer["values_bytes"]
+        if layer["storage"] and sum(layer["storage"].values()) != total:
+            raise Refusal(
+                at(where, "layers", j, "storage"),
+                f"byte counts by kind that add up to keys_bytes + values_bytes ({total:,})",
+                sum(layer["storage"].values()),
+            )
+        if layer["seq_len"] > layer["capacity"]:
+            raise Refusal(
+                at(where, "layers", j, "seq_len"),
+                f"at most the layer's capacity ({layer['capacity']:,} slots)",
+                layer["seq_len"],
+            )
+    if step["cache_bytes"] is not None:
+        total = sum(layer["keys_bytes"] + layer["values_bytes"] for layer in layers)
+        if step["cache_bytes"] != total:
+            raise Refusal(
+                at(where, "cache_bytes"),
+                f"the sum of the layers' keys_bytes + values_bytes ({total:,})",
+                step["cache_bytes"],
+            )
+    if step["kl"] is not None and step["top1_agree"] is None:
+        raise Refusal(at(where, "top1_agree"), "true or false (the step has a reference KL)", None)
+
+
+_STEP = Record(
+    {
+        "index": Int(0),
+        "phase": Text(("prefill", "decode")),
+        "token_id": Int(-1, null=True, what="a token id (-1 or null: unknown)"),  # -1: what older kvviz wrote
+        "token": Text(),
+        "wall_ms": _MS,
+        "cache_bytes": _BYTES_OR_UNKNOWN,
+        "predicted_cache_bytes": _BYTES_OR_UNKNOWN,
+        "rss_bytes": _BYTES_OR_UNKNOWN,
+        "strategy": optional(Text(nonempty=True, null=True)),  # absent: the trace's strategy
+        "layers": ListOf(_LAYER),
+        "cuda_bytes": optional(_BYTES_OR_UNKNOWN),
+        "position": optional(Int(0), 0),
+        "kl": optional(Number(0, null=True, what="a KL divergence in nats")),
+        "top1_agree": optional(Flag(null=True)),
+        "ref_logprob": optional(Number(max=0, null=True, what="a log-probability")),
+        "reference_ms": optional(_MS_OR_UNKNOWN),
+        "scoring_ms": optional(_MS_OR_UNKNOWN),
+        # a share of a softmax's mass: 1 give or take float rounding
+        "attention_sink": optional(ListOf(Number(0, 1.001, what="a share of attention"), null=True)),
+    },
+    rules=(_step_adds_up,),
+    what="a step record (an object)",
+)
+
+
+def _steps_in_order(trace: dict, where) -> None:
+    """Steps numbered 0, 1, ... with positions that only grow, each layer's positions within the run's."""
+    prompt = trace["prompt_tokens"]
+    width = None
+    previous = 0
+    for i, step in enumerate(trace["steps"]):
+        here = at(where, "steps", i)
+        if step["index"] != i:
+            raise Refusal(at(here, "index"), f"{i} (steps are numbered 0, 1, 2, ... in order)", step["index"])
+        seen = prompt + i  # tokens the model had been fed when this step was measured
+        if step["position"] > seen or step["position"] < previous:
+            raise Refusal(
+                at(here, "position"),
+                f"a position from {previous:,} to prompt_tokens + index ({seen:,})",
+                step["position"],
+            )
+        previous = step["position"]
+        if width is not None and len(step["layers"]) != width:
+            raise Refusal(at(here, "layers"), f"{width} layer records, as in the steps before", step["layers"])
+        width = len(step["layers"])
+        for j, layer in enumerate(step["layers"]):
+            _layer_within(layer, seen, at(here, "layers", j))
+
+
+def _layer_within(layer: dict, seen: int, where) -> None:
+    if layer["seq_len"] > seen:
+        raise Refusal(at(where, "seq_len"), f"at most the {seen:,} tokens fed so far", layer["seq_len"])
+    held = preallocated = 0
+    for state, count in layer["spans"]:
+        if state == SlotState.PREALLOCATED:
+            preallocated += count
+        else:
+            held += count
+    if held > seen:
+        raise Refusal(
+            at(where, "spans"),
+            f"spans covering at most the {seen:,} positions fed so far (they cover {held:,})",
+            show_found=False,
+        )
+    if preallocated > layer["capacity"]:
+        raise Refusal(
+            at(where, "spans"),
+            f"at most capacity ({layer['capacity']:,}) preallocated slots (there are {preallocated:,})",
+            show_found=False,
+        )
+    per_head = sum(count for _, count in layer["head_spans"] or ())
+    if per_head > seen:
+        raise Refusal(
+            at(where, "head_spans"),
+            f"head spans covering at most the {seen:,} positions fed so far (they cover {per_head:,})",
+            show_found=False,
+        )
+
+
+def _pieces_match_prompt(trace: dict, where) -> None:
+    pieces = trace["prompt_pieces"]
+    if pieces and len(pieces) != trace["prompt_tokens"]:
+        raise Refusal(
+            at(where, "prompt_pieces"),
+            f"one text per prompt token ({trace['prompt_tokens']:,}) or none (there are {len(pieces):,})",
+            show_found=False,
+        )
+
+
+def _switches_in_order(trace: dict, where) -> None:
+    last = 0
+    for i, switch in enumerate(trace["switches"]):
+        if not last <= switch["step"] <= len(trace["steps"]):
+            raise Refusal(
+                at(where, "switches", i, "step"),
+                f"a step from {last} to the number of steps ({len(trace['steps'])}), in order",
+                switch["step"],
+            )
+        last = switch["step"]
+
+
+_TRACE = Record(
+    {
+        "model": MODEL_CARD,
+        "strategy": STRATEGY,
+        "prompt": optional(Text(), ""),
+        "prompt_tokens": _POSITIONS,
+        "prompt_pieces": optional(ListOf(Text()), []),
+        "settings": optional(MapOf(Json(depth=1)), {}),
+        "cancelled": optional(Flag(), False),
+        "compile_ms": optional(_MS_OR_UNKNOWN),
+        "warm_up_ms": optional(_MS_OR_UNKNOWN),
+        "error": optional(Text(null=True)),
+        # the memory-bound floor's inputs
+        "weight_bytes": optional(_BYTES_OR_UNKNOWN),
+        "bandwidth_bytes_per_s": optional(Number(0, null=True, what="bytes per second")),
+        "switches": optional(ListOf(_SWITCH), []),
+        "steps": ListOf(_STEP),
+        "summary": optional(Json(depth=3)),  # derived again from the steps on load
+    },
+    rules=(_steps_in_order, _switches_in_order, _pieces_match_prompt),
+)
+
+
+def _build(data: dict) -> Trace:
+    name = data["strategy"]["name"]
+    steps = []
+    for raw in data["steps"]:
+        step = dict(raw, layers=[LayerRecord(**layer) for layer in raw["layers"]])
+        step["strategy"] = step["strategy"] or name
+        if step["token_id"] == -1:
+            step["token_id"] = None
+        steps.append(StepRecord(**step))
+    return Trace(
+        model=data["model"],
+        strategy={"name": name, "options": data["strategy"]["options"]},
+        prompt=data["prompt"],
+        prompt_tokens=data["prompt_tokens"],
+        prompt_pieces=data["prompt_pieces"],
+        settings=data["settings"],
+        steps=steps,
+        switches=[Switch(**s) for s in data["switches"]],
+        cancelled=data["cancelled"],
+        compile_ms=data["compile_ms"],
+        warm_up_ms=data["warm_up_ms"],
+        error=data["error"],
+        weight_bytes=data["weight_bytes"],
+        bandwidth_bytes_per_s=data["bandwidth_bytes_per_s"],
+    )
+
+
+FILE_FORMAT = FileFormat(
+    name=FORMAT,
+    version=VERSION,
+    kind="kvviz trace",
+    schema=_TRACE,
+    build=_build,
+    error=TraceError,
+    hints={"kvviz-attach": " (it is a server session: open it in the window or with `kvviz attach FILE`)"},
+)
