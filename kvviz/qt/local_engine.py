@@ -13,6 +13,7 @@ from typing import Any
 from PySide6.QtCore import QObject, Signal
 
 from kvviz.present import FAILED, RUNNING, STARTING, final_status
+from kvviz.qt.evaluator import Evaluator
 from kvviz.qt.run_store import RunStore
 from kvviz.qt.worker import Worker, WorkerThread
 from kvviz.trace import Trace
@@ -30,6 +31,7 @@ class LocalEngine(QObject):
         self.loading = False
         self.stuck = False  # the thread did not end in time when the window closed
         self.worker = Worker()
+        self.evaluator = Evaluator(self.worker)  # the Evaluate mode's door to the worker, on its thread too
         self.thread = WorkerThread(self.worker)
         worker = self.worker
         # connected before anyone else's: the state here is current when the window's slots run
@@ -68,6 +70,7 @@ class LocalEngine(QObject):
 
     def stop(self, timeout_ms: int = 1800) -> bool:
         """End the worker thread; True if it ended within timeout_ms (else `stuck` is set)."""
+        self.evaluator.cancel()
         finished = self.thread.stop(timeout_ms)
         self.stuck = not finished
         return finished

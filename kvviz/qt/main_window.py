@@ -4,6 +4,7 @@ The window composes its parts and carries out the user's actions; each part is i
 - kvviz.qt.run_store: every run (its trace and buffers), their ids, statuses and the selection;
 - kvviz.qt.local_engine: the worker thread that loads the model and generates, feeding the store;
 - kvviz.qt.server_mode: the "vLLM server" controls and view, its own requests fed to the store;
+- kvviz.qt.eval_mode: the "Evaluate" controls and view, strategies read a document on the worker;
 - kvviz.qt.controls, kvviz.qt.local_view: the Controls dock's body and the "Local run" plots;
 - kvviz.qt.redraw: when to redraw; kvviz.qt.status: the status bar and the error message;
 - kvviz.qt.menus, kvviz.qt.file_actions, kvviz.qt.recorder, kvviz.qt.help: the menus;
@@ -23,9 +24,11 @@ from typing import Any
 from PySide6.QtCore import QEvent, QSettings, Qt, QTimer, Signal
 from PySide6.QtWidgets import QApplication, QDockWidget, QMainWindow, QTabWidget, QVBoxLayout, QWidget
 
+from kvviz.evaluation import EvalRun
 from kvviz.present import final_status
-from kvviz.qt import wheel_guard, window_settings
-from kvviz.qt.controls import SERVER, Controls
+from kvviz.qt import theme, wheel_guard, window_settings
+from kvviz.qt.controls import EVALUATE, SERVER, Controls
+from kvviz.qt.eval_mode import EvalMode
 from kvviz.qt.help import HelpMenu
 from kvviz.qt.local_engine import LocalEngine
 from kvviz.qt.local_view import LocalView
@@ -76,12 +79,14 @@ class MainWindow(QMainWindow):
         self.redraws = RedrawScheduler(self._draw, self)
         self.engine = LocalEngine(self.store, self)
         self.server = ServerMode(self, self.store)
-        self.controls = Controls(self.server)
+        self.eval_mode = EvalMode(self, self.engine.evaluator)
+        self.controls = Controls(self.server, self.eval_mode)
         self.local_view = LocalView()
         self.error_bar = ErrorBar()
         self.views = ViewTabs()
         self.views.setDocumentMode(True)
         self.views.addTab(self.local_view, "Local run")
+        self.views.addTab(self.eval_mode.view, "Evaluate")
         self.views.addTab(self.server.view, "vLLM server")
         self.views.setCornerWidget(self.local_view.run_legend, Qt.Corner.TopRightCorner)  # costs no height
         central = QWidget()
@@ -105,6 +110,7 @@ class MainWindow(QMainWindow):
         self.status_line = StatusLine(self.statusBar(), self)
         self.menus = Menus(self)
         window_settings.restore(self)
+        self.eval_mode.restore_settings(self.settings)
 
         controls = self.controls
         controls.run_button.clicked.connect(lambda *_: self.start_run())
@@ -117,6 +123,7 @@ class MainWindow(QMainWindow):
         controls.source_tabs.currentChanged.connect(self.set_mode)
         self.views.currentChanged.connect(self.set_mode)
         self.server.sigChanged.connect(self.redraws.schedule)
+        self.eval_mode.sigChanged.connect(self.redraws.schedule)
         self.store.sigRunsChanged.connect(self.redraws.schedule)
         self.store.sigShownChanged.connect(self.redraws.schedule)
         self.store.sigRunEnded.connect(self._on_run_ended)
@@ -154,12 +161,15 @@ class MainWindow(QMainWindow):
     # -- settings and mode ---------------------------------------------------------------------------
 
     def save_settings(self) -> None:
-        window_settings.save(self)
+        with self.eval_mode.docks_back():  # kept as the local mode has them
+            window_settings.save(self)
+        self.eval_mode.save_settings(self.settings)
 
     def reset_layout(self) -> None:
         """Docks back in their places and every part sized for the window's present size."""
         self.runs_height = None
-        window_settings.default_layout(self)
+        with self.eval_mode.docks_back():  # laid out with every dock, then the Evaluate mode's aside again
+            window_settings.default_layout(self)
 
     def event(self, event) -> bool:
         kind = event.type()
@@ -197,21 +207,29 @@ class MainWindow(QMainWindow):
 
     def set_theme(self, name: str) -> None:
         self.theme_name = window_settings.apply_theme(self, name)
+        self.eval_mode.restyle(theme.current())
         self.menus.check_theme(self.theme_name)
         self.redraws.schedule()
 
     def set_mode(self, index: int) -> None:
-        """LOCAL: a model run here; SERVER: a vLLM server. The controls and the central view follow together."""
+        """LOCAL: a model run here; EVALUATE: strategies read a document; SERVER: a vLLM server. The controls
+        and the central view follow together."""
         self.controls.set_mode(index)
         if self.views.currentIndex() != index:
             self.views.blockSignals(True)
             self.views.setCurrentIndex(index)
             self.views.blockSignals(False)
+        if index == EVALUATE:
+            self.eval_mode.enter()
+        else:
+            self.eval_mode.leave()
+        self.update_controls()
         self.redraws.schedule()
 
     def visible_plots(self) -> list:
-        """The plots of the central view on screen: the local run's or the server's."""
-        return self.server.view.plots if self.views.currentIndex() == SERVER else self.local_view.plots
+        """The plots of the central view on screen: the local run's, the evaluation's or the server's."""
+        views = {SERVER: self.server.view, EVALUATE: self.eval_mode.view}
+        return views.get(self.views.currentIndex(), self.local_view).plots
 
     def connect_server(self, url: str) -> None:
         """The model chooser's "Connect to a server" (and `kvviz --connect`): a URL given connects at once."""
@@ -224,7 +242,7 @@ class MainWindow(QMainWindow):
     # -- the model -----------------------------------------------------------------------------------
 
     def load_model(self, spec: str) -> None:
-        if self.store.generating is not None or self.closing:
+        if self.store.generating is not None or self.eval_mode.running is not None or self.closing:
             return
         self.controls.model_panel.set_spec(spec)
         self.controls.model_panel.set_loading(f"loading {spec}…", None)
@@ -234,6 +252,7 @@ class MainWindow(QMainWindow):
     def _on_ready(self, listing) -> None:
         self.server.connection.engine_ready.set()
         self.controls.strategy_panel.set_strategies(listing)
+        self.eval_mode.set_strategies(listing)
         self.update_controls()
 
     def _on_load_progress(self, message: str, fraction) -> None:
@@ -275,7 +294,11 @@ class MainWindow(QMainWindow):
         """Start a run with the current controls; returns its id, or None if it cannot start.
 
         extra_settings: further GenerationSettings fields (the bench passes stop_at_eos=False).
+        In the Evaluate mode (Ctrl+Enter there) it starts the evaluation instead, and returns None.
         """
+        if self.views.currentIndex() == EVALUATE:
+            self.eval_mode.start()
+            return None
         controls = self.controls
         if not controls.run_button.isEnabled():
             return None
@@ -311,12 +334,16 @@ class MainWindow(QMainWindow):
         if self.store.generating is not None:
             self.engine.cancel(self.store.generating)
             self.status_line.hold("stopping after this step…")
+        self.eval_mode.stop()
 
     def show_kept(self, kept):
-        """A trace opened from a file into the Runs table (returns its run id), or a server session into
-        the server view (returns it)."""
+        """A trace opened from a file into the Runs table (returns its run id), an evaluation into the Evaluate
+        tab or a server session into the server view (returns it; None for an evaluation refused)."""
         if isinstance(kept, Trace):
             return self.store.add(kept, final_status(kept))
+        if isinstance(kept, EvalRun):
+            self.set_mode(EVALUATE)
+            return self.eval_mode.open_run(kept)
         self.server.open_session(kept)
         self.set_mode(SERVER)
         return kept
@@ -341,6 +368,9 @@ class MainWindow(QMainWindow):
             self.server.redraw()
             self.server.view.latency_plot.redraw(shown, primary)  # names its runs itself
             self.local_view.run_legend.set_entries([])
+        elif self.views.currentIndex() == EVALUATE:
+            self.eval_mode.redraw()  # its plots name the strategies; the runs' legend is not theirs
+            self.local_view.run_legend.set_entries([])
         else:
             self.local_view.redraw(shown, primary, generating)
         self.views.fit_corner()
@@ -354,6 +384,8 @@ class MainWindow(QMainWindow):
         generating = store.runs[store.generating] if store.generating is not None else None
         if self.engine.loading:
             state = "loading model…"
+        elif self.eval_mode.running is not None:
+            state = self.eval_mode.status()
         elif generating is not None:
             state = f"generating run #{generating.run_id}: {generating.n} tokens"
         elif self.engine.card is None:
@@ -363,12 +395,17 @@ class MainWindow(QMainWindow):
         self.status_line.update(state, generating is not None, self.engine.card, generating or store.primary())
 
     def update_controls(self) -> None:
-        idle = self.store.generating is None
+        generating = self.store.generating is not None
+        idle = not generating and self.eval_mode.running is None
         loading = self.engine.loading
         ready = self.engine.card is not None and self.controls.strategy_panel.current() is not None
         can_run = idle and not loading and ready
-        self.controls.set_enabled(can_run, not idle, loading)
-        self.menus.set_enabled(can_run, not idle)
+        self.controls.set_enabled(can_run, generating, loading)
+        self.controls.model_panel.load_button.setEnabled(idle and not loading)
+        self.eval_mode.update_controls(idle and not loading and self.engine.card is not None)
+        evaluating = self.views.currentIndex() == EVALUATE
+        self.menus.set_enabled(self.eval_mode.evaluate_button.isEnabled() if evaluating else can_run, not idle)
+        self.menus.switch_action.setEnabled(generating)
         self._update_status()
 
     def show_error(self, message: str) -> None:
