@@ -22,6 +22,9 @@ from kvviz.present import MIB
 from kvviz.qt.series import grown, nearest_index
 
 SMOOTHING = 64  # tokens: the perplexity plot draws the mean NLL over the last this many predictions
+# the first predictions' mean is over a few tokens only, and the start of any text is hard to predict: the
+# perplexity plot's y range leaves them out (they may rise above it)
+SETTLING = SMOOTHING // 4
 X = 0  # the column `column(X)` gives: the position of the token fed (the plots' x)
 
 # a strategy's state in the Evaluate tab; the final ones are EvalRun.status's words, "failed" and "not run"
@@ -62,6 +65,7 @@ class StrategySeries:
         self._mean = np.zeros(capacity)  # the running mean of the NLL over the last SMOOTHING predictions
         self._cum_nll = np.zeros(capacity)  # sum of the NLL up to and including each record (float64)
         self._wall_ms = 0.0
+        self._settled = (math.inf, -math.inf)  # the running mean's range after its first SETTLING predictions
         self.m = 0  # records with a measured cache (a chunked run measures once per chunk)
         self._mem = np.zeros((capacity, 3))  # x, measured MiB, predicted MiB
         if run is not None:
@@ -107,6 +111,9 @@ class StrategySeries:
         cum = self._cum_nll
         earlier = np.where(starts >= 0, cum[np.maximum(starts, 0)], 0.0)
         self._mean[a:b] = (cum[a:b] - earlier) / np.minimum(ends + 1, SMOOTHING)
+        settled = self._mean[max(a, SETTLING) : b]
+        if settled.size:
+            self._settled = (min(self._settled[0], float(settled.min())), max(self._settled[1], float(settled.max())))
         self._wall_ms += math.fsum(r.wall_ms for r in new)
         measured = [r for r in new if r.cache_bytes is not None]
         if measured:
@@ -143,6 +150,15 @@ class StrategySeries:
     def running_mean(self) -> np.ndarray:
         """Mean NLL (nats) over the last SMOOTHING predictions at each position: the log of their perplexity."""
         return self._mean[: self.n]
+
+    def mean_range(self) -> tuple[float, float] | None:
+        """The running mean's lowest and highest value, past its first SETTLING predictions where it has more."""
+        if self.n > SETTLING:
+            return self._settled
+        if not self.n:
+            return None
+        drawn = self.running_mean()
+        return float(drawn.min()), float(drawn.max())
 
     def memory(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Positions where the cache was measured, its measured and its predicted MiB there."""

@@ -7,7 +7,7 @@ import pytest
 
 from kvviz.evaluation import EvalRun, TokenRecord
 from kvviz.present import MIB
-from kvviz.qt.eval_series import SMOOTHING, StrategySeries, compact_label, full_label
+from kvviz.qt.eval_series import SETTLING, SMOOTHING, StrategySeries, compact_label, full_label
 
 
 def _run(mode: str = "token-by-token") -> EvalRun:
@@ -67,3 +67,16 @@ def test_labels_name_the_options_set_away_from_their_defaults():
     assert compact_label(strategy, defaults) == "quantized (backend=hqq, nbits=2)"
     assert compact_label(strategy) == full_label(strategy) == "quantized (backend=hqq, nbits=2, residual_length=128)"
     assert compact_label({"name": "dynamic", "options": {}}, {"dynamic": {}}) == "dynamic"
+
+
+def test_the_y_range_leaves_out_the_first_predictions_once_there_are_more():
+    run = _run()
+    series = StrategySeries(0, run.strategy, run)
+    run.records.extend(TokenRecord(p, 1, 9.0 if p < 3 else 2.0, None, None, None, 1.0) for p in range(10))
+    series.sync()
+    assert series.mean_range() == (pytest.approx(2.0 + 7.0 * 3 / 10), 9.0)  # all of them while there are few
+    run.records.extend(TokenRecord(p, 1, 2.0 + (p == 40), None, None, None, 1.0) for p in range(10, 60))
+    series.sync()
+    lo, hi = series.mean_range()
+    mean = series.running_mean()
+    assert (lo, hi) == (mean[SETTLING:].min(), mean[SETTLING:].max()) and hi < mean[0]

@@ -207,9 +207,12 @@ class StrategyListPanel(QGroupBox):
         self._name_items()
 
     def set_enabled(self, editable: bool) -> None:
+        """Add and Remove only while nothing is evaluated (the list keeps its colours: the curves' key)."""
+        self._editable = editable
         self.add_button.setEnabled(editable)
-        self.list.setEnabled(editable)
         self._update_buttons()
+
+    _editable = True
 
     def restyle(self) -> None:
         """The entries' colours again (after a theme change)."""
@@ -233,4 +236,4 @@ class StrategyListPanel(QGroupBox):
         self._update_buttons()
 
     def _update_buttons(self) -> None:
-        self.remove_button.setEnabled(self.list.isEnabled() and bool(self.list.selectedItems()))
+        self.remove_button.setEnabled(self._editable and bool(self.list.selectedItems()))
