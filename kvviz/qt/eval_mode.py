@@ -24,6 +24,7 @@ from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QHBoxLayout, QPushButton, QWidget
 
 from kvviz import documents, evaluation
+from kvviz.eval_cli import _clock  # the command line's "m:ss" for time left
 from kvviz.evaluation import EvalRun
 from kvviz.qt.eval_series import CANCELLED, FAILED, FINAL, FINISHED, NOT_RUN, STARTING, StrategySeries
 from kvviz.qt.eval_view import EvalView
@@ -86,7 +87,8 @@ class EvalMode(QObject):
         self.current = -1  # the strategy whose records arrive
         self.model: dict = {}  # the card of the model evaluated
         self.document: dict = {}  # the document's record, as the files keep it
-        self.notice = ""  # why the document was cut, or what a pause is doing
+        self.notice = ""  # why the document was cut
+        self.pause = ""  # what a one-time pause before the first prediction is doing (quanto's kernels)
         self.opened = False  # the evaluation on screen came from files
         self._next_id = 1
         self._defaults: dict[str, dict] | None = None
@@ -156,7 +158,7 @@ class EvalMode(QObject):
         self.running, self.current, self.opened = eval_id, -1, False
         self.model = dict(self.window.engine.card or {})
         self.document = document.describe()
-        self.notice = ""
+        self.notice = self.pause = ""
         self.series = [StrategySeries(i, {"name": n, "options": o}) for i, (n, o) in enumerate(entries)]
         for s in self.series:
             s.defaults = self._defaults
@@ -201,7 +203,7 @@ class EvalMode(QObject):
 
     def _on_notice(self, eval_id: int, message: str) -> None:
         if eval_id == self.running:
-            self.notice = message or (self.document.get("cut") or "")
+            self.pause = message
             self._changed()
 
     def _on_finished(self, eval_id: int, states: list[str]) -> None:
@@ -211,7 +213,7 @@ class EvalMode(QObject):
             s.sync()
             s.finish(state)
         self.running = None
-        self.notice = self.document.get("cut") or ""
+        self.pause = ""
         failed = [s for s in self.series if s.state == FAILED]
         if failed:
             self.window.show_error("; ".join(f"{s.short_label()} failed: {s.error}" for s in failed))
@@ -297,40 +299,48 @@ class EvalMode(QObject):
         self.view.redraw(self.series, self.header(), live)
 
     def header(self) -> str:
-        """The line above the plots: model and document, then what runs now or how it ended."""
+        """The lines above the plots: model and document; what runs now or how it ended; why the document
+        was cut (a line of its own from the start, so that the plots do not move while it runs)."""
         if not self.series:
             return self.view.summary.text()
         doc = self.document
         title = doc.get("title") or doc.get("name") or "?"
         by = f" by {doc['author']}" if doc.get("author") else ""
         tokens = f", {doc['tokens']:,} tokens" if doc.get("tokens") else ""
-        line = (f"<b>{escape(self.model.get('name') or '?')}</b> reading <b>{escape(title)}</b>"
-                f"{escape(by)}{tokens}")
+        lines = [f"<b>{escape(self.model.get('name') or '?')}</b> reading <b>{escape(title)}</b>{escape(by)}{tokens}"]
         if self.opened:
-            line += " · opened from files"
+            lines.append("opened from files")
         elif self.running is not None:
-            line += " · " + escape(self.progress())
+            lines.append(escape(self.pause or self.progress()))
         else:
             states = [s.state for s in self.series]
-            ended = "stopped" if CANCELLED in states or NOT_RUN in states else "done"
-            line += f" · {ended}"
+            lines.append("stopped" if CANCELLED in states or NOT_RUN in states else "done")
         if self.notice:
-            line += f"<br><i>{escape(self.notice)}</i>"
-        return line
+            lines.append(f"<i>{escape(self.notice)}</i>")
+        return "<br>".join(lines)
 
     def progress(self) -> str:
-        """"strategy 2 of 4, sliding (window=128): 312 of 599 tokens, 21.3 tokens/s, 0:14 left"."""
+        """"strategy 2 of 4, sliding (window=128): 312 of 599 tokens, 21.3 tokens/s, 0:14 left, about 1:02 in
+        all" (the strategies after it at the speed seen so far of their kind: token by token, or chunked)."""
         if not 0 <= self.current < len(self.series):
-            return "preparing the document and the caches…"
+            return "reading the document and building the caches…"
         s = self.series[self.current]
         text = f"strategy {self.current + 1} of {len(self.series)}, {s.short_label()}"
         total, rate = s.total, s.tokens_per_s()
         if total is None:
             return text
         text += f": {s.n:,} of {total:,} tokens"
-        if rate:
-            left = (total - s.n) / rate
-            text += f", {rate:,.1f} tokens/s, {int(left) // 60}:{int(left) % 60:02d} left for it"
+        if not rate:
+            return text
+        left = (total - s.n) / rate
+        text += f", {rate:,.1f} tokens/s, {_clock(left)} left"
+        rates = {x.run.method.get("mode"): x.tokens_per_s() for x in self.series[: self.current + 1]
+                 if x.run is not None and x.tokens_per_s()}
+        later = [x for x in self.series[self.current + 1 :] if x.run is not None and x.state not in FINAL]
+        if later:
+            known = [x.total / rates[x.run.method.get("mode")] for x in later if x.run.method.get("mode") in rates]
+            more = "+" if len(known) < len(later) else ""
+            text += f", about {_clock(left + sum(known))}{more} in all"
         return text
 
     def status(self) -> str:

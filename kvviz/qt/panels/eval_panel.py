@@ -21,6 +21,7 @@ from PySide6.QtWidgets import (
     QListWidget,
     QListWidgetItem,
     QPushButton,
+    QSizePolicy,
     QSpinBox,
     QVBoxLayout,
     QWidget,
@@ -168,6 +169,8 @@ class StrategyListPanel(QGroupBox):
         layout = QVBoxLayout(self)
         layout.addWidget(self.list)
         layout.addLayout(buttons)
+        # no taller than its list and buttons: a tall screen's spare room stays below the controls
+        self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Maximum)
         self._defaults: dict[str, dict[str, Any]] | None = None
         self._update_buttons()
 
