@@ -273,3 +273,18 @@ def test_no_engine_call_on_the_gui_thread(window, qtbot, monkeypatch):
     assert [s.state for s in window.eval_mode.series] == ["finished", "finished"], window.last_error
     assert threads and threading.get_ident() not in threads  # the worker did all of it
     assert len(threads) == 1
+
+
+def test_a_longer_axis_label_is_centred_again_when_the_plot_grows(qtbot):
+    from kvviz.qt.plots.eval_plots import PerplexityPlot
+
+    plot = PerplexityPlot()
+    qtbot.addWidget(plot)
+    plot.resize(900, 200)
+    plot.show()
+    qtbot.waitUntil(lambda: plot.axis_label("left") == "nats")
+    plot.resize(900, 260)
+    qtbot.waitUntil(lambda: plot.axis_label("left") == "nats, 64-token mean")
+    axis = plot.plot.getAxis("left")
+    top = axis.label.pos().y() - axis.label.boundingRect().width()  # the label is turned: its width runs upward
+    assert 0 <= top and axis.label.pos().y() <= axis.size().height()
