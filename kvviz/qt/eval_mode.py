@@ -21,7 +21,7 @@ from html import escape as html_escape
 from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal
-from PySide6.QtWidgets import QHBoxLayout, QPushButton, QWidget
+from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QPushButton, QWidget
 
 from kvviz import documents, evaluation
 from kvviz.eval_cli import _clock  # the command line's "m:ss" for time left
@@ -94,6 +94,7 @@ class EvalMode(QObject):
         self._defaults: dict[str, dict] | None = None
         self._hidden_docks: list = []
         self.on_screen = False  # the Evaluate tab is the one shown
+        self._restored_list = False  # the settings held a list (even an empty one): no first list then
         self._dirty = False
 
     # -- the controls --------------------------------------------------------------------------------
@@ -110,16 +111,12 @@ class EvalMode(QObject):
         self._dirty = True
         self.sigChanged.emit()
 
-    _restored_list = False  # the settings held a list (even an empty one): no first list then
-
     def add_chosen(self) -> None:
         picker = self.window.controls.strategy_panel
         if picker.current() is not None:
             self.list_panel.add(picker.current(), picker.values())
 
     def _ask_document(self) -> None:
-        from PySide6.QtWidgets import QFileDialog
-
         path, _ = QFileDialog.getOpenFileName(self.window, "Open a document to evaluate on", "",
                                               "Text and Markdown (*.txt *.md);;All files (*)")
         if path:

@@ -212,6 +212,12 @@ def test_save_and_open_evaluation_files(window, qtbot, tmp_path):
     exported = actions.export_evaluation_csv(tmp_path / "summary-only.csv")
     with exported.open(encoding="utf-8") as f:
         assert [r["perplexity"] for r in csv.DictReader(f)] == [r["perplexity"] for r in rows]
+    # the tab's plots export like the others': each with its title, axes and a legend naming the strategies
+    plots = actions.export_plots(tmp_path / "plots", width=640)
+    assert sorted(p.name for p in plots) == ["eval_memory_plot.png", "eval_memory_plot.svg", "perplexity_plot.png",
+                                             "perplexity_plot.svg"]
+    svg = (tmp_path / "plots" / "eval_memory_plot.svg").read_text(encoding="utf-8")
+    assert "sliding (window=8)" in svg and "cache memory (MiB)" in svg
 
     # File > Open the first file, drop the second: the two side by side again, with the same numbers
     window.set_mode(LOCAL)
