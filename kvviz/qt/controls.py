@@ -3,6 +3,8 @@ strategy (or server load), and the Run, Switch and Stop buttons that stay in vie
 
 "Local model" and "vLLM server" share the prompt and the settings; the rest swaps with the mode
 (`set_mode`), and so do the buttons. The server mode's own widgets come from kvviz.qt.server_mode.
+"Evaluate" keeps the model and the strategy picker, and puts the document above the picker and the
+list of strategies to evaluate below it in place of the prompt and settings (kvviz.qt.eval_mode).
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from kvviz.qt.panels.generation import PromptPanel, SettingsPanel
 from kvviz.qt.panels.model import ModelPanel
 from kvviz.qt.panels.strategy import StrategyPanel
 
-LOCAL, SERVER = 0, 1  # the modes: a model run here, or a vLLM server watched
+LOCAL, EVALUATE, SERVER = 0, 1, 2  # the modes: a model run here, evaluated on a document, or a vLLM server watched
+# the page each of the three swapping stacks (chooser, strategy or load, buttons) shows in each mode
+PAGES = {LOCAL: (0, 0, 0), EVALUATE: (0, 0, 2), SERVER: (1, 1, 1)}
 
 
 class PageSwap(QWidget):
@@ -53,8 +57,9 @@ class PageSwap(QWidget):
 
 
 class Controls(QWidget):
-    def __init__(self, server, parent: QWidget | None = None):
-        """server: the window's ServerMode, whose panel, load panel and buttons fill the server pages."""
+    def __init__(self, server, evaluate, parent: QWidget | None = None):
+        """server: the window's ServerMode, whose panel, load panel and buttons fill the server pages;
+        evaluate: its EvalMode, whose document and strategy list panels and buttons fill the Evaluate mode."""
         super().__init__(parent)
         self.model_panel = ModelPanel()
         self.prompt_panel = PromptPanel()
@@ -76,9 +81,12 @@ class Controls(QWidget):
         )
         self.source_tabs = QTabBar()
         self.source_tabs.addTab("Local model")
+        self.source_tabs.addTab("Evaluate")
         self.source_tabs.addTab("vLLM server")
         self.source_tabs.setExpanding(True)
-        self.source_tabs.setToolTip("Run a model here, or attach to a vLLM server and watch its cache")
+        self.source_tabs.setToolTip(
+            "Run a model here, evaluate strategies on a long document, or attach to a vLLM server and watch its cache"
+        )
         self.stacks = [PageSwap() for _ in range(3)]  # chooser, strategy or load, buttons
         pages = [
             (self.model_panel, server.panel),
@@ -88,8 +96,14 @@ class Controls(QWidget):
         for stack, (local_page, server_page) in zip(self.stacks, pages, strict=True):
             stack.addWidget(local_page)
             stack.addWidget(server_page)
+        self.stacks[2].addWidget(evaluate.buttons)
+        self.document_panel, self.eval_list_panel = evaluate.document_panel, evaluate.list_panel
+        self.document_panel.hide()
+        self.eval_list_panel.hide()
 
-        for group in (self.model_panel, self.prompt_panel, self.settings_panel, self.strategy_panel):
+        groups = (self.model_panel, self.prompt_panel, self.settings_panel, self.strategy_panel, self.document_panel,
+                  self.eval_list_panel)
+        for group in groups:
             group.layout().setContentsMargins(8, 4, 8, 6)  # the groups' frames take what the fields need
         controls = QWidget()
         controls.setObjectName("controls")
@@ -97,7 +111,9 @@ class Controls(QWidget):
         column.addWidget(self.stacks[0])
         column.addWidget(self.prompt_panel, 1)  # the prompt editor takes the room left
         column.addWidget(self.settings_panel)
+        column.addWidget(self.document_panel)
         column.addWidget(self.stacks[1])
+        column.addWidget(self.eval_list_panel)
         column.addStretch(0)  # what a tall screen leaves after the prompt's sixteen lines
         column.setContentsMargins(6, 4, 6, 4)
         column.setSpacing(2)
@@ -132,12 +148,17 @@ class Controls(QWidget):
         return page
 
     def set_mode(self, index: int) -> None:
-        """LOCAL or SERVER: the tab bar and the swapping pages follow, without echoing the change."""
-        for widget in (self.source_tabs, *self.stacks):
-            if widget.currentIndex() != index:
+        """LOCAL, EVALUATE or SERVER: the tab bar and the swapping pages follow, without echoing the change."""
+        for widget, page in ((self.source_tabs, index), *zip(self.stacks, PAGES[index], strict=True)):
+            if widget.currentIndex() != page:
                 widget.blockSignals(True)
-                widget.setCurrentIndex(index)
+                widget.setCurrentIndex(page)
                 widget.blockSignals(False)
+        evaluating = index == EVALUATE
+        for panel in (self.prompt_panel, self.settings_panel):
+            panel.setVisible(not evaluating)
+        for panel in (self.document_panel, self.eval_list_panel):
+            panel.setVisible(evaluating)
 
     def set_enabled(self, can_run: bool, generating: bool, loading: bool) -> None:
         self.run_button.setEnabled(can_run)

@@ -1,8 +1,9 @@
-"""The File menu's keep-and-share actions: open and save traces, open a prompt file, export the Runs table,
-plots and window.
+"""The File menu's keep-and-share actions: open and save traces, open a prompt file, save an evaluation,
+export the Runs table, the evaluation's summary, plots and window.
 
 Every action is a thin dialog in front of a function that takes an explicit path (`open_trace`,
-`open_prompt_file`, `save_selected_trace`, `export_runs_csv`, `export_plots`, `save_window_png`), so tests
+`open_prompt_file`, `save_selected_trace`, `save_evaluation`, `export_runs_csv`, `export_evaluation_csv`,
+`export_plots`, `save_window_png`), so tests
 and scripts call the same code the menu does. Every save is confirmed in the status bar with the file's
 full path. `install_file_actions(window)` adds the menu entries and drag and drop of `.json` trace files
 onto the window.
@@ -36,7 +37,7 @@ from kvviz.formats import read_kept
 from kvviz.jsonfile import KeptFileError
 from kvviz.qt.plots.base import DEFAULT_EXPORT_WIDTH
 
-TRACE_FILTER = "kvviz traces and server sessions (*.json);;All files (*)"
+TRACE_FILTER = "kvviz traces, evaluations and server sessions (*.json);;All files (*)"
 PROMPT_SUFFIXES = (".txt", ".md")
 PROMPT_MAX_BYTES = 1024 * 1024
 EXPORT_WIDTHS = (320, 7680)  # px: the widths an export may have
@@ -56,9 +57,11 @@ class FileActions(QObject):
     # -- the functions behind the actions ---------------------------------------------------------
 
     def open_trace(self, path: str | os.PathLike):
-        """Open a trace (into the Runs table) or a server session (into the server view).
+        """Open a trace (into the Runs table), an evaluation (into the Evaluate tab) or a server session (into
+        the server view).
 
-        Returns the new run's id or the Session; on a bad file shows a message, changes nothing, returns None.
+        Returns the new run's id, the EvalRun or the Session; on a bad file shows a message, changes nothing,
+        returns None.
         """
         try:
             kept = read_kept(path)
@@ -102,6 +105,32 @@ class FileActions(QObject):
             return None
         self.window.say_saved(saved, f"run #{primary.run_id}, {len(primary.trace.steps)} steps")
         return saved
+
+    def save_evaluation(self, folder: str | os.PathLike) -> list[Path]:
+        """The evaluation in the Evaluate tab as `kvviz eval --out` keeps it: a kvviz-eval file per strategy
+        and summary.csv, in folder."""
+        mode = self.window.eval_mode
+        if mode.running is not None or not mode.runs():
+            self.show_message("Nothing to save", "Stop the evaluation first." if mode.running is not None else
+                              "Evaluate some strategies first (Controls ▸ Evaluate), or open an evaluation file.")
+            return []
+        try:
+            written = mode.save(folder)
+        except OSError as exc:
+            self.show_message("Could not save evaluation", f"Could not save into {folder}: {exc.strerror or exc}")
+            return []
+        self.window.say_saved(folder, f"{len(written) - 1} evaluation files and summary.csv")
+        return written
+
+    def export_evaluation_csv(self, path: str | os.PathLike) -> Path | None:
+        """The evaluation's summary, one row per strategy (kvviz.evaluation's CSV)."""
+        mode = self.window.eval_mode
+        if not mode.runs():
+            self.show_message("Nothing to export", "Evaluate some strategies first, or open an evaluation file.")
+            return None
+        written = mode.export_csv(path)
+        self.window.say_saved(written, f"{len(mode.runs())} strategies")
+        return written
 
     def export_runs_csv(self, path: str | os.PathLike) -> Path:
         """Every run in the Runs table, in table order, as kvviz.report's CSV."""
@@ -161,7 +190,8 @@ class FileActions(QObject):
     # -- dialogs ------------------------------------------------------------------------------------
 
     def _ask_open(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self.window, "Open trace or server session", "", TRACE_FILTER)
+        path, _ = QFileDialog.getOpenFileName(self.window, "Open trace, evaluation or server session", "",
+                                              TRACE_FILTER)
         if path:
             self.open_trace(path)
 
@@ -182,6 +212,16 @@ class FileActions(QObject):
         )
         if path:
             self.save_server_session(path)
+
+    def _ask_evaluation(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self.window, "Save evaluation into folder")
+        if folder:
+            self.save_evaluation(folder)
+
+    def _ask_eval_csv(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self.window, "Export evaluation summary", "summary.csv", "CSV (*.csv)")
+        if path:
+            self._guard(self.export_evaluation_csv, path)
 
     def _ask_csv(self) -> None:
         path, _ = QFileDialog.getSaveFileName(self.window, "Export runs table", "runs.csv", "CSV (*.csv)")
@@ -352,7 +392,9 @@ def install_file_actions(window: QMainWindow) -> FileActions:
         ("prompt", "Open &prompt file…", QKeySequence("Ctrl+Shift+O"), actions.ask_prompt_file),
         ("save", "&Save selected run as trace…", QKeySequence.StandardKey.Save, actions._ask_save),
         ("session", "Save se&rver session…", None, actions._ask_session),
+        ("evaluation", "Save e&valuation…", None, actions._ask_evaluation),
         ("csv", "Export runs table as &CSV…", None, actions._ask_csv),
+        ("eval_csv", "Export evaluation summary as CS&V…", None, actions._ask_eval_csv),
         ("plots", "Export &plots as PNG/SVG…", None, actions._ask_plots),
         ("window", "Save &window as PNG…", None, actions._ask_window),
     ]

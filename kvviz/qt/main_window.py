@@ -4,10 +4,12 @@ The window composes its parts and carries out the user's actions; each part is i
 - kvviz.qt.run_store: every run (its trace and buffers), their ids, statuses and the selection;
 - kvviz.qt.local_engine: the worker thread that loads the model and generates, feeding the store;
 - kvviz.qt.server_mode: the "vLLM server" controls and view, its own requests fed to the store;
+- kvviz.qt.eval_mode: the "Evaluate" controls and view, strategies read a document on the worker;
 - kvviz.qt.controls, kvviz.qt.local_view: the Controls dock's body and the "Local run" plots;
 - kvviz.qt.redraw: when to redraw; kvviz.qt.status: the status bar and the error message;
 - kvviz.qt.menus, kvviz.qt.file_actions, kvviz.qt.recorder, kvviz.qt.help: the menus;
 - kvviz.qt.window_settings: what is kept between sessions, the theme and the layout's default sizes;
+- kvviz.qt.view_tabs: the central tabs; kvviz.qt.runs_height: the Runs dock keeps the height chosen;
 - kvviz.qt.wheel_guard: the mouse wheel changes a field only when it has the focus.
 
 Data flow: the worker (own thread) appends records to its run's trace and signals each one; the
@@ -20,12 +22,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from PySide6.QtCore import QEvent, QSettings, Qt, QTimer, Signal
-from PySide6.QtWidgets import QApplication, QDockWidget, QMainWindow, QTabWidget, QVBoxLayout, QWidget
+from PySide6.QtCore import QSettings, Qt, Signal
+from PySide6.QtWidgets import QApplication, QDockWidget, QMainWindow, QVBoxLayout, QWidget
 
+from kvviz.evaluation import EvalRun
 from kvviz.present import final_status
-from kvviz.qt import wheel_guard, window_settings
-from kvviz.qt.controls import SERVER, Controls
+from kvviz.qt import theme, wheel_guard, window_settings
+from kvviz.qt.controls import EVALUATE, SERVER, Controls
+from kvviz.qt.eval_mode import EvalMode
 from kvviz.qt.help import HelpMenu
 from kvviz.qt.local_engine import LocalEngine
 from kvviz.qt.local_view import LocalView
@@ -34,27 +38,11 @@ from kvviz.qt.panels.runs import RunsTable
 from kvviz.qt.panels.tokens import TokenView
 from kvviz.qt.redraw import RedrawScheduler
 from kvviz.qt.run_store import RunStore
+from kvviz.qt.runs_height import RunsHeightKeeper
 from kvviz.qt.server_mode import ServerMode
-from kvviz.qt.status import ErrorBar, StatusLine
+from kvviz.qt.status import ErrorBar, StatusLine, window_state
+from kvviz.qt.view_tabs import ViewTabs
 from kvviz.trace import Trace
-
-
-class ViewTabs(QTabWidget):
-    """The central tabs. The runs' legend sits in the tab row, in the width the tabs leave (a corner widget
-    costs no height); it is fitted again whenever that width or the legend changes."""
-
-    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt override
-        super().resizeEvent(event)
-        self.fit_corner()
-
-    def fit_corner(self) -> None:
-        corner = self.cornerWidget(Qt.Corner.TopRightCorner)
-        if corner is None or corner.isHidden():
-            return
-        room = max(120, self.width() - self.tabBar().sizeHint().width() - 16)
-        if corner.maximumWidth() != room or corner.width() != min(room, corner.sizeHint().width()):
-            corner.setMaximumWidth(room)
-            QApplication.sendEvent(self, QEvent(QEvent.Type.LayoutRequest))  # QTabWidget lays its row out again
 
 
 class MainWindow(QMainWindow):
@@ -75,12 +63,14 @@ class MainWindow(QMainWindow):
         self.redraws = RedrawScheduler(self._draw, self)
         self.engine = LocalEngine(self.store, self)
         self.server = ServerMode(self, self.store)
-        self.controls = Controls(self.server)
+        self.eval_mode = EvalMode(self, self.engine.evaluator)
+        self.controls = Controls(self.server, self.eval_mode)
         self.local_view = LocalView()
         self.error_bar = ErrorBar()
         self.views = ViewTabs()
         self.views.setDocumentMode(True)
         self.views.addTab(self.local_view, "Local run")
+        self.views.addTab(self.eval_mode.view, "Evaluate")
         self.views.addTab(self.server.view, "vLLM server")
         self.views.setCornerWidget(self.local_view.run_legend, Qt.Corner.TopRightCorner)  # costs no height
         central = QWidget()
@@ -101,9 +91,11 @@ class MainWindow(QMainWindow):
         self.runs_table.verticalHeader().setDefaultSectionSize(self.fontMetrics().height() + 8)  # compact rows
         self.runs_table.setMinimumHeight(window_settings.runs_table_min_height(self.runs_table))
         self.runs_height: int | None = None  # the Runs dock's height the user chose (None: sized to the window)
+        self.runs_height_keeper = RunsHeightKeeper(self)
         self.status_line = StatusLine(self.statusBar(), self)
         self.menus = Menus(self)
         window_settings.restore(self)
+        self.eval_mode.restore_settings(self.settings)
 
         controls = self.controls
         controls.run_button.clicked.connect(lambda *_: self.start_run())
@@ -114,6 +106,7 @@ class MainWindow(QMainWindow):
         controls.source_tabs.currentChanged.connect(self.set_mode)
         self.views.currentChanged.connect(self.set_mode)
         self.server.sigChanged.connect(self.redraws.schedule)
+        self.eval_mode.sigChanged.connect(self.redraws.schedule)
         self.store.sigRunsChanged.connect(self.redraws.schedule)
         self.store.sigShownChanged.connect(self.redraws.schedule)
         self.store.sigRunEnded.connect(self._on_run_ended)
@@ -162,38 +155,15 @@ class MainWindow(QMainWindow):
     # -- settings and mode ---------------------------------------------------------------------------
 
     def save_settings(self) -> None:
-        window_settings.save(self)
+        with self.eval_mode.docks_back():  # kept as the local mode has them
+            window_settings.save(self)
+        self.eval_mode.save_settings(self.settings)
 
     def reset_layout(self) -> None:
         """Docks back in their places and every part sized for the window's present size."""
         self.runs_height = None
-        window_settings.default_layout(self)
-
-    def event(self, event) -> bool:
-        kind = event.type()
-        if kind == QEvent.Type.MouseButtonPress:
-            self._separator_drag = self.isSeparator(event.position().toPoint())
-        handled = super().event(event)
-        if kind == QEvent.Type.MouseButtonRelease and self._separator_drag:
-            # the user dragged a dock separator: the Runs table keeps the height chosen
-            self._separator_drag = False
-            if self.runs_dock.isVisible() and not self.runs_dock.isFloating():
-                self.runs_height = self.runs_dock.height()
-        return handled
-
-    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt override
-        super().resizeEvent(event)
-        # a smaller window squeezes the Runs table; when the window grows again it gets its height back
-        QTimer.singleShot(0, self._keep_runs_height)
-
-    _separator_drag = False  # a mouse press landed on a dock separator
-
-    def _keep_runs_height(self) -> None:
-        if self.closing or self.runs_dock.isFloating() or not self.runs_dock.isVisible():
-            return
-        height = window_settings.runs_height_for(self)
-        if abs(self.runs_dock.height() - height) > 2:
-            self.resizeDocks([self.runs_dock], [height], Qt.Orientation.Vertical)
+        with self.eval_mode.docks_back():  # laid out with every dock, then the Evaluate mode's aside again
+            window_settings.default_layout(self)
 
     def say_saved(self, path, detail: str = "") -> None:
         """Confirm a save in the status bar with the file's full path (a note, not an error)."""
@@ -205,21 +175,29 @@ class MainWindow(QMainWindow):
 
     def set_theme(self, name: str) -> None:
         self.theme_name = window_settings.apply_theme(self, name)
+        self.eval_mode.restyle(theme.current())
         self.menus.check_theme(self.theme_name)
         self.redraws.schedule()
 
     def set_mode(self, index: int) -> None:
-        """LOCAL: a model run here; SERVER: a vLLM server. The controls and the central view follow together."""
+        """LOCAL: a model run here; EVALUATE: strategies read a document; SERVER: a vLLM server. The controls
+        and the central view follow together."""
         self.controls.set_mode(index)
         if self.views.currentIndex() != index:
             self.views.blockSignals(True)
             self.views.setCurrentIndex(index)
             self.views.blockSignals(False)
+        if index == EVALUATE:
+            self.eval_mode.enter()
+        else:
+            self.eval_mode.leave()
+        self.update_controls()
         self.redraws.schedule()
 
     def visible_plots(self) -> list:
-        """The plots of the central view on screen: the local run's or the server's."""
-        return self.server.view.plots if self.views.currentIndex() == SERVER else self.local_view.plots
+        """The plots of the central view on screen: the local run's, the evaluation's or the server's."""
+        views = {SERVER: self.server.view, EVALUATE: self.eval_mode.view}
+        return views.get(self.views.currentIndex(), self.local_view).plots
 
     def connect_server(self, url: str) -> None:
         """The model chooser's "Connect to a server" (and `kvviz --connect`): a URL given connects at once."""
@@ -232,7 +210,7 @@ class MainWindow(QMainWindow):
     # -- the model -----------------------------------------------------------------------------------
 
     def load_model(self, spec: str) -> None:
-        if self.store.generating is not None or self.closing:
+        if self.store.generating is not None or self.eval_mode.running is not None or self.closing:
             return
         self.controls.model_panel.set_spec(spec)
         self.controls.model_panel.set_loading(f"loading {spec}…", None)
@@ -242,6 +220,7 @@ class MainWindow(QMainWindow):
     def _on_ready(self, listing) -> None:
         self.server.connection.engine_ready.set()
         self.controls.strategy_panel.set_strategies(listing)
+        self.eval_mode.set_strategies(listing)
         self.update_controls()
 
     def _on_load_progress(self, message: str, fraction) -> None:
@@ -287,7 +266,11 @@ class MainWindow(QMainWindow):
         """Start a run with the current controls; returns its id, or None if it cannot start.
 
         extra_settings: further GenerationSettings fields (the bench passes stop_at_eos=False).
+        In the Evaluate mode (Ctrl+Enter there) it starts the evaluation instead, and returns None.
         """
+        if self.views.currentIndex() == EVALUATE:
+            self.eval_mode.start()
+            return None
         controls = self.controls
         if not controls.run_button.isEnabled():
             return None
@@ -328,12 +311,16 @@ class MainWindow(QMainWindow):
         if self.store.generating is not None:
             self.engine.cancel(self.store.generating)
             self.status_line.hold("stopping after this step…")
+        self.eval_mode.stop()
 
     def show_kept(self, kept):
-        """A trace opened from a file into the Runs table (returns its run id), or a server session into
-        the server view (returns it)."""
+        """A trace opened from a file into the Runs table (returns its run id), an evaluation into the Evaluate
+        tab or a server session into the server view (returns it; None for an evaluation refused)."""
         if isinstance(kept, Trace):
             return self.store.add(kept, final_status(kept))
+        if isinstance(kept, EvalRun):
+            self.set_mode(EVALUATE)
+            return self.eval_mode.open_run(kept)
         self.server.open_session(kept)
         self.set_mode(SERVER)
         return kept
@@ -358,6 +345,9 @@ class MainWindow(QMainWindow):
             self.server.redraw()
             self.server.view.latency_plot.redraw(shown, primary)  # names its runs itself
             self.local_view.run_legend.set_entries([])
+        elif self.views.currentIndex() == EVALUATE:
+            self.eval_mode.redraw()  # its plots name the strategies; the runs' legend is not theirs
+            self.local_view.run_legend.set_entries([])
         else:
             self.local_view.redraw(shown, primary, generating)
         self.views.fit_corner()
@@ -367,31 +357,25 @@ class MainWindow(QMainWindow):
         self._update_status()
 
     def _update_status(self) -> None:
-        store, panel = self.store, self.controls.strategy_panel
+        store = self.store
         generating = store.runs[store.generating] if store.generating is not None else None
-        if self.engine.loading:
-            state = "loading model…"
-        elif generating is not None:
-            state = f"generating run #{generating.run_id}: {generating.n} tokens"
-        elif self.engine.card is None:
-            state = "no model loaded"
-        elif panel.problem():  # also beside its option, which may be scrolled out of view
-            state = f"Run is off: {panel.problem()}"
-        elif panel.warning():
-            state = f"ready. {panel.warning()}"
-        else:
-            state = "ready"
-        self.status_line.update(state, generating is not None, self.engine.card, generating or store.primary())
+        self.status_line.update(window_state(self), generating is not None, self.engine.card,
+                                generating or store.primary())
 
     def update_controls(self) -> None:
-        idle = self.store.generating is None
+        generating = self.store.generating is not None
+        idle = not generating and self.eval_mode.running is None
         loading = self.engine.loading
         ready = self.engine.card is not None and self.controls.strategy_panel.current() is not None
         valid = self.controls.strategy_panel.problem() is None  # its message is beside the field
         can_run = idle and not loading and ready and valid
-        self.controls.set_enabled(can_run, not idle, loading)
-        self.controls.switch_button.setEnabled(not idle and valid)
-        self.menus.set_enabled(can_run, not idle)
+        self.controls.set_enabled(can_run, generating, loading)
+        self.controls.switch_button.setEnabled(generating and valid)
+        self.controls.model_panel.load_button.setEnabled(idle and not loading)
+        self.eval_mode.update_controls(idle and not loading and self.engine.card is not None)
+        evaluating = self.views.currentIndex() == EVALUATE
+        self.menus.set_enabled(self.eval_mode.evaluate_button.isEnabled() if evaluating else can_run, not idle)
+        self.menus.switch_action.setEnabled(generating and valid)
         self._update_status()
 
     def show_error(self, message: str) -> None:

@@ -98,6 +98,22 @@ class StatusLine(QObject):
         self.labels["rss"].setText(f"RSS {mib(self._rss_bytes, 0)}")
 
 
+def window_state(window) -> str:
+    """The status bar's first words: what the window is doing, or why Run is off."""
+    store, panel = window.store, window.controls.strategy_panel
+    if window.engine.loading:
+        return "loading model…"
+    if window.eval_mode.running is not None:
+        return window.eval_mode.status()
+    if store.generating is not None:
+        return f"generating run #{store.generating}: {store.runs[store.generating].n} tokens"
+    if window.engine.card is None:
+        return "no model loaded"
+    if panel.problem():  # also beside its option, which may be scrolled out of view
+        return f"Run is off: {panel.problem()}"
+    return f"ready. {panel.warning()}" if panel.warning() else "ready"
+
+
 class ErrorBar(QFrame):
     """The message above the plots: what went wrong, in words, until dismissed or the next success."""
 

@@ -14,6 +14,7 @@ import pytest
 
 from kvviz.attach import session as session_file
 from kvviz.attach.request_trace import STRATEGY
+from kvviz.qt.controls import LOCAL, SERVER
 from tests.attach.conftest import DATA, MODEL, dead_url, recorded, replay_server  # noqa: F401 - fixtures
 from tests.qt.conftest import load, run
 
@@ -37,11 +38,11 @@ def send(qtbot, window) -> int:
 
 def test_server_button_switches_the_controls_and_the_view(window):
     window.controls.model_panel.server_button.click()
-    assert window.controls.source_tabs.currentIndex() == 1 and window.views.currentIndex() == 1
+    assert window.controls.source_tabs.currentIndex() == SERVER and window.views.currentIndex() == SERVER
     assert window.server.panel.isVisibleTo(window) and not window.controls.model_panel.isVisibleTo(window)
     assert not window.server.send_button.isEnabled()  # not connected yet
-    window.views.setCurrentIndex(0)  # the central tab leads the controls too
-    assert window.controls.source_tabs.currentIndex() == 0 and window.controls.strategy_panel.isVisibleTo(window)
+    window.views.setCurrentIndex(LOCAL)  # the central tab leads the controls too
+    assert window.controls.source_tabs.currentIndex() == LOCAL and window.controls.strategy_panel.isVisibleTo(window)
 
 
 def test_attach_plots_scrapes_and_own_request_joins_the_runs(qtbot, window, replay_server, tmp_path):  # noqa: F811
@@ -49,7 +50,7 @@ def test_attach_plots_scrapes_and_own_request_joins_the_runs(qtbot, window, repl
     replay_server.chunk_delay = 0.01
     attach(qtbot, window, replay_server.url)
     server = window.server
-    assert window.views.currentIndex() == 1
+    assert window.views.currentIndex() == SERVER
     assert "Disconnect" == server.panel.connect_button.text()
     qtbot.waitUntil(lambda: server.series.n >= len(PHASES) + 1, timeout=10000)
     card = server.panel.card.text()
@@ -105,7 +106,7 @@ def test_local_and_served_runs_share_the_latency_plot(qtbot, window, replay_serv
     window.redraw()
     plot = window.server.view.latency_plot
     assert plot.curve_data(local) and plot.curve_data(served)
-    window.set_mode(0)
+    window.set_mode(LOCAL)
     window.redraw()
     assert window.local_view.latency_plot.curve_data(served) and window.local_view.memory_plot.curve_data(local)
     assert window.local_view.memory_plot.curve_data(served) == []
@@ -128,7 +129,7 @@ def test_session_saves_and_opens_again(qtbot, window, replay_server, tmp_path): 
     assert window.server.series.n == len(saved.points())  # the plots again, derived from the raw scrapes
     assert window.runs_table.rowCount() == rows + 1  # its own request as a run again
     assert "opened from a session file" in window.server.view.summary.text()
-    assert window.views.currentIndex() == 1
+    assert window.views.currentIndex() == SERVER
 
 
 def test_unreachable_server_says_so_and_keeps_what_was_there(qtbot, window, dead_url):  # noqa: F811
@@ -147,7 +148,7 @@ def test_not_vllm_and_bad_addresses_are_refused_with_a_reason(qtbot, window, rep
     replay_server.metrics = [
         '# HELP python_info Python platform information\n# TYPE python_info gauge\npython_info{version="3.11"} 1.0\n'
     ]
-    window.set_mode(1)
+    window.set_mode(SERVER)
     with qtbot.waitSignal(window.server.connection.sigConnectFailed, timeout=10000):
         window.server.connect_to(replay_server.url)
     assert "does not look like a vLLM server" in window.last_error

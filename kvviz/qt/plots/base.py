@@ -240,6 +240,7 @@ class PlotPanel(QWidget):
             for text in forms:  # the longest that fits, as drawn (the label's own margins included)
                 if self._axis_shown.get(name) != text:
                     axis.setLabel(text)
+                    axis.resizeEvent()  # pyqtgraph centres a label only on resize: a longer one would be cut
                     self._axis_shown[name] = text
                 if axis.label.boundingRect().width() <= room - 12:  # room for pyqtgraph's nudge and rounding
                     break

@@ -1,0 +1,397 @@
+"""The window's "Evaluate" mode: long-context perplexity of several strategies along one document, live.
+
+`EvalMode` owns the widgets the window places (`document_panel` and `list_panel` around the strategy
+picker in the Controls dock, `buttons` under them, `view` as the central "Evaluate" tab) and the
+evaluation on screen: one `StrategySeries` per strategy. Evaluate sends the request to the `Evaluator`
+on the worker's thread (kvviz.qt.evaluator), which runs the strategies one after another; its answers
+arrive as queued signals, and the records themselves are read from the engine's runs when the window
+redraws (on its redraw timer, `sigChanged` asks for one). Stop stops every strategy. Kept evaluations
+(`kvviz-eval` files) open into the same view, and the one on screen saves as those files and the
+summary CSV `kvviz eval --out` writes.
+
+The Tokens and Runs docks belong to the local runs: they step aside while this mode is on screen.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from contextlib import contextmanager
+from html import escape as html_escape
+from pathlib import Path
+
+from PySide6.QtCore import QObject, Signal
+from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QPushButton, QWidget
+
+from kvviz import documents, evaluation
+from kvviz.eval_cli import _clock  # the command line's "m:ss" for time left
+from kvviz.evaluation import EvalRun
+from kvviz.qt.eval_series import CANCELLED, FAILED, FINAL, FINISHED, NOT_RUN, STARTING, StrategySeries
+from kvviz.qt.eval_view import EvalView
+from kvviz.qt.panels.eval_panel import DocumentPanel, StrategyListPanel
+from kvviz.qt.window_settings import _json
+
+# a first evaluation that shows what the mode is for (StreamingLLM's comparison): options set away from defaults
+FIRST_STRATEGIES = [
+    ("dynamic", {}),
+    ("sliding", {"window": 128}),
+    ("sink", {"sink_tokens": 4, "window": 124}),
+    ("quantized", {"backend": "hqq", "nbits": 2}),
+]
+
+
+def escape(text: str) -> str:
+    """Text for the rich-text header (quotes stay as they are: they need no escaping there)."""
+    return html_escape(text, quote=False)
+
+
+class EvalMode(QObject):
+    sigChanged = Signal()  # something to draw
+    sigRequestEvaluate = Signal(int, object)  # to the evaluator: eval id, request
+    sigDone = Signal(int)  # eval id: every strategy ended and the last records are drawn
+
+    def __init__(self, window, evaluator):
+        """window: the main window (messages, the strategy picker, the model's card); evaluator: on the worker."""
+        super().__init__(window)
+        self.window = window
+        self.evaluator = evaluator
+        self.document_panel = DocumentPanel()
+        self.list_panel = StrategyListPanel()
+        self.view = EvalView()
+        self.evaluate_button = QPushButton("Evaluate")
+        self.evaluate_button.setObjectName("runButton")
+        self.evaluate_button.setToolTip("Evaluate every strategy in the list on the document, one after another")
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setToolTip("Stop the evaluation: the strategy running keeps what it measured, "
+                                    "the ones after it do not start")
+        self.buttons = QWidget()
+        row = QHBoxLayout(self.buttons)
+        row.setContentsMargins(9, 0, 9, 0)
+        row.addWidget(self.evaluate_button, 2)
+        row.addWidget(self.stop_button, 1)
+        self.evaluate_button.clicked.connect(lambda *_: self.start())
+        self.stop_button.clicked.connect(lambda *_: self.stop())
+        self.list_panel.sigAddRequested.connect(self.add_chosen)
+        self.list_panel.sigChanged.connect(self.window.update_controls)
+        self.document_panel.sigOpenRequested.connect(self._ask_document)
+        self.sigRequestEvaluate.connect(evaluator.evaluate)
+        # bound methods of this GUI-thread object: queued to the GUI thread
+        evaluator.sigStarted.connect(self._on_started)
+        evaluator.sigProgress.connect(self._on_progress)
+        evaluator.sigNotice.connect(self._on_notice)
+        evaluator.sigFinished.connect(self._on_finished)
+        evaluator.sigFailed.connect(self._on_failed)
+
+        self.series: list[StrategySeries] = []
+        self.running: int | None = None  # the id of the evaluation in progress
+        self.current = -1  # the strategy whose records arrive
+        self.model: dict = {}  # the card of the model evaluated
+        self.document: dict = {}  # the document's record, as the files keep it
+        self.notice = ""  # why the document was cut
+        self.pause = ""  # what a one-time pause before the first prediction is doing (quanto's kernels)
+        self.opened = False  # the evaluation on screen came from files
+        self._next_id = 1
+        self._defaults: dict[str, dict] | None = None
+        self._hidden_docks: list = []
+        self.on_screen = False  # the Evaluate tab is the one shown
+        self._restored_list = False  # the settings held a list (even an empty one): no first list then
+        self._dirty = False
+
+    # -- the controls --------------------------------------------------------------------------------
+
+    def set_strategies(self, listing) -> None:
+        """The engine's strategies (from the worker): their defaults name the list's entries shortly."""
+        self._defaults = {s.name: {o.name: o.default for o in s.options} for s, _, _ in listing}
+        self.list_panel.set_defaults(self._defaults)
+        for s in self.series:
+            s.defaults = self._defaults
+        if not self.list_panel.entries() and not self._restored_list:
+            available = {s.name for s, ok, _ in listing if ok}
+            self.list_panel.set_entries([e for e in FIRST_STRATEGIES if e[0] in available])
+        self._dirty = True
+        self.sigChanged.emit()
+
+    def add_chosen(self) -> None:
+        picker = self.window.controls.strategy_panel
+        if picker.current() is not None:
+            self.list_panel.add(picker.current(), picker.values())
+
+    def _ask_document(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self.window, "Open a document to evaluate on", "",
+                                              "Text and Markdown (*.txt *.md);;All files (*)")
+        if path:
+            self.open_document(path)
+
+    def open_document(self, path: str | os.PathLike) -> bool:
+        """A user's .txt or .md file as the document; False (and a message saying why) when it cannot be used."""
+        try:
+            document = documents.from_file(path)
+        except documents.DocumentError as exc:
+            self.window.show_error(f"Cannot evaluate on this document: {exc}")
+            return False
+        self.document_panel.add_document(document)
+        return True
+
+    def can_start(self) -> bool:
+        return self.running is None and bool(self.list_panel.entries())
+
+    def update_controls(self, model_ready: bool) -> None:
+        """model_ready: a model is loaded and nothing else runs on the worker."""
+        idle = self.running is None
+        self.evaluate_button.setEnabled(model_ready and self.can_start())
+        self.stop_button.setEnabled(not idle)
+        self.list_panel.set_enabled(idle)
+        self.document_panel.setEnabled(idle)
+
+    # -- evaluating ----------------------------------------------------------------------------------
+
+    def start(self) -> int | None:
+        """Evaluate the list's strategies on the document; the evaluation's id, or None if it cannot start."""
+        if not self.evaluate_button.isEnabled():
+            return None
+        entries = self.list_panel.entries()
+        eval_id, self._next_id = self._next_id, self._next_id + 1
+        document = self.document_panel.document()
+        self.running, self.current, self.opened = eval_id, -1, False
+        self.model = dict(self.window.engine.card or {})
+        self.document = document.describe()
+        self.notice = self.pause = ""
+        self.series = [StrategySeries(i, {"name": n, "options": o}) for i, (n, o) in enumerate(entries)]
+        for s in self.series:
+            s.defaults = self._defaults
+        self.series[0].state = STARTING
+        self.window.error_bar.hide()
+        request = {"document": document, "tokens": self.document_panel.token_count(), "strategies": entries}
+        self.sigRequestEvaluate.emit(eval_id, request)
+        self.window.update_controls()
+        self._changed()
+        return eval_id
+
+    def stop(self) -> None:
+        if self.running is not None:
+            self.evaluator.cancel(self.running)
+            self.window.status_line.hold("stopping the evaluation after this forward…")
+
+    def _on_started(self, eval_id: int, start: dict) -> None:
+        if eval_id != self.running:
+            return
+        self.document = start["document"]
+        self.notice = start["notice"] or ""
+        if start["notice"]:
+            self.window.statusBar().showMessage(start["notice"], 20_000)
+        for s, run, error in zip(self.series, start["runs"], start["errors"], strict=True):
+            if run is not None:
+                s.attach(run)
+            if error is not None:
+                s.finish(FAILED, error)
+        self._changed()
+
+    def _on_progress(self, eval_id: int, index: int) -> None:
+        if eval_id != self.running:
+            return
+        if index != self.current:
+            for s in self.series[max(self.current, 0) : index]:  # the ones before have ended: draw them all
+                if s.state not in FINAL:
+                    s.sync()
+                    s.finish(FAILED if s.run is not None and s.run.error else FINISHED)
+            self.current = index
+            self.series[index].state = STARTING
+        self._changed()
+
+    def _on_notice(self, eval_id: int, message: str) -> None:
+        if eval_id == self.running:
+            self.pause = message
+            self._changed()
+
+    def _on_finished(self, eval_id: int, states: list[str]) -> None:
+        if eval_id != self.running:
+            return
+        for s, state in zip(self.series, states, strict=True):
+            s.sync()
+            s.finish(state)
+        self.running = None
+        self.pause = ""
+        failed = [s for s in self.series if s.state == FAILED]
+        if failed:
+            self.window.show_error("; ".join(f"{s.short_label()} failed: {s.error}" for s in failed))
+        self.window.update_controls()
+        self._dirty = True
+        self.window.redraw()
+        self.sigDone.emit(eval_id)
+
+    def _on_failed(self, eval_id: int, message: str) -> None:
+        if eval_id != self.running:
+            return
+        self.running = None
+        for s in self.series:
+            s.finish(NOT_RUN)
+        self.window.show_error(f"Cannot evaluate: {message}")
+        self.window.update_controls()
+        self._dirty = True
+        self.window.redraw()
+        self.sigDone.emit(eval_id)
+
+    def _changed(self) -> None:
+        self._dirty = True
+        self.sigChanged.emit()
+
+    # -- kept evaluations --------------------------------------------------------------------------
+
+    def open_run(self, run: EvalRun) -> EvalRun | None:
+        """Show a kept evaluation: beside the files opened before it when they read the same document with the
+        same model (a saved folder opens file by file), else in place of what is on screen. None while an
+        evaluation runs."""
+        if self.running is not None:
+            self.window.show_error("An evaluation is running: stop it before opening an evaluation file.")
+            return None
+        if not self.opened or not self._same_reading(run):
+            self.series = []
+        self.opened = True
+        self.model, self.document = dict(run.model), dict(run.document)
+        self.notice = run.document.get("cut") or ""
+        # the same strategy opened again takes its own place
+        same = next((s.index for s in self.series if s.strategy == run.strategy), len(self.series))
+        series = StrategySeries.from_run(same, run)
+        series.defaults = self._defaults
+        self.series[same : same + 1] = [series]
+        self._changed()
+        return run
+
+    def _same_reading(self, run: EvalRun) -> bool:
+        if not self.series:
+            return False
+        keys = ("name", "tokens", "first_token_id")
+        return (run.model.get("name") == self.model.get("name")
+                and all(run.document.get(k) == self.document.get(k) for k in keys))
+
+    def runs(self) -> list[tuple[int, EvalRun]]:
+        """(index, run) of every strategy that has a run to keep (refused ones have none)."""
+        return [(s.index, s.run) for s in self.series if s.run is not None and s.state != NOT_RUN]
+
+    def save(self, folder: str | os.PathLike) -> list[Path]:
+        """One kvviz-eval file per strategy evaluated and summary.csv, as `kvviz eval --out` writes them."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        written, rows = [], []
+        for index, run in self.runs():
+            path = run.save(folder / f"eval-{index + 1}-{run.strategy['name']}.json")
+            written.append(path)
+            rows.append(evaluation.summary_row(run, str(path)))
+        written.append(evaluation.write_summary_csv(rows, folder / "summary.csv"))
+        return written
+
+    def export_csv(self, path: str | os.PathLike) -> Path:
+        """The summary CSV alone (its file column empty: nothing was saved)."""
+        return evaluation.write_summary_csv([evaluation.summary_row(run) for _, run in self.runs()], path)
+
+    # -- drawing --------------------------------------------------------------------------------------
+
+    def redraw(self) -> None:
+        live = self.running is not None
+        if not (self._dirty or live):
+            return
+        self._dirty = False
+        if live and 0 <= self.current < len(self.series):
+            self.series[self.current].sync()
+        self.view.redraw(self.series, self.header(), live)
+
+    def header(self) -> str:
+        """The lines above the plots: model and document; what runs now or how it ended; why the document
+        was cut (a line of its own from the start, so that the plots do not move while it runs)."""
+        if not self.series:
+            return self.view.summary.text()
+        doc = self.document
+        title = doc.get("title") or doc.get("name") or "?"
+        by = f" by {doc['author']}" if doc.get("author") else ""
+        tokens = f", {doc['tokens']:,} tokens" if doc.get("tokens") else ""
+        lines = [f"<b>{escape(self.model.get('name') or '?')}</b> reading <b>{escape(title)}</b>{escape(by)}{tokens}"]
+        if self.opened:
+            lines.append("opened from files")
+        elif self.running is not None:
+            lines.append(escape(self.pause or self.progress()))
+        else:
+            states = [s.state for s in self.series]
+            lines.append("stopped" if CANCELLED in states or NOT_RUN in states else "done")
+        if self.notice:
+            lines.append(f"<i>{escape(self.notice)}</i>")
+        return "<br>".join(lines)
+
+    def progress(self) -> str:
+        """"strategy 2 of 4, sliding (window=128): 312 of 599 tokens, 21.3 tokens/s, 0:14 left, about 1:02 in
+        all" (the strategies after it at the speed seen so far of their kind: token by token, or chunked)."""
+        if not 0 <= self.current < len(self.series):
+            return "reading the document and building the caches…"
+        s = self.series[self.current]
+        text = f"strategy {self.current + 1} of {len(self.series)}, {s.short_label()}"
+        total, rate = s.total, s.tokens_per_s()
+        if total is None:
+            return text
+        text += f": {s.n:,} of {total:,} tokens"
+        if not rate:
+            return text
+        left = (total - s.n) / rate
+        text += f", {rate:,.1f} tokens/s, {_clock(left)} left"
+        rates = {x.run.method.get("mode"): x.tokens_per_s() for x in self.series[: self.current + 1]
+                 if x.run is not None and x.tokens_per_s()}
+        later = [x for x in self.series[self.current + 1 :] if x.run is not None and x.state not in FINAL]
+        if later:
+            known = [x.total / rates[x.run.method.get("mode")] for x in later if x.run.method.get("mode") in rates]
+            more = "+" if len(known) < len(later) else ""
+            text += f", about {_clock(left + sum(known))}{more} in all"
+        return text
+
+    def status(self) -> str:
+        return f"evaluating: {self.progress()}" if self.running is not None else ""
+
+    # -- the docks and the settings -------------------------------------------------------------------
+
+    def enter(self) -> None:
+        """On screen: the local runs' docks step aside (they come back on leaving)."""
+        if self.on_screen:
+            return
+        self.on_screen = True
+        docks = (self.window.tokens_dock, self.window.runs_dock)
+        self._hidden_docks = [d for d in docks if d.isVisible() and not d.isFloating()]
+        for dock in self._hidden_docks:
+            dock.hide()
+        self._dirty = True
+
+    def leave(self) -> None:
+        if not self.on_screen:
+            return
+        self.on_screen = False
+        for dock in self._hidden_docks:
+            dock.show()
+        self._hidden_docks = []
+
+    @contextmanager
+    def docks_back(self):
+        """The docks as the local mode has them while the window's layout is saved."""
+        on_screen = self.on_screen
+        self.leave()
+        try:
+            yield
+        finally:
+            if on_screen:
+                self.enter()
+
+    def save_settings(self, settings) -> None:
+        settings.setValue("evaluate/document", json.dumps(self.document_panel.state()))
+        settings.setValue("evaluate/strategies", json.dumps(self.list_panel.entries()))
+
+    def restore_settings(self, settings) -> None:
+        self.document_panel.set_state(_json(settings.value("evaluate/document"), {}))
+        entries = _json(settings.value("evaluate/strategies"), None)
+        if isinstance(entries, list):
+            self._restored_list = True
+            self.list_panel.set_entries([(str(e[0]), dict(e[1])) for e in entries
+                                         if isinstance(e, list) and len(e) == 2 and isinstance(e[1], dict)])
+
+    def restyle(self, palette) -> None:
+        """Plots, table and list in the theme's colours."""
+        self.view.apply_palette(palette)
+        self.list_panel.restyle()
+        self._dirty = True
+
+    def shutdown(self) -> None:
+        self.evaluator.cancel()

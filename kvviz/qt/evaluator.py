@@ -1,0 +1,153 @@
+"""The Evaluate tab's engine side: teacher-forced evaluations run on the worker's thread, one strategy
+after another.
+
+`Evaluator` is a child of the `Worker` and lives on its thread: `evaluate` is a queued slot, and every
+engine call (tokenizing the document, building each strategy's cache, the forwards) runs there, the one
+thread that runs torch. While an evaluation runs the worker's event loop waits, so loads and runs asked
+meanwhile wait for it (the window does not offer them). Results travel as the engine's own `EvalRun`
+objects: the engine appends each prediction's record to its run, and the window reads the records that
+arrived when it redraws. `cancel()` may be called from any thread: it stops every strategy (the one
+running after its current forward, the rest unstarted).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import traceback
+from typing import Any
+
+from PySide6.QtCore import QObject, Signal, Slot
+
+from kvviz.qt.eval_series import CANCELLED, FAILED, FINISHED, NOT_RUN
+from kvviz.qt.worker import Worker, _message
+
+log = logging.getLogger(__name__)
+
+PROGRESS_INTERVAL_S = 0.25  # so the Evaluate tab redraws about 4 times a second: every redraw slows the forwards
+
+
+class Evaluator(QObject):
+    # eval id, {"tokens", "notice", "document", "runs": [EvalRun or None], "errors": [str or None]}: the
+    # document is tokenized and every strategy built (or refused, with its error), before any prediction
+    sigStarted = Signal(int, object)
+    sigProgress = Signal(int, int)  # eval id, index of the strategy whose records are arriving
+    sigNotice = Signal(int, str)  # eval id, what a long one-time pause is doing ("" once it is over)
+    sigFinished = Signal(int, object)  # eval id, each strategy's final state: finished, cancelled, failed, not run
+    sigFailed = Signal(int, str)  # eval id, why nothing could be evaluated (user-facing)
+
+    def __init__(self, worker: Worker):
+        super().__init__(worker)  # moves to the worker's thread with it
+        self.worker = worker
+        self._lock = threading.Lock()
+        self._cancel: threading.Event | None = None
+        self._cancelled: set[int] = set()
+
+    # -- any thread ---------------------------------------------------------------------------------
+
+    def cancel(self, eval_id: int | None = None) -> None:
+        """Stop evaluation `eval_id` (or the one running): every strategy, not only the current one."""
+        with self._lock:
+            if eval_id is not None:
+                self._cancelled.add(eval_id)
+            if self._cancel is not None:
+                self._cancel.set()
+
+    # -- worker thread ------------------------------------------------------------------------------
+
+    @Slot(int, object)
+    def evaluate(self, eval_id: int, request: dict[str, Any]) -> None:
+        """request: "document" (a kvviz.documents.Document), "tokens" (int or None: the whole document, cut
+        at the model's context), "strategies" ([(name, options)])."""
+        cancel = threading.Event()
+        with self._lock:
+            self._cancel = cancel
+            if eval_id in self._cancelled:
+                cancel.set()
+        try:
+            evaluations = self._prepare(eval_id, request, cancel)
+            if evaluations is None:
+                return
+            self._run(eval_id, evaluations, cancel)
+        finally:
+            with self._lock:
+                self._cancel = None
+                self._cancelled.discard(eval_id)
+
+    def _prepare(self, eval_id: int, request: dict[str, Any], cancel: threading.Event) -> list | None:
+        """Tokenize the document and build every strategy's evaluation (None, after sigFailed, if none can be
+        built: no model, or a document too short); a strategy refused here keeps its error, the others go on."""
+        loaded = self.worker.loaded
+        try:
+            from kvviz.engine import evaluate, strategies
+
+            if loaded is None:
+                raise RuntimeError("no model is loaded yet; load one first")
+            specs = request["strategies"]
+            choices: list = []
+            errors: list[str | None] = []
+            for name, options in specs:
+                try:
+                    choices.append(strategies.choose(name, dict(options)))
+                    errors.append(None)
+                except Exception as exc:  # noqa: BLE001 - this strategy's problem, shown in its row
+                    choices.append(None)
+                    errors.append(_message(exc))
+            chosen = [c for c in choices if c is not None]
+            if not chosen:  # every strategy refused: their rows say why, the document is not even read
+                self.sigStarted.emit(eval_id, {"tokens": None, "notice": None, "runs": [None] * len(specs),
+                                               "document": request["document"].describe(), "errors": errors})
+                self.sigFinished.emit(eval_id, [FAILED] * len(specs))
+                return None
+            ids, record, notice = evaluate.prepare(loaded, request["document"], chosen, request.get("tokens"))
+            evaluations: list = []
+            for i, choice in enumerate(choices):
+                evaluation = None
+                if choice is not None:
+                    try:
+                        evaluation = evaluate.Evaluation(loaded, choice, ids, record, cancel=cancel)
+                    except Exception as exc:  # noqa: BLE001 - refused on this model: shown in its row
+                        errors[i] = _message(exc)
+                evaluations.append(evaluation)
+        except Exception as exc:  # noqa: BLE001 - the whole evaluation cannot start; the window says why
+            log.debug("evaluation %d failed:\n%s", eval_id, traceback.format_exc())
+            self.sigFailed.emit(eval_id, _message(exc))
+            return None
+        runs = [e.result if e is not None else None for e in evaluations]
+        self.sigStarted.emit(eval_id, {"tokens": len(ids), "notice": notice, "document": record, "runs": runs,
+                                       "errors": errors})
+        return evaluations
+
+    def _run(self, eval_id: int, evaluations: list, cancel: threading.Event) -> None:
+        from kvviz.engine import evaluate
+
+        runnable = [e for e in evaluations if e is not None]
+        # one-time preparations (quanto builds its kernels once per install) before the first prediction,
+        # with a notice while they last; each evaluation's own warm-up is then instant
+        for e in runnable:
+            if cancel.is_set():
+                break
+            try:
+                e.run.warm_up(lambda message: self.sigNotice.emit(eval_id, message))
+            except Exception as exc:  # noqa: BLE001 - this strategy's problem; its evaluation reports it
+                log.debug("warm-up failed: %s", exc)
+        self.sigNotice.emit(eval_id, "")
+        shown, last = -1, 0.0
+        try:
+            for index, _ in evaluate.evaluate_all(runnable):
+                now = time.perf_counter()
+                if index != shown or now - last >= PROGRESS_INTERVAL_S:
+                    shown, last = index, now
+                    self.sigProgress.emit(eval_id, evaluations.index(runnable[index]))
+        finally:  # the window always learns that the evaluation is over, whatever happened
+            self.sigFinished.emit(eval_id, [_state(e) for e in evaluations])
+
+
+def _state(evaluation) -> str:
+    """How one strategy's evaluation ended, in the Evaluate tab's words."""
+    if evaluation is None or evaluation.result.error:
+        return FAILED
+    if not evaluation.started:
+        return NOT_RUN
+    return CANCELLED if evaluation.result.cancelled else FINISHED

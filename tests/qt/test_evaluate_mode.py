@@ -1,0 +1,296 @@
+"""The window's Evaluate mode on the tiny model: its controls, live evaluations, Stop, failures kept apart,
+kept evaluation files, and every engine call on the worker's thread."""
+
+from __future__ import annotations
+
+import csv
+import json
+import threading
+
+import numpy as np
+import pytest
+from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
+from PySide6.QtGui import QDropEvent
+
+from kvviz import evaluation
+from kvviz.present import MIB, number
+from kvviz.qt.controls import EVALUATE, LOCAL
+from tests.qt.conftest import load, run
+
+TWO = [("dynamic", {}), ("sliding", {"window": 8})]
+
+
+def evaluate(qtbot, win, entries, tokens: int, timeout: int = 120000) -> int:
+    """Evaluate through the window's own controls and wait for the end; the evaluation's id."""
+    win.set_mode(EVALUATE)
+    mode = win.eval_mode
+    mode.list_panel.set_entries(entries)
+    mode.document_panel.tokens.setValue(tokens)
+    assert mode.evaluate_button.isEnabled(), win.last_error
+    with qtbot.waitSignal(mode.sigDone, timeout=timeout) as done:
+        mode.evaluate_button.click()
+    return done.args[0]
+
+
+def _list_texts(mode) -> list[str]:
+    items = mode.list_panel.list
+    return [items.item(i).text() for i in range(items.count())]
+
+
+def _table(mode) -> list[list[str]]:
+    table = mode.view.table
+    return [table.row_text(r) for r in range(table.rowCount())]
+
+
+def test_the_mode_swaps_controls_view_and_docks_and_keeps_its_choices(window, qtbot, settings, tmp_path):
+    from kvviz.qt.main_window import MainWindow
+
+    c, mode = window.controls, window.eval_mode
+    c.source_tabs.setCurrentIndex(EVALUATE)  # as a user clicks the tab
+    assert window.views.currentIndex() == EVALUATE and window.views.tabText(EVALUATE) == "Evaluate"
+    shown = (c.model_panel, c.document_panel, c.strategy_panel, c.eval_list_panel, mode.evaluate_button)
+    assert all(w.isVisibleTo(window) for w in shown)
+    hidden = (c.prompt_panel, c.settings_panel, c.run_button, window.tokens_dock, window.runs_dock)
+    assert not any(w.isVisibleTo(window) for w in hidden)
+    assert not mode.evaluate_button.isEnabled()  # no model yet
+    # the first list: StreamingLLM's comparison, each named by the options it sets away from their defaults
+    assert _list_texts(mode) == ["dynamic", "sliding (window=128)", "sink (window=124)",
+                                 "quantized (backend=hqq, nbits=2)"]
+    assert mode.list_panel.list.item(2).toolTip() == "sink (sink_tokens=4, window=124)"
+
+    # Add takes the picker's strategy and options; the same one again is not added twice; Remove
+    assert c.strategy_panel.set_current("sliding")
+    c.strategy_panel.set_option("window", 64)
+    mode.list_panel.add_button.click()
+    mode.list_panel.add_button.click()
+    assert _list_texts(mode)[-1] == "sliding (window=64)" and len(_list_texts(mode)) == 5
+    mode.list_panel.list.setCurrentRow(0)
+    mode.list_panel.remove_button.click()
+    assert _list_texts(mode)[0] == "sliding (window=128)" and len(_list_texts(mode)) == 4
+
+    # the document: built in, or a file (a bad one is refused with a reason, the choice stays)
+    panel = c.document_panel
+    assert panel.document().source == "builtin:alice" and "Lewis Carroll" in panel.about.text()
+    panel.tokens.setValue(0)
+    assert panel.tokens.text() == "whole document" and panel.token_count() is None
+    story = tmp_path / "story.md"
+    story.write_text("Once upon a time there was a cache.", encoding="utf-8")
+    assert mode.open_document(story) and panel.document().source == str(story)
+    assert panel.combo.currentText() == "story.md"
+    assert not mode.open_document(tmp_path / "story.pdf")
+    assert "story.pdf" in window.last_error and ".txt and .md" in window.last_error
+    assert panel.document().source == str(story)
+    panel.tokens.setValue(300)
+
+    # kept between sessions, with the docks as the local mode has them
+    window.save_settings()
+    assert not window.tokens_dock.isVisibleTo(window)  # still aside while the mode is on screen
+    again = MainWindow(settings=settings)
+    qtbot.addWidget(again)
+    again.show()
+    try:
+        qtbot.waitUntil(lambda: bool(again.controls.strategy_panel.names()), timeout=30000)
+        assert _list_texts(again.eval_mode) == _list_texts(mode)
+        assert again.controls.document_panel.state() == {"source": str(story), "tokens": 300}
+        assert again.tokens_dock.isVisibleTo(again) and again.runs_dock.isVisibleTo(again)
+    finally:
+        again.close()
+
+    c.source_tabs.setCurrentIndex(LOCAL)
+    assert window.tokens_dock.isVisibleTo(window) and window.runs_dock.isVisibleTo(window)
+    assert c.prompt_panel.isVisibleTo(window) and not c.document_panel.isVisibleTo(window)
+
+
+def test_two_strategies_end_to_end_rows_and_curves(window, qtbot, monkeypatch):
+    summaries = []
+    original = evaluation.EvalRun.summary
+    monkeypatch.setattr(evaluation.EvalRun, "summary", lambda self: summaries.append(1) or original(self))
+    load(qtbot, window, "tiny")
+    evaluate(qtbot, window, TWO, 40)
+    assert not summaries  # the live view never recomputes a run's summary (linear in its length)
+    mode = window.eval_mode
+    assert [s.state for s in mode.series] == ["finished", "finished"]
+    assert "tiny-random-llama" in mode.view.summary.text() and "40 tokens" in mode.view.summary.text()
+    rows = _table(mode)
+    for series, row in zip(mode.series, rows, strict=True):
+        records = series.run.records
+        assert len(records) == 39 and [r.position for r in records] == list(range(39))
+        s = original(series.run)
+        assert row[1:8] == ["39", number(s["perplexity"], 2), number(s["second_half_perplexity"], 2),
+                            f"{s['final_cache_bytes'] / MIB:,.2f}", number(s["tokens_per_s"], 1),
+                            "–" if s["first_eviction"] is None else f"{s['first_eviction']:,}", "finished"]
+        (x, y), = mode.view.perplexity_plot.curve_data(series.run_id)[:1]
+        nll = np.array([r.nll for r in records])
+        np.testing.assert_array_equal(x, np.arange(39))
+        assert y[-1] == pytest.approx(nll.mean(), rel=1e-9)  # under 64 predictions: the mean of all of them
+        measured = mode.view.memory_plot.curve_data(series.run_id)[0]
+        assert measured[1][-1] == pytest.approx(s["final_cache_bytes"] / MIB)
+    dynamic, sliding = mode.series
+    assert dynamic.run.method["mode"] == "chunked" and rows[0][0] == "dynamic" and rows[0][6] == "–"
+    assert sliding.run.method["mode"] == "token-by-token" and rows[1][0] == "sliding (window=8)"
+    assert len(mode.view.memory_plot.curve_data(sliding.run_id)[0][0]) == 39  # measured after every prediction
+    assert sliding.first_eviction == 8 and rows[1][6] == "8"
+    np.testing.assert_allclose([r.nll for r in dynamic.run.records[:8]], [r.nll for r in sliding.run.records[:8]],
+                               atol=1e-3)  # the same cache until the window is full
+    legend = mode.view.perplexity_plot.legend_bar.texts()
+    assert legend[:2] == ["dynamic", "sliding (window=8)"] and "first eviction" in legend
+
+
+def test_a_document_longer_than_the_context_is_cut_with_a_notice(window, qtbot):
+    load(qtbot, window, "tiny")
+    evaluate(qtbot, window, [("dynamic", {})], 0)  # the whole of Alice: far more than tiny's 4,096 positions
+    mode = window.eval_mode
+    assert mode.series[0].run.document["tokens"] == 4096 and mode.series[0].n == 4095
+    assert "longer than the model's context of 4,096 tokens" in mode.view.summary.text()
+
+
+def test_stop_stops_every_strategy_and_frees_the_worker(window, qtbot):
+    load(qtbot, window, "tiny")
+    window.set_mode(EVALUATE)
+    mode = window.eval_mode
+    mode.list_panel.set_entries([("sliding", {"window": 16}), ("sink", {"window": 12}), ("sliding", {"window": 32})])
+    mode.document_panel.tokens.setValue(4000)
+    mode.evaluate_button.click()
+    qtbot.waitUntil(lambda: mode.series[0].run is not None and len(mode.series[0].run.records) > 5, timeout=60000)
+    assert not window.controls.model_panel.load_button.isEnabled() and mode.stop_button.isEnabled()
+    with qtbot.waitSignal(mode.sigDone, timeout=60000):
+        window.menus.stop_action.trigger()  # Esc
+    assert [s.state for s in mode.series] == ["cancelled", "not run", "not run"]
+    assert 5 < mode.series[0].n < 3999 and mode.series[0].run.cancelled
+    assert [row[-1] for row in _table(mode)] == ["cancelled", "not run", "not run"]
+    assert "stopped" in mode.view.summary.text()
+    assert [index for index, _ in mode.runs()] == [0]  # what was measured is kept; nothing of the rest
+    window.set_mode(LOCAL)
+    assert window.controls.run_button.isEnabled()
+    run(qtbot, window, tokens=4)  # the worker serves a local run again
+
+
+def test_a_failing_strategy_keeps_its_error_and_the_others_their_results(window, qtbot, monkeypatch, tmp_path):
+    from kvviz.engine.cache_run import CacheRun
+
+    forward = CacheRun.forward
+
+    def failing_after_ten(self, input_ids, *args, **kwargs):
+        if self.choice.name == "sink" and self.seen >= 10:
+            raise RuntimeError("the cache ran out of memory (a failure this test injects)")
+        return forward(self, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(CacheRun, "forward", failing_after_ten)
+    load(qtbot, window, "tiny")
+    # static with too few slots is refused before any work; sink fails after ten predictions; dynamic is fine
+    evaluate(qtbot, window, [("static", {"max_cache_len": 16}), ("sink", {"window": 8}), ("dynamic", {})], 40)
+    mode = window.eval_mode
+    assert [s.state for s in mode.series] == ["failed", "failed", "finished"]
+    static, sink, dynamic = _table(mode)
+    assert static[1:7] == ["–"] * 6 and static[7].startswith("failed: option 'max_cache_len'")
+    assert sink[1] == "10 of 39" and "ran out of memory" in sink[7] and sink[2] != "–"
+    assert dynamic[1] == "39" and dynamic[7] == "finished"
+    assert len(mode.view.perplexity_plot.curve_data(mode.series[1].run_id)[0][0]) == 10  # what it measured
+    assert "static (max_cache_len=16) failed" in window.last_error and "sink (window=8) failed" in window.last_error
+
+    written = window.file_actions.save_evaluation(tmp_path / "kept")
+    assert sorted(p.name for p in written) == ["eval-2-sink.json", "eval-3-dynamic.json", "summary.csv"]
+    with (tmp_path / "kept" / "summary.csv").open(encoding="utf-8") as f:
+        assert [(r["strategy"], r["status"], r["tokens"]) for r in csv.DictReader(f)] == [
+            ("sink", "error", "10"), ("dynamic", "finished", "39")]
+
+
+def test_save_and_open_evaluation_files(window, qtbot, tmp_path):
+    from kvviz.qt.app import _open_traces
+
+    load(qtbot, window, "tiny")
+    evaluate(qtbot, window, TWO, 40)
+    mode, actions = window.eval_mode, window.file_actions
+    live_rows = _table(mode)
+    written = actions.save_evaluation(tmp_path / "out")
+    assert [p.name for p in written] == ["eval-1-dynamic.json", "eval-2-sliding.json", "summary.csv"]
+    assert str((tmp_path / "out").resolve()) in window.statusBar().currentMessage()
+    with (tmp_path / "out" / "summary.csv").open(encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["strategy"] for r in rows] == ["dynamic", "sliding"] and rows[1]["options"] == "window=8"
+    assert float(rows[0]["perplexity"]) == pytest.approx(mode.series[0].perplexity(), rel=1e-5)
+    exported = actions.export_evaluation_csv(tmp_path / "summary-only.csv")
+    with exported.open(encoding="utf-8") as f:
+        assert [r["perplexity"] for r in csv.DictReader(f)] == [r["perplexity"] for r in rows]
+    # the tab's plots export like the others': each with its title, axes and a legend naming the strategies
+    plots = actions.export_plots(tmp_path / "plots", width=640)
+    assert sorted(p.name for p in plots) == ["eval_memory_plot.png", "eval_memory_plot.svg", "perplexity_plot.png",
+                                             "perplexity_plot.svg"]
+    svg = (tmp_path / "plots" / "eval_memory_plot.svg").read_text(encoding="utf-8")
+    assert "sliding (window=8)" in svg and "cache memory (MiB)" in svg
+
+    # File > Open the first file, drop the second: the two side by side again, with the same numbers
+    window.set_mode(LOCAL)
+    opened = actions.open_trace(written[0])
+    assert isinstance(opened, evaluation.EvalRun) and window.views.currentIndex() == EVALUATE
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(written[1]))])
+    drop = QDropEvent(QPointF(20, 20), Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton,
+                      Qt.KeyboardModifier.NoModifier)
+    assert actions.eventFilter(window, drop) is True
+    window.redraw()
+    assert _table(mode) == live_rows
+    assert "opened from files" in mode.view.summary.text()
+    assert len(mode.view.perplexity_plot.curve_data(2)[0][0]) == 39
+
+    # --open: a file shown already takes its own place; another document's evaluation replaces what is shown
+    assert _open_traces(window, [str(written[1])]) == []
+    window.redraw()
+    assert _table(mode) == live_rows
+    other = json.loads(written[1].read_text(encoding="utf-8"))
+    other["document"].update(name="another.txt", source="/somewhere/another.txt", title=None, author=None)
+    (tmp_path / "other.json").write_text(json.dumps(other), encoding="utf-8")
+    assert _open_traces(window, [str(tmp_path / "other.json")]) == []
+    window.redraw()
+    assert _table(mode) == [live_rows[1]] and "another.txt" in mode.view.summary.text()
+    assert mode.view.perplexity_plot.curve_data(2) == []  # the curves of the strategies no longer shown are gone
+
+    # a damaged file is refused with its field named, nothing changes
+    damaged = json.loads(written[0].read_text(encoding="utf-8"))
+    damaged["records"]["nll"][3] = -1.0
+    bad = tmp_path / "damaged.json"
+    bad.write_text(json.dumps(damaged), encoding="utf-8")
+    assert actions.open_trace(bad) is None
+    assert "damaged.json" in actions.last_message and "nll" in actions.last_message
+    actions.message_box.close()
+    assert len(_table(mode)) == 1
+
+
+def test_no_engine_call_on_the_gui_thread(window, qtbot, monkeypatch):
+    from kvviz.engine import evaluate as engine
+    from kvviz.engine.cache_run import CacheRun
+
+    threads: set[int] = set()
+
+    def noting(function):
+        def call(*args, **kwargs):
+            threads.add(threading.get_ident())
+            return function(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(engine, "prepare", noting(engine.prepare))
+    monkeypatch.setattr(engine.Evaluation, "__init__", noting(engine.Evaluation.__init__))
+    monkeypatch.setattr(engine, "evaluate_all", noting(engine.evaluate_all))
+    monkeypatch.setattr(CacheRun, "forward", noting(CacheRun.forward))
+    monkeypatch.setattr(CacheRun, "measure", noting(CacheRun.measure))
+    load(qtbot, window, "tiny")
+    evaluate(qtbot, window, [("sink", {"window": 8}), ("quantized", {"backend": "hqq", "nbits": 2})], 24)
+    assert [s.state for s in window.eval_mode.series] == ["finished", "finished"], window.last_error
+    assert threads and threading.get_ident() not in threads  # the worker did all of it
+    assert len(threads) == 1
+
+
+def test_a_longer_axis_label_is_centred_again_when_the_plot_grows(qtbot):
+    from kvviz.qt.plots.eval_plots import PerplexityPlot
+
+    plot = PerplexityPlot()
+    qtbot.addWidget(plot)
+    plot.resize(900, 200)
+    plot.show()
+    qtbot.waitUntil(lambda: plot.axis_label("left") == "nats")
+    plot.resize(900, 260)
+    qtbot.waitUntil(lambda: plot.axis_label("left") == "nats, 64-token mean")
+    axis = plot.plot.getAxis("left")
+    top = axis.label.pos().y() - axis.label.boundingRect().width()  # the label is turned: its width runs upward
+    assert 0 <= top and axis.label.pos().y() <= axis.size().height()
