@@ -385,7 +385,7 @@ def cmd_bench(args) -> int:
             from kvviz.qt.bench import run_gui_bench
         except ImportError as exc:
             raise RuntimeError(f"the window benchmark is not available: {exc}") from None
-        figures = run_gui_bench(model=args.model, new_tokens=args.new_tokens)
+        figures = run_gui_bench(model=args.model, new_tokens=args.new_tokens, repeats=args.repeats)
     else:
         from kvviz.compare import parse_strategy_list
         from kvviz.engine.bench import run_bench

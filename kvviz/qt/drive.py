@@ -70,9 +70,9 @@ def choose(window, strategy: str, options: dict[str, Any] | None = None) -> bool
 
 def run(window, tokens: int, timeout_s: float = 900, extra_settings: dict[str, Any] | None = None) -> int | None:
     """Run the prompt and strategy in the controls for `tokens` tokens and wait for the end; the run's id, or
-    None when Run was not possible (window.last_error says why)."""
+    None when Run was not possible or the worker refused the run (window.last_error says why)."""
     window.controls.settings_panel.max_new_tokens.setValue(tokens)
     run_id = window.start_run(extra_settings)
     if run_id is not None:
         wait(lambda: window.store.generating is None, timeout_s)
-    return run_id
+    return run_id if run_id in window.store.runs else None  # a refused run is withdrawn from the store

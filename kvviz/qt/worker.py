@@ -11,7 +11,6 @@ a tensor.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import traceback
 from typing import Any
@@ -21,12 +20,6 @@ from PySide6.QtCore import QCoreApplication, QEvent, QObject, QThread, Signal, S
 from kvviz.errors import ModelError, OptionError, UsageError
 
 log = logging.getLogger(__name__)
-
-# OpenMP threads that busy-wait between parallel regions starve the thread that decodes when more
-# than one thread has run torch code (measured here: 4 tokens/s in the window instead of 22 when
-# the model was loaded on another thread). Passive waiting costs nothing measurable headless.
-# It only takes effect if set before torch is imported, which is why it sits at this import.
-OMP_WAIT_POLICY = os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 class _Interrupted(Exception):
