@@ -153,13 +153,14 @@ def test_metainfo_screenshot_size_matches_docs():
     assert (int(image.get("width")), int(image.get("height"))) == _png_size(shot)
 
 
-def test_icon_check_tolerates_rasteriser_noise_but_not_another_svg(tmp_path, monkeypatch):
+def test_icon_check_tolerates_rasteriser_noise_but_not_another_svg(tmp_path, monkeypatch, qapp):
+    # qapp: pytest-qt's QApplication. A bare QGuiApplication made here would outlive the test, and every
+    # later widget test in this process would abort ("Cannot create a QWidget without QApplication").
     pytest.importorskip("PySide6.QtSvg")
     sys.path.insert(0, str(ROOT / "packaging"))
     import render_icons
-    from PySide6.QtGui import QColor, QGuiApplication
+    from PySide6.QtGui import QColor
 
-    app = QGuiApplication.instance() or QGuiApplication([])  # noqa: F841
     image = render_icons.render(64)
     noisy = image.copy()
     for x in range(0, 64, 8):  # a few pixels off by one step, as another machine's rasteriser might draw them
