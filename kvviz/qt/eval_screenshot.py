@@ -11,11 +11,10 @@ Prints the frames' redraw cost and each strategy's tokens/s.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
-from kvviz.qt import drive
+from kvviz.qt import drive, screenshot
 
 STRATEGIES = [
     ("dynamic", {}),
@@ -27,38 +26,13 @@ MAIN = ("screenshot-evaluate.png", (1600, 1000), "dark")
 SIZES = ((1280, 720), (1920, 1080))
 
 
-def _grab(window, app, path: Path, size, theme_name: str) -> Path:
-    window.resize(*size)
-    window.reset_layout()
-    window.set_theme(theme_name)
-    drive.pause(0.3)
-    window.redraw()
-    for _ in range(10):
-        app.processEvents()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not window.grab().save(str(path)):
-        raise OSError(f"could not write {path}")
-    return path
-
-
 def make(folder: Path, model: str, tokens: int, every_size: bool) -> list[Path]:
-    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    app = drive.application("kvviz-screenshot")
-    from PySide6.QtCore import QSettings
-
     from kvviz.qt.controls import EVALUATE
-    from kvviz.qt.main_window import MainWindow
 
-    ini = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"kvviz-shot-{os.getpid()}.ini")
-    window = MainWindow(settings=QSettings(ini, QSettings.Format.IniFormat))
-    window.resize(*MAIN[1])
-    window.show()
+    app, window, ini = screenshot.open_window(MAIN[1], model)
     saved = []
     mode = window.eval_mode
     try:
-        drive.wait(lambda: bool(window.controls.strategy_panel.names()), 60)
-        if not drive.load(window, model, 300):
-            raise RuntimeError(window.last_error)
         window.set_mode(EVALUATE)
         mode.list_panel.set_entries(STRATEGIES)
         mode.document_panel.tokens.setValue(tokens)
@@ -67,7 +41,7 @@ def make(folder: Path, model: str, tokens: int, every_size: bool) -> list[Path]:
         half = tokens // 2
         drive.wait(lambda: mode.running is None or (mode.current == 2 and mode.series[2].n >= half), 3600)
         if mode.running is not None:
-            saved.append(_grab(window, app, folder / "evaluate-live.png", MAIN[1], MAIN[2]))
+            saved.append(screenshot.grab(app, window, folder / "evaluate-live.png", MAIN[1], MAIN[2]))
         count, started = window.redraws.count, window.redraws.cost_ms
         drive.wait(lambda: mode.running is None, 3600)
         print(f"frames drawn: {window.redraws.count}, smoothed frame cost {window.redraws.cost_ms:.1f} ms "
@@ -76,18 +50,14 @@ def make(folder: Path, model: str, tokens: int, every_size: bool) -> list[Path]:
             rate = s.tokens_per_s()
             print(f"{s.short_label()}: {s.state}, {s.n} predictions, perplexity {s.perplexity():.2f}, "
                   f"2nd half {s.second_half_perplexity():.2f}, {rate:.1f} tokens/s" if s.n else s.short_label())
-        saved.append(_grab(window, app, folder / MAIN[0], *MAIN[1:]))
+        saved.append(screenshot.grab(app, window, folder / MAIN[0], *MAIN[1:]))
         if every_size:
             for width, height in SIZES:
                 for theme_name in ("dark", "light"):
                     path = folder / f"evaluate-{width}x{height}-{theme_name}.png"
-                    saved.append(_grab(window, app, path, (width, height), theme_name))
+                    saved.append(screenshot.grab(app, window, path, (width, height), theme_name))
     finally:
-        window.close()
-        try:
-            os.remove(ini)
-        except OSError:
-            pass
+        screenshot.close(window, ini)
     return saved
 
 

@@ -39,7 +39,7 @@ def shots(folder: str | os.PathLike) -> list[tuple[Path, tuple[int, int], str]]:
     return wanted
 
 
-def _window(size: tuple[int, int], model: str):
+def open_window(size: tuple[int, int], model: str):
     """The application and a window with `model` loaded, its settings in a file of its own."""
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     app = drive.application("kvviz-screenshot")
@@ -58,7 +58,7 @@ def _window(size: tuple[int, int], model: str):
     return app, window, ini
 
 
-def _grab(app, window, path: Path, size: tuple[int, int], theme_name: str) -> Path:
+def grab(app, window, path: Path, size: tuple[int, int], theme_name: str) -> Path:
     window.resize(*size)
     window.reset_layout()  # every picture as a first start at that size looks
     window.set_theme(theme_name)
@@ -72,7 +72,7 @@ def _grab(app, window, path: Path, size: tuple[int, int], theme_name: str) -> Pa
     return path
 
 
-def _close(window, ini: str) -> None:
+def close(window, ini: str) -> None:
     window.close()
     try:
         os.remove(ini)
@@ -81,7 +81,7 @@ def _close(window, ini: str) -> None:
 
 
 def make(wanted: list[tuple[Path, tuple[int, int], str]], model: str = "default", tokens: int = 96) -> list[Path]:
-    app, window, ini = _window(wanted[0][1], model)
+    app, window, ini = open_window(wanted[0][1], model)
     saved = []
     try:
         window.controls.prompt_panel.set_text(PROMPT)
@@ -91,9 +91,9 @@ def make(wanted: list[tuple[Path, tuple[int, int], str]], model: str = "default"
             runs.append(drive.run(window, tokens))
         window.runs_table.select_runs(runs)
         for path, size, theme_name in wanted:
-            saved.append(_grab(app, window, path, size, theme_name))
+            saved.append(grab(app, window, path, size, theme_name))
     finally:
-        _close(window, ini)
+        close(window, ini)
     return saved
 
 
@@ -102,7 +102,7 @@ def make_eviction(folder: str | os.PathLike, model: str = "default", tokens: int
     from kvviz.documents import builtin
 
     name, size, theme_name = EVICTION
-    app, window, ini = _window(size, model)
+    app, window, ini = open_window(size, model)
     try:
         text = builtin("alice").text
         start = text.index("Alice was beginning")
@@ -116,9 +116,9 @@ def make_eviction(folder: str | os.PathLike, model: str = "default", tokens: int
         drive.choose(window, *EVICTION_SWITCH)
         window.switch_strategy()
         drive.wait(lambda: window.store.generating is None, 900)
-        return _grab(app, window, Path(folder) / name, size, theme_name)
+        return grab(app, window, Path(folder) / name, size, theme_name)
     finally:
-        _close(window, ini)
+        close(window, ini)
 
 
 def main(argv: list[str] | None = None) -> int:
