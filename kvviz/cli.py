@@ -452,9 +452,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as exc:
         return _interrupted(exc)
     except Exception as exc:
-        interrupt = interrupts.received()  # a Ctrl-C inside an import may come out as another error
-        if interrupt is not None:
-            return _interrupted(interrupt)
         if isinstance(exc, (ModelError, RuntimeError, OSError)):
             _report(args, exc)
         else:  # a failure inside torch/transformers: still one readable paragraph

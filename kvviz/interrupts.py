@@ -1,9 +1,10 @@
 """How kvviz ends on Ctrl-C and SIGTERM: both as a KeyboardInterrupt, so that what was measured is kept.
 
 Exit status as shells report it: 130 for Ctrl-C (SIGINT), 143 for SIGTERM (a desktop session ending,
-`kill`). Each signal is also remembered: a Ctrl-C that lands inside a library's import can come out as
-another error (transformers' lazy modules turn it into an import error; a half-imported extension then
-refuses to load again), and the command still ends as interrupted. Stdlib only.
+`kill`). A signal that arrives while a module is being imported is delivered again once the import is
+over: raised inside an import it can abort the whole process (torch runs Python code from C++ through
+pybind11, which cannot pass the exception on), come out as another error (transformers' lazy modules
+turn it into an import error) or leave a half-imported extension that refuses to load again. Stdlib only.
 """
 
 from __future__ import annotations
@@ -16,27 +17,30 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, handled like Ctrl-C but with its own exit status."""
 
 
-_received: list[int] = []  # the signals that arrived, in order
+RETRY_S = 0.05  # how soon a signal deferred by an import is sent again
+
+
+def _inside_import(frame) -> bool:
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _raise(signum, frame) -> None:
-    _received.append(signum)
+    if _inside_import(frame):
+        threading.Timer(RETRY_S, signal.raise_signal, (signum,)).start()
+        return
     raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
 
 def catch() -> None:
-    """From now on Ctrl-C and SIGTERM raise (and are remembered) in the main thread; elsewhere Python cannot
+    """From now on Ctrl-C and SIGTERM raise KeyboardInterrupt in the main thread; elsewhere Python cannot
     set handlers."""
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, _raise)
-
-
-def received() -> KeyboardInterrupt | None:
-    """The first Ctrl-C or SIGTERM that arrived since `catch()`, or None."""
-    if not _received:
-        return None
-    return Terminated() if _received[0] == signal.SIGTERM else KeyboardInterrupt()
 
 
 def exit_status(interrupt: KeyboardInterrupt) -> int:
