@@ -1,7 +1,8 @@
 """`kvviz eval`: long-context perplexity of several cache strategies along one document, headless.
 
 Each strategy reads the document through its own cache, one token at a time (strategies that keep
-every token exactly: a chunk per forward), and the command prints per strategy the perplexity
+every token exactly: a chunk per forward; strategies that evict: together, one batch row each, unless
+`--one-at-a-time`), and the command prints per strategy the perplexity
 overall and over segments, the cache's size and the speed; `--out DIR` keeps one `kvviz-eval` file
 per strategy and `summary.csv`. Ctrl-C or SIGTERM stops the evaluation, keeps and writes what was
 measured, and exits 130 or 143; a strategy that fails does not stop the others (exit status 1 then).
@@ -34,7 +35,8 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "eval", help="perplexity along a long document through each strategy's cache (StreamingLLM's evaluation)",
         description="Feed a document through each strategy's cache one token at a time (strategies that keep every "
-        "token exactly: a chunk per forward) and score every next token. Prints per strategy the perplexity overall, "
+        "token exactly: a chunk per forward; strategies that evict read it together, one batch row each) and score "
+        "every next token. Prints per strategy the perplexity overall, "
         "by quarter of the document and before/after the cache first dropped a token, the cache's size and tokens/s. "
         "Ctrl-C keeps and writes what was measured.",
     )
@@ -51,6 +53,9 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
         help="comma-separated NAME or NAME:KEY=VALUE:KEY=VALUE, e.g. dynamic,sliding:window=256,"
         "sink:sink_tokens=4:window=252,quantized:backend=hqq:nbits=2",
     )
+    parser.add_argument("--one-at-a-time", action="store_true",
+                        help="feed each strategy alone, so that its tokens/s is its own (by default the strategies "
+                        "that evict read the document together, one batch row each, sharing each forward's time)")
     parser.add_argument("--out", type=Path, metavar="DIR", help="write a kvviz-eval file per strategy and summary.csv")
     parser.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     return parser
@@ -108,10 +113,11 @@ def cmd_eval(args) -> int:
     progress = Progress(evaluations)
     interrupted = None
     try:
-        for index, _ in evaluate.evaluate_all(evaluations):
-            if rows.shown < index:
+        for index, _ in evaluate.evaluate_all(evaluations, together=not args.one_at_a_time):
+            ready = rows.ready()
+            if ready:
                 progress.clear()
-                rows.show(index)
+                rows.show(ready)
             progress.update(index)
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: keep what was measured
         interrupted = exc
@@ -121,7 +127,7 @@ def cmd_eval(args) -> int:
                 if e.started and not e.result.error and len(e.result.records) < e.ids.shape[-1] - 1:
                     e.result.cancelled = True
         progress.clear()
-        rows.show(sum(e.started for e in evaluations))
+        rows.show(rows.ready(final=True))
         files = _save(evaluations, out) if out else {}
         if args.json:
             print(json.dumps([_json_result(e.result, files.get(i)) for i, e in enumerate(evaluations) if e.started],
@@ -142,20 +148,35 @@ class Rows:
         self.evaluations = evaluations
         self.as_json = as_json
         self.table = Table()
-        self.shown = 0
+        self.printed: set[int] = set()
         if not as_json:
             print(self.table.header(), flush=True)
 
-    def show(self, upto: int) -> None:
-        """Print the rows of the evaluations before index `upto` not printed yet."""
-        for e in self.evaluations[self.shown : upto]:
+    def ready(self, final: bool = False) -> list[int]:
+        """The evaluations whose rows can be printed now, in order: those finished, up to the first one not
+        finished (final: every one started)."""
+        ready = []
+        for i, e in enumerate(self.evaluations):
+            if i in self.printed:
+                continue
+            if final and e.started or e.finished:
+                ready.append(i)
+            elif not final:
+                break
+        return ready
+
+    def show(self, indices: list[int]) -> None:
+        for i in indices:
             if not self.as_json:
-                print(self.table.row(e.result), flush=True)
-        self.shown = max(self.shown, upto)
+                print(self.table.row(self.evaluations[i].result), flush=True)
+            self.printed.add(i)
 
 
 def _print_footer(evaluations) -> None:
     print(SEGMENTS_NOTE)
+    if any(e.result.method["mode"] == "batched" for e in evaluations):
+        print("Strategies read together share each forward: their tokens/s is each one's share of the batch's "
+              "speed (--one-at-a-time measures each alone).")
     for e in evaluations:
         if e.result.error:
             print(f"{e.result.label()} failed: {e.result.error}")
@@ -241,39 +262,42 @@ class Table:
             notes.append(f"evicting from token {s['first_eviction']:,}")
         if run.method["mode"] == "chunked":
             notes.append(f"{run.method['chunk']} tokens per forward")
+        elif run.method["mode"] == "batched":
+            notes.append(f"one of {run.method['rows']} strategies per forward")
         return " ".join(cells) + f"  {run.label()}: {', '.join(notes)}"
 
 
 class Progress:
-    """The strategy running, tokens done, speed and time left (this one and in all) on stderr: one line
+    """The strategies running, tokens done, speed and time left (these and in all) on stderr: one line
     rewritten twice a second on a terminal, else a line every 15 seconds."""
 
     def __init__(self, evaluations):
         self.evaluations = evaluations
         self.tty = sys.stderr.isatty()
-        self.index = -1
-        self.started = time.monotonic()
+        self.started: dict[int, float] = {}  # when each evaluation's first record came
         self.last_shown = 0.0
         self.rates: dict[str, float] = {}  # tokens/s by evaluation mode, as seen so far
 
     def update(self, index: int) -> None:
         now = time.monotonic()
-        if index != self.index:
-            self.index, self.started = index, now
+        self.started.setdefault(index, now)
         e = self.evaluations[index]
-        done, total = len(e.result.records), e.ids.shape[-1] - 1
-        elapsed = now - self.started
+        done, total = len(e.result.records), e.predictions
+        elapsed = now - self.started[index]
         if elapsed <= 0 or now - self.last_shown < (0.5 if self.tty else 15.0):
             return
         self.last_shown = now
         rate = done / elapsed
         self.rates[e.result.method["mode"]] = rate
         left = (total - done) / rate
-        later = [(x.ids.shape[-1] - 1, self.rates.get(x.result.method["mode"])) for x in self.evaluations[index + 1:]]
+        later = [(x.predictions, self.rates.get(x.result.method["mode"])) for x in self.evaluations if not x.started]
         in_all = left + sum(n / r for n, r in later if r)
         unknown = "+" if any(r is None for _, r in later) else ""
-        line = (f"kvviz: [{index + 1}/{len(self.evaluations)}] {e.result.label()}: {done:,}/{total:,} tokens, "
-                f"{rate:.1f} tokens/s, {_clock(left)} left" + (f", {_clock(in_all)}{unknown} in all" if later else ""))
+        running = [i for i, x in enumerate(self.evaluations) if x.started and not x.finished] or [index]
+        what = e.result.label() if len(running) == 1 else f"{len(running)} strategies, one batch row each"
+        line = (f"kvviz: [{','.join(str(i + 1) for i in running)}/{len(self.evaluations)}] {what}: "
+                f"{done:,}/{total:,} tokens, {rate:.1f} tokens/s, {_clock(left)} left"
+                + (f", {_clock(in_all)}{unknown} in all" if later else ""))
         if self.tty:
             print(f"\r{line}\033[K", end="", file=sys.stderr, flush=True)
         else:

@@ -7,7 +7,7 @@ An evaluation file holds one strategy's run over one document, as JSON:
 
     {"format": "kvviz-eval", "version": 1, "model": {...}, "strategy": {"name", "options"},
      "document": {"name", "source", "title", "author", "tokens", "first_token_id", "cut"},
-     "method": {"mode": "token-by-token" or "chunked", "chunk": int},
+     "method": {"mode": "token-by-token", "chunked" or "batched", "chunk": int, "rows": int (batched)},
      "cancelled": bool, "error": str or null, "first_eviction": int or null,
      "records": {"position": [...], "token_id": [...], "nll": [...], "cache_bytes": [...],
                  "predicted_cache_bytes": [...], "tokens_held": [...], "wall_ms": [...]},
@@ -50,7 +50,7 @@ from kvviz.trace_schema import MAX_MS, MAX_POSITIONS, MODEL_CARD, STRATEGY
 
 FORMAT = "kvviz-eval"
 VERSION = 1
-MODES = ("token-by-token", "chunked")
+MODES = ("token-by-token", "chunked", "batched")  # batched: token by token, one batch row among `rows`
 QUARTERS = 4
 
 
@@ -64,7 +64,8 @@ class TokenRecord:
     cache_bytes: int | None  # measured after the feed; None inside a chunk of a chunked evaluation
     predicted_cache_bytes: int | None  # what the strategy's size rule says, likewise
     tokens_held: int | None  # the most tokens any layer held after the feed, likewise
-    wall_ms: float  # the forward and log-softmax of this prediction (a chunk's time shared by its tokens)
+    wall_ms: float  # the forward and log-softmax of this prediction (a chunk's or a batch's time shared by the
+    # predictions it made)
 
 
 COLUMNS = ("position", "token_id", "nll", "cache_bytes", "predicted_cache_bytes", "tokens_held", "wall_ms")
@@ -77,7 +78,7 @@ class EvalRun:
     model: dict[str, Any]  # the model card
     strategy: dict[str, Any]  # {"name": str, "options": dict}
     document: dict[str, Any]  # name, source, title, author, tokens, first_token_id, cut
-    method: dict[str, Any]  # {"mode": one of MODES, "chunk": tokens per forward}
+    method: dict[str, Any]  # {"mode": one of MODES, "chunk": tokens per forward, "rows": strategies per forward}
     records: list[TokenRecord] = field(default_factory=list)
     cancelled: bool = False
     error: str | None = None
@@ -196,6 +197,8 @@ def summary_row(run: EvalRun, file: str | None = None) -> dict[str, Any]:
     method = run.method.get("mode", "")
     if method == "chunked":
         method += f" ({run.method.get('chunk')})"
+    elif method == "batched":
+        method += f" ({run.method.get('rows')})"
     row = {
         "strategy": run.strategy.get("name", ""),
         "options": " ".join(f"{k}={v}" for k, v in options.items()),
@@ -271,7 +274,8 @@ _EVAL = Record(
              "first_token_id": maybe(Int(0, null=True)), "cut": maybe(Json(depth=0))},
             extra=Json(depth=1), what="a document (an object)",
         ),
-        "method": Record({"mode": Text(MODES), "chunk": Int(1)}, what="a method (an object with mode and chunk)"),
+        "method": Record({"mode": Text(MODES), "chunk": Int(1), "rows": maybe(Int(1))},
+                         what="a method (an object with mode and chunk)"),
         "cancelled": Flag(),
         "error": Text(null=True),
         "first_eviction": Int(0, null=True),

@@ -41,7 +41,9 @@ class AttentionConsumer(Protocol):
         attention saw them, `mask` None (causal) or the boolean/additive mask ``[batch, 1, new, keys]``."""
 
 
-def _requests() -> dict[int, tuple[torch.Tensor, AttentionConsumer]]:
+def _requests() -> dict[int, dict[int, tuple[torch.Tensor, AttentionConsumer]]]:
+    """Per layer index, per consumer (by id): the keys it asked about. Several caches fed in one forward
+    (`cache_rows`) each ask for their own row."""
     pending = getattr(_local, "pending", None)
     if pending is None:
         pending = _local.pending = {}
@@ -49,8 +51,9 @@ def _requests() -> dict[int, tuple[torch.Tensor, AttentionConsumer]]:
 
 
 def expect(layer_index: int, keys: torch.Tensor, consumer: AttentionConsumer) -> None:
-    """Ask for the attention that layer `layer_index` pays to `keys` (the tensor its cache just returned)."""
-    _requests()[layer_index] = (keys, consumer)
+    """Ask for the attention that layer `layer_index` pays to `keys` (the tensor its cache just returned); a
+    consumer's newer request replaces its older one."""
+    _requests().setdefault(layer_index, {})[id(consumer)] = (keys, consumer)
 
 
 @contextmanager
@@ -70,15 +73,16 @@ def sdpa_with_scores(module, query, key, value, attention_mask, dropout=0.0, sca
                                     **kwargs)
     view = getattr(_local, "view", None)
     pending = getattr(_local, "pending", None)
-    request = pending.get(module.layer_idx) if pending else None
-    if view is None and request is None:
+    requests = pending.get(module.layer_idx) if pending else None
+    if view is None and not requests:
         return output
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     if view is not None:  # first: a layer that evicts replaces what it holds when it is handed its attention
         view.attended(module.layer_idx, query, key, attention_mask, scale)
-    if request is not None and request[0] is key:
-        del pending[module.layer_idx]
-        request[1].attended(module.layer_idx, query, key, attention_mask, scale)
+    for asker, (keys, consumer) in list((requests or {}).items()):
+        if keys is key:
+            del requests[asker]
+            consumer.attended(module.layer_idx, query, key, attention_mask, scale)
     return output
 
 

@@ -9,6 +9,7 @@ and measures it. Strategy-specific behaviour comes from the strategy object, nev
 
 from __future__ import annotations
 
+import functools
 import inspect
 import time
 
@@ -24,14 +25,32 @@ from kvviz.errors import OptionError
 from kvviz.trace import LayerRecord
 
 
+@functools.cache
+def _forward_parameters(model_class) -> frozenset[str]:
+    return frozenset(inspect.signature(model_class.forward).parameters)
+
+
 def cache_keyword(model) -> str:
     """The forward keyword that takes the cache: `cache` in new transformers, `past_key_values` before."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return "cache" if "cache" in _forward_parameters(type(model)) else "past_key_values"
 
 
 def keeps_logits(model) -> bool:
     """Whether the forward accepts `logits_to_keep` (computes logits for the last positions only)."""
-    return "logits_to_keep" in inspect.signature(model.forward).parameters
+    return "logits_to_keep" in _forward_parameters(type(model))
+
+
+def model_forward(model, input_ids: torch.Tensor, cache, position_ids: torch.Tensor | None, logits_to_keep: int = 1,
+                  forward=None) -> torch.Tensor:
+    """One forward of `model` (or of `forward`, its compiled form) through `cache` (None: no cache, the whole
+    sequence fed) at `position_ids`; the logits of the last `logits_to_keep` positions (0: all)."""
+    kwargs = {"logits_to_keep": logits_to_keep} if keeps_logits(model) else {}
+    if cache is None:
+        kwargs["use_cache"] = False
+    else:
+        kwargs.update(use_cache=True, position_ids=position_ids, **{cache_keyword(model): cache})
+    logits = (forward or model)(input_ids=input_ids, **kwargs).logits
+    return logits if keeps_logits(model) or not logits_to_keep else logits[:, -logits_to_keep:]
 
 
 class CacheRun:
@@ -52,8 +71,6 @@ class CacheRun:
         self.scoring_ms: float | None = None  # of the last feed: time an evicting cache spent choosing what to keep
         self.attention: AttentionView | None = None  # of the last feed, when watching attention
         self._watch_attention = False
-        self._cache_kw = cache_keyword(model)
-        self._keeps_logits = keeps_logits(model)
         self.choice, self.strategy, self.cache, self.predictor = self._build(choice)
 
     def _build(self, choice: StrategyChoice):
@@ -104,24 +121,25 @@ class CacheRun:
         with attention_scores.watching(view):
             logits = self.call(input_ids, forward, logits_to_keep)
         self.attention = view
+        self.fed(n)
+        return logits
+
+    def fed(self, n: int) -> None:
+        """The bookkeeping after `n` tokens went through the cache (by `forward`, or in a batch of runs)."""
         self.scoring_ms = measure.scoring_ms(self.cache)
-        self.seen = total
+        self.seen = n if self.cache is None else self.seen + n
         self.position = self.cache.get_seq_length() if self.strategy.renumbers_positions else self.seen
         self.evicted = self.evicted or self.strategy.has_evicted(self.choice.options, self.seen)
         self.predicted_bytes = self.predictor.after_step(n)
-        return logits
+
+    def positions(self, n: int, device) -> torch.Tensor:
+        """The position ids ``[1, n]`` of the next `n` tokens fed."""
+        return torch.arange(self.position, self.position + n, device=device)[None]
 
     def call(self, input_ids: torch.Tensor, forward=None, logits_to_keep: int = 1) -> torch.Tensor:
         """One forward through the cache with no bookkeeping (what `forward` and compile warm-ups use)."""
-        kwargs = {"logits_to_keep": logits_to_keep} if self._keeps_logits else {}
-        if self.cache is None:
-            kwargs["use_cache"] = False
-        else:
-            n = input_ids.shape[-1]
-            kwargs.update(use_cache=True, **{self._cache_kw: self.cache})
-            kwargs["position_ids"] = torch.arange(self.position, self.position + n, device=input_ids.device)[None]
-        logits = (forward or self.model)(input_ids=input_ids, **kwargs).logits
-        return logits if self._keeps_logits or not logits_to_keep else logits[:, -logits_to_keep:]
+        positions = None if self.cache is None else self.positions(input_ids.shape[-1], input_ids.device)
+        return model_forward(self.model, input_ids, self.cache, positions, logits_to_keep, forward)
 
     def watch_attention(self, on: bool) -> None:
         """Record the current token's attention per layer at each feed (`attention`), or stop (costs nothing)."""

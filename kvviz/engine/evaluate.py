@@ -8,7 +8,10 @@ measured and predicted bytes, the tokens it holds, and the time it took.
 
 A strategy whose predictions equal the full cache's (`Strategy.exact`: it keeps every token in full
 precision) is fed `CHUNK` tokens per forward instead, each forward scoring all of them; the NLL is
-the same to within 1e-3 nats (tested), and the cache is then measured once per chunk.
+the same to within 1e-3 nats (tested), and the cache is then measured once per chunk. The other
+strategies can read the document together (`evaluate_all(..., together=True)`): one batch row each,
+every forward feeding one token to all of their caches (`cache_rows`), which shares the reading of
+the weights that bounds a token-by-token forward; each row's NLL is the same as alone (tested).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from collections.abc import Iterator
 import torch
 
 from kvviz.documents import Document
+from kvviz.engine import cache_rows
 from kvviz.engine.cache_run import CacheRun
 from kvviz.engine.geometry import Geometry
 from kvviz.engine.models import LoadedModel
@@ -145,42 +149,50 @@ class Evaluation:
     def cancelled(self) -> bool:
         return self._cancel.is_set()
 
-    def __iter__(self) -> Iterator[TokenRecord]:
+    @property
+    def predictions(self) -> int:
+        return self.ids.shape[-1] - 1
+
+    @property
+    def finished(self) -> bool:
+        """Started and over: every token predicted, failed or cancelled."""
+        result = self.result
+        return self.started and (len(result.records) >= self.predictions or bool(result.error) or result.cancelled)
+
+    def batchable(self) -> bool:
+        """Whether this evaluation can share forwards with others (`feed_together`) and predict as it would
+        alone: token by token, through a cache that does not quantize, on a model that allows it."""
+        return (self.chunk == 1 and self.run.cache is not None and not self.run.strategy.quantizes
+                and cache_rows.unsupported(self.model) is None)
+
+    def start(self) -> None:
         self.started = True
         self.run.warm_up(lambda message: None)  # kernel builds before the first token, not in its time
-        predictions = self.ids.shape[-1] - 1
-        for start in range(0, predictions, self.chunk):
+
+    def __iter__(self) -> Iterator[TokenRecord]:
+        self.start()
+        for start in range(0, self.predictions, self.chunk):
             if self._cancel.is_set():
                 self.result.cancelled = True
                 return
-            end = min(start + self.chunk, predictions)
-            if self.run.evicted and self.result.first_eviction is None:
-                self.result.first_eviction = start
+            end = min(start + self.chunk, self.predictions)
+            self._note_eviction(start)
             started = time.perf_counter()
-            nll = self._score(start, end)
-            wall_ms = (time.perf_counter() - started) * 1000.0 / (end - start)
-            layers = self.run.measure()
-            for position, value in zip(range(start, end), nll, strict=True):
-                last = position == end - 1  # the cache is measured after each forward only
-                record = TokenRecord(
-                    position=position,
-                    token_id=int(self.ids[0, position + 1]),
-                    nll=value,
-                    cache_bytes=sum(layer.total_bytes for layer in layers) if last else None,
-                    predicted_cache_bytes=self.run.predicted_bytes if last else None,
-                    tokens_held=max((layer.seq_len for layer in layers), default=0) if last else None,
-                    wall_ms=wall_ms,
-                )
-                self.result.records.append(record)
-                yield record
+            fed = self.ids[:, :end] if self.run.cache is None else self.ids[:, start:end]
+            with torch.inference_mode():
+                logits = self.run.forward(fed, logits_to_keep=end - start)[0]
+            nll = self._nll(logits, start)
+            yield from self._record(start, nll, (time.perf_counter() - started) * 1000.0 / (end - start))
 
-    def _score(self, start: int, end: int) -> list[float]:
-        """Feed the document's tokens [start, end) and return the NLL of each one's successor."""
-        fed = self.ids[:, :end] if self.run.cache is None else self.ids[:, start:end]
+    def _note_eviction(self, position: int) -> None:
+        if self.run.evicted and self.result.first_eviction is None:
+            self.result.first_eviction = position
+
+    def _nll(self, logits: torch.Tensor, start: int) -> list[float]:
+        """The NLL of the successors of the tokens fed from `start`, given their logits ``[n, vocab]``."""
         with torch.inference_mode():
-            logits = self.run.forward(fed, logits_to_keep=end - start)[0]
             logprobs = torch.log_softmax(logits.float(), dim=-1)
-            targets = self.ids[0, start + 1 : end + 1]
+            targets = self.ids[0, start + 1 : start + 1 + logits.shape[0]]
             nll = (-logprobs.gather(-1, targets[:, None])[:, 0]).tolist()
         bad = next((i for i, v in enumerate(nll) if not math.isfinite(v)), None)
         if bad is not None:
@@ -190,18 +202,92 @@ class Evaluation:
             )
         return nll
 
+    def _record(self, start: int, nll: list[float], wall_ms: float) -> Iterator[TokenRecord]:
+        """Records for the predictions from `start`, the cache measured after the last (each forward's end)."""
+        layers = self.run.measure()
+        end = start + len(nll)
+        for position, value in zip(range(start, end), nll, strict=True):
+            last = position == end - 1
+            record = TokenRecord(
+                position=position,
+                token_id=int(self.ids[0, position + 1]),
+                nll=value,
+                cache_bytes=sum(layer.total_bytes for layer in layers) if last else None,
+                predicted_cache_bytes=self.run.predicted_bytes if last else None,
+                tokens_held=max((layer.seq_len for layer in layers), default=0) if last else None,
+                wall_ms=wall_ms,
+            )
+            self.result.records.append(record)
+            yield record
 
-def evaluate_all(evaluations: list[Evaluation]) -> Iterator[tuple[int, TokenRecord]]:
-    """Run the evaluations one after another, yielding (index, record).
+
+def _failure(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def evaluate_together(evaluations: list[Evaluation]) -> Iterator[tuple[int, TokenRecord]]:
+    """Batchable evaluations of the same tokens, one batch row each, fed one token per forward: yields
+    (index in `evaluations`, record). Each record's time is its share of the forward (the forward's time
+    over the rows in it). A row that fails keeps its error and leaves the batch; the others go on."""
+    for e in evaluations:
+        e.start()
+        e.result.method = {"mode": "batched", "chunk": 1, "rows": len(evaluations)}
+    active = list(range(len(evaluations)))
+    first = evaluations[0]
+    with cache_rows.attention_by_rows(first.model):
+        for position in range(first.predictions):
+            if any(evaluations[i].cancelled for i in active):
+                for i in active:
+                    evaluations[i].result.cancelled = True
+                return
+            for i in active:
+                evaluations[i]._note_eviction(position)
+            started = time.perf_counter()
+            with torch.inference_mode():
+                logits, failures = cache_rows.feed_together([evaluations[i].run for i in active],
+                                                            first.ids[:, position : position + 1])
+            wall_ms = (time.perf_counter() - started) * 1000.0 / len(active)
+            still = []
+            for row, i in enumerate(active):
+                e = evaluations[i]
+                try:
+                    if row in failures:
+                        raise failures[row]
+                    nll = e._nll(logits[row], position)
+                except Exception as exc:  # noqa: BLE001 - this strategy's own failure, reported with its result
+                    e.result.error = _failure(exc)
+                    continue
+                still.append(i)
+                for record in e._record(position, nll, wall_ms):
+                    yield i, record
+            active = still
+            if not active:
+                return
+
+
+def evaluate_all(evaluations: list[Evaluation], together: bool = False) -> Iterator[tuple[int, TokenRecord]]:
+    """Run the evaluations, yielding (index, record): one after another, or with `together` the batchable
+    ones (two or more) in one batch where the first of them stands (`evaluate_together`).
 
     A failure in one (its message kept in its result's `error`) does not stop the others; once one
     is cancelled, the ones not started are left unstarted.
     """
+    batch = [i for i, e in enumerate(evaluations) if e.batchable()] if together else []
+    if len(batch) < 2:
+        batch = []
     for index, evaluation in enumerate(evaluations):
         if evaluation.cancelled:
             return
+        if index in batch[1:]:
+            continue
+        if batch and index == batch[0]:
+            for row, record in evaluate_together([evaluations[i] for i in batch]):
+                yield batch[row], record
+            continue
         try:
             for record in evaluation:
                 yield index, record
         except Exception as exc:  # noqa: BLE001 - a strategy's own failure, reported with its result
-            evaluation.result.error = f"{type(exc).__name__}: {exc}"
+            evaluation.result.error = _failure(exc)
+
+

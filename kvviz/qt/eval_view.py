@@ -36,7 +36,8 @@ COLUMNS = (
     ("2nd half", True, "Perplexity over the second half of the predictions (after a small cache filled, "
                        "what a long document costs)"),
     ("cache MiB", True, "The cache's measured size after the last prediction"),
-    ("tokens/s", True, "Predictions per second of forward time (a chunked evaluation scores many per forward)"),
+    ("tokens/s", True, "Predictions per second of forward time (a chunked evaluation scores many per forward; "
+                        "strategies read together by kvviz eval share each forward)"),
     ("evicts from", True, "The first position predicted after the cache had dropped a token"),
     ("status", False, "finished, running, cancelled, not run (stopped before it started), or failed and why"),
 )

@@ -27,7 +27,7 @@ def test_eval_writes_a_file_per_strategy_and_a_summary(tmp_path):
     assert result.returncode == 0, result.stderr
     results = json.loads(result.stdout)
     assert [r["strategy"]["name"] for r in results] == ["dynamic", "sliding", "sink"]
-    assert [r["method"]["mode"] for r in results] == ["chunked", "token-by-token", "token-by-token"]
+    assert [r["method"]["mode"] for r in results] == ["chunked", "batched", "batched"]
     for r in results:
         run = evaluation.load(r["file"])
         assert r["status"] == run.status == "finished" and len(run.records) == 47
@@ -38,6 +38,22 @@ def test_eval_writes_a_file_per_strategy_and_a_summary(tmp_path):
     assert [row["strategy"] for row in rows] == ["dynamic", "sliding", "sink"]
     assert rows[2]["options"] == "sink_tokens=4 window=12" and rows[2]["first_eviction"] == "17"
     assert not list(out.glob("*.part"))
+
+
+def test_strategies_that_evict_read_together_unless_one_at_a_time():
+    args = ("eval", "--model", "tiny", "--builtin", "alice", "--tokens", "40", "--strategies",
+            "sliding:window=16,dynamic,sink:sink_tokens=4:window=12")
+    together, alone = kvviz(*args), kvviz(*args, "--one-at-a-time")
+    assert together.returncode == alone.returncode == 0, together.stderr + alone.stderr
+    rows = together.stdout.splitlines()[1:4]  # in the order asked for, though sink finished before dynamic started
+    assert rows[0].endswith("sliding (window=16): finished, evicting from token 16, one of 2 strategies per forward")
+    assert rows[1].endswith("dynamic: finished, 128 tokens per forward")
+    assert rows[2].endswith("evicting from token 17, one of 2 strategies per forward")
+    assert "share each forward" in together.stdout and "share each forward" not in alone.stdout
+    as_json = [json.loads(kvviz(*args, "--json", *extra).stdout) for extra in ((), ("--one-at-a-time",))]
+    for batched, single in zip(*as_json, strict=True):
+        assert batched["summary"]["perplexity"] == pytest.approx(single["summary"]["perplexity"], rel=1e-4)
+    assert [r["method"]["mode"] for r in as_json[1]] == ["token-by-token", "chunked", "token-by-token"]
 
 
 def test_eval_prints_a_table_and_trace_opens_its_files(tmp_path):

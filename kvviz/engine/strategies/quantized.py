@@ -66,6 +66,7 @@ class QuantizedPredictor(CachePredictor):
 class Quantized(Strategy):
     name = "quantized"
     description = "QuantizedCache (KIVI-style): old tokens quantized, the newest kept in a full-precision residual"
+    quantizes = True
     options = (
         Option("backend", "choice", "quanto", "quantization library", choices=("quanto", "hqq", "fp8")),
         Option("nbits", "int", 4, "bits per value (quanto: 2, 4; hqq: 1, 2, 3, 4, 8)", minimum=1, maximum=8),

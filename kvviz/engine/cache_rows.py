@@ -1,0 +1,113 @@
+"""Several caches fed the same tokens in one forward, one batch row per cache.
+
+Feeding a document token by token is bound by reading the model's weights once per forward (a
+matrix-vector product per layer). Strategies that read the same document can share that read: each
+becomes one row of a batch, keeps its own cache and its own positions, and its keys and values never
+meet the other rows', because attention runs row by row against what each row's cache returned. The
+rows' predictions are those of feeding each cache alone, to float rounding (tested).
+
+A batched forward runs the model with attention implementation `kvviz_rows` (registered here, with no
+mask function: transformers then builds no mask), so it serves only single-token feeds on models whose
+every layer attends to all it holds (no sliding-window layers) through SDPA.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from transformers import AttentionInterface
+
+from kvviz.engine import attention_scores
+from kvviz.engine.cache_run import CacheRun, model_forward
+from kvviz.engine.geometry import Geometry
+
+NAME = "kvviz_rows"
+
+_local = threading.local()
+
+
+class CacheRows:
+    """Stands in for a transformers cache in one batched forward: row b's keys and values go to `caches[b]`.
+
+    A row whose cache or attention scoring raises is failed (`failures`, by row) and fed placeholders for
+    the rest of the forward, so that the other rows' caches stay whole; its logits mean nothing.
+    """
+
+    def __init__(self, caches: list):
+        self.caches = caches
+        self.returned: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}  # per layer, each row's keys, values
+        self.failures: dict[int, Exception] = {}
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        returned = []
+        for row, cache in enumerate(self.caches):
+            keys, values = key_states[row : row + 1], value_states[row : row + 1]
+            if row not in self.failures:
+                try:
+                    keys, values = cache.update(keys, values, layer_idx, *args, **kwargs)
+                except Exception as exc:  # noqa: BLE001 - this row's strategy failed; the others go on
+                    self.failures[row] = exc
+            returned.append((keys, values))
+        self.returned[layer_idx] = returned
+        return key_states, value_states  # unused: `rows_attention` reads each row's own
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.caches[0].get_seq_length(layer_idx)
+
+
+def rows_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """SDPA attention of each row's queries on the keys and values its own cache returned (with the scores
+    handed to the caches that evict by attention, as `attention_scores` does for a single cache)."""
+    rows: CacheRows = _local.rows
+    outputs = []
+    for row, (keys, values) in enumerate(rows.returned.pop(module.layer_idx)):
+        try:
+            output = attention_scores.sdpa_with_scores(module, query[row : row + 1], keys, values, None,
+                                                       dropout=dropout, scaling=scaling, **kwargs)[0]
+        except Exception as exc:  # noqa: BLE001 - an eviction policy's scoring failed: this row only
+            rows.failures.setdefault(row, exc)
+            output = torch.zeros_like(query[row : row + 1].transpose(1, 2))  # SDPA's [1, new, heads, head_dim]
+        outputs.append(output)
+    return torch.cat(outputs, dim=0), None
+
+
+AttentionInterface.register(NAME, rows_attention)
+
+
+def unsupported(model) -> str | None:
+    """Why caches cannot be fed together on this model, or None."""
+    problem = attention_scores.unsupported(model)
+    if problem:
+        return problem
+    if Geometry.of(model.config, model.dtype).hybrid:
+        return "has sliding-window layers, whose attention needs a mask per row"
+    return None
+
+
+@contextmanager
+def attention_by_rows(model) -> Iterator[None]:
+    """Inside, `feed_together` can run on `model` (checked with `unsupported` first)."""
+    previous = model.config._attn_implementation
+    model.set_attn_implementation(NAME)
+    try:
+        yield
+    finally:
+        _local.rows = None
+        model.set_attn_implementation(previous)
+
+
+def feed_together(runs: list[CacheRun], token_id: torch.Tensor) -> tuple[torch.Tensor, dict[int, Exception]]:
+    """Feed one token ``[1, 1]`` to every run's cache (each holding one) in one forward, inside
+    `attention_by_rows`; returns the logits ``[len(runs), 1, vocab]``, row b's from `runs[b]`'s cache, and the
+    failures by row (those rows' logits and caches are unusable; the others' are whole)."""
+    model = runs[0].model
+    rows = _local.rows = CacheRows([run.cache for run in runs])
+    positions = torch.cat([run.positions(1, token_id.device) for run in runs])
+    logits = model_forward(model, token_id.expand(len(runs), 1), rows, positions)
+    for row, run in enumerate(runs):
+        if row not in rows.failures:
+            run.fed(1)
+    return logits, rows.failures
