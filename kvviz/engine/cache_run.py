@@ -167,7 +167,8 @@ class CacheRun:
 
     # -- measuring ---------------------------------------------------------------------------------
 
-    def measure(self) -> list[LayerRecord]:
-        """The cache as really allocated, one record per layer (empty records when there is no cache)."""
-        records = measure.measure_cache(self.cache, self.seen)
+    def measure(self, slots: bool = True) -> list[LayerRecord]:
+        """The cache as really allocated, one record per layer (empty records when there is no cache); `slots`
+        False leaves out which positions an evicting layer holds (only sizes are wanted)."""
+        records = measure.measure_cache(self.cache, self.seen, slots)
         return records or [LayerRecord(0, 0, 0, 0) for _ in range(self.geometry.num_layers)]

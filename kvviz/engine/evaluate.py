@@ -204,7 +204,7 @@ class Evaluation:
 
     def _record(self, start: int, nll: list[float], wall_ms: float) -> Iterator[TokenRecord]:
         """Records for the predictions from `start`, the cache measured after the last (each forward's end)."""
-        layers = self.run.measure()
+        layers = self.run.measure(slots=False)  # sizes only: an evaluation shows no cache map
         end = start + len(nll)
         for position, value in zip(range(start, end), nll, strict=True):
             last = position == end - 1

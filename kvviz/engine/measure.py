@@ -70,8 +70,9 @@ def _spans(*runs: tuple[SlotState, int]) -> list[list[int]]:
     return [[int(state), int(count)] for state, count in runs if count > 0]
 
 
-def measure_layer(layer, counter: StorageCounter) -> LayerRecord:
-    """Bytes, tokens and slot states of one cache layer."""
+def measure_layer(layer, counter: StorageCounter, slots: bool = True) -> LayerRecord:
+    """Bytes, tokens and slot states of one cache layer (slots False: an evicting layer's slot states are left
+    empty; reading which positions it holds costs milliseconds once its choices are scattered)."""
     if isinstance(layer, BaseQuantizedLayer):
         return _measure_quantized(layer, counter)
     keys = counter.bytes_of(layer.keys)
@@ -94,6 +95,8 @@ def measure_layer(layer, counter: StorageCounter) -> LayerRecord:
         return LayerRecord(keys, values, seen, layer.max_cache_len, storage=storage, spans=spans)
     held = layer.keys.shape[-2] if layer.keys.dim() == 4 else 0
     if isinstance(layer, KvvizLayer):
+        if not slots:
+            return LayerRecord(keys, values, held, held, storage=storage, spans=[])
         return LayerRecord(keys, values, held, held, storage=storage, spans=_spans(*layer.slot_spans()),
                            head_spans=layer.head_spans())
     if isinstance(layer, DynamicSlidingWindowLayer):
@@ -123,8 +126,9 @@ def _measure_quantized(layer: BaseQuantizedLayer, counter: StorageCounter) -> La
     )
 
 
-def measure_cache(cache, seen: int) -> list[LayerRecord]:
-    """One record per layer; an empty list when there is no cache (strategy `none`).
+def measure_cache(cache, seen: int, slots: bool = True) -> list[LayerRecord]:
+    """One record per layer; an empty list when there is no cache (strategy `none`). `slots`: as for
+    `measure_layer`.
 
     `seen` is the number of tokens processed so far: positions a layer does not account for
     were dropped before it got them (by an evicting strategy before a live switch).
@@ -132,7 +136,7 @@ def measure_cache(cache, seen: int) -> list[LayerRecord]:
     if cache is None:
         return []
     counter = StorageCounter()
-    records = [measure_layer(layer, counter) for layer in cache.layers]
+    records = [measure_layer(layer, counter, slots) for layer in cache.layers]
     for record in records:
         covered = sum(n for state, n in record.spans if state != SlotState.PREALLOCATED)
         if record.spans and covered < seen:
