@@ -30,12 +30,12 @@ def _forward_parameters(model_class) -> frozenset[str]:
     return frozenset(inspect.signature(model_class.forward).parameters)
 
 
-def cache_keyword(model) -> str:
+def _cache_keyword(model) -> str:
     """The forward keyword that takes the cache: `cache` in new transformers, `past_key_values` before."""
     return "cache" if "cache" in _forward_parameters(type(model)) else "past_key_values"
 
 
-def keeps_logits(model) -> bool:
+def _keeps_logits(model) -> bool:
     """Whether the forward accepts `logits_to_keep` (computes logits for the last positions only)."""
     return "logits_to_keep" in _forward_parameters(type(model))
 
@@ -44,13 +44,13 @@ def model_forward(model, input_ids: torch.Tensor, cache, position_ids: torch.Ten
                   forward=None) -> torch.Tensor:
     """One forward of `model` (or of `forward`, its compiled form) through `cache` (None: no cache, the whole
     sequence fed) at `position_ids`; the logits of the last `logits_to_keep` positions (0: all)."""
-    kwargs = {"logits_to_keep": logits_to_keep} if keeps_logits(model) else {}
+    kwargs = {"logits_to_keep": logits_to_keep} if _keeps_logits(model) else {}
     if cache is None:
         kwargs["use_cache"] = False
     else:
-        kwargs.update(use_cache=True, position_ids=position_ids, **{cache_keyword(model): cache})
+        kwargs.update(use_cache=True, position_ids=position_ids, **{_cache_keyword(model): cache})
     logits = (forward or model)(input_ids=input_ids, **kwargs).logits
-    return logits if keeps_logits(model) or not logits_to_keep else logits[:, -logits_to_keep:]
+    return logits if _keeps_logits(model) or not logits_to_keep else logits[:, -logits_to_keep:]
 
 
 class CacheRun:

@@ -14,21 +14,18 @@ import time
 import torch
 from transformers import DynamicCache
 
-from kvviz.engine.cache_run import cache_keyword, keeps_logits
+from kvviz.engine.cache_run import model_forward
 
 
 class Reference:
     def __init__(self, model):
         self.model = model
         self.cache = DynamicCache(config=model.config)
-        self.kwargs = {"use_cache": True, cache_keyword(model): self.cache}
-        if keeps_logits(model):
-            self.kwargs["logits_to_keep"] = 1
 
     def compare(self, fed: torch.Tensor, run_logits: torch.Tensor, token: int) -> tuple[float, bool, float, float]:
         """Feed the reference the same tokens; returns (kl, top1_agree, ref_logprob, reference_ms)."""
         started = time.perf_counter()
-        logits = self.model(input_ids=fed, **self.kwargs).logits[:, -1, :]
+        logits = model_forward(self.model, fed, self.cache, position_ids=None)[:, -1, :]
         ref = torch.log_softmax(logits.float(), dim=-1)
         run = torch.log_softmax(run_logits.float(), dim=-1)
         kl = float((ref.exp() * (ref - run)).sum().clamp_min(0.0))

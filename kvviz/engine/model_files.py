@@ -27,7 +27,7 @@ from transformers.utils import (
     WEIGHTS_NAME,
 )
 
-from kvviz.engine.cache_run import cache_keyword
+from kvviz.engine.cache_run import model_forward
 from kvviz.errors import ModelError
 
 Progress = Callable[[str, "float | None"], None]
@@ -258,12 +258,11 @@ def check_keeps_kv_cache(model: PreTrainedModel, where: str) -> None:
     One token through the model, as the decoder feeds it; state-space and linear-attention models
     (Mamba, RWKV, ...) keep other state or none, and kvviz has nothing to show for them.
     """
-    cache_kw = cache_keyword(model)
     cache = DynamicCache(config=model.config)
     token = torch.zeros((1, 1), dtype=torch.long, device=model.device)
     try:
         with torch.no_grad():
-            model(input_ids=token, use_cache=True, **{cache_kw: cache})
+            model_forward(model, token, cache, position_ids=None)
         kept = cache.get_seq_length()
     except (ValueError, TypeError, RuntimeError, AttributeError, IndexError):
         kept = 0
