@@ -176,17 +176,22 @@ class Evaluation:
                 self.result.cancelled = True
                 return
             end = min(start + self.chunk, self.predictions)
-            self._note_eviction(start)
+            self.note_eviction(start)
             started = time.perf_counter()
             fed = self.ids[:, :end] if self.run.cache is None else self.ids[:, start:end]
             with torch.inference_mode():
                 logits = self.run.forward(fed, logits_to_keep=end - start)[0]
-            nll = self._nll(logits, start)
-            yield from self._record(start, nll, (time.perf_counter() - started) * 1000.0 / (end - start))
+            yield from self.take(start, logits, (time.perf_counter() - started) * 1000.0 / (end - start))
 
-    def _note_eviction(self, position: int) -> None:
+    def note_eviction(self, position: int) -> None:
+        """Before the forward that predicts from `position`: mark it as the first eviction if the cache has evicted."""
         if self.run.evicted and self.result.first_eviction is None:
             self.result.first_eviction = position
+
+    def take(self, start: int, logits: torch.Tensor, wall_ms: float) -> list[TokenRecord]:
+        """Record the predictions of the tokens fed from `start`, given their logits ``[n, vocab]`` and the time
+        per prediction, with the cache measured as the forward left it. Raises if a prediction is not finite."""
+        return self._record(start, self._nll(logits, start), wall_ms)
 
     def _nll(self, logits: torch.Tensor, start: int) -> list[float]:
         """The NLL of the successors of the tokens fed from `start`, given their logits ``[n, vocab]``."""
@@ -202,10 +207,11 @@ class Evaluation:
             )
         return nll
 
-    def _record(self, start: int, nll: list[float], wall_ms: float) -> Iterator[TokenRecord]:
+    def _record(self, start: int, nll: list[float], wall_ms: float) -> list[TokenRecord]:
         """Records for the predictions from `start`, the cache measured after the last (each forward's end)."""
         layers = self.run.measure(slots=False)  # sizes only: an evaluation shows no cache map
         end = start + len(nll)
+        records = []
         for position, value in zip(range(start, end), nll, strict=True):
             last = position == end - 1
             record = TokenRecord(
@@ -217,8 +223,9 @@ class Evaluation:
                 tokens_held=max((layer.seq_len for layer in layers), default=0) if last else None,
                 wall_ms=wall_ms,
             )
-            self.result.records.append(record)
-            yield record
+            records.append(record)
+        self.result.records.extend(records)
+        return records
 
 
 def _failure(exc: BaseException) -> str:
@@ -241,7 +248,7 @@ def evaluate_together(evaluations: list[Evaluation]) -> Iterator[tuple[int, Toke
                     evaluations[i].result.cancelled = True
                 return
             for i in active:
-                evaluations[i]._note_eviction(position)
+                evaluations[i].note_eviction(position)
             started = time.perf_counter()
             with torch.inference_mode():
                 logits, failures = cache_rows.feed_together([evaluations[i].run for i in active],
@@ -253,12 +260,12 @@ def evaluate_together(evaluations: list[Evaluation]) -> Iterator[tuple[int, Toke
                 try:
                     if row in failures:
                         raise failures[row]
-                    nll = e._nll(logits[row], position)
+                    records = e.take(position, logits[row], wall_ms)
                 except Exception as exc:  # noqa: BLE001 - this strategy's own failure, reported with its result
                     e.result.error = _failure(exc)
                     continue
                 still.append(i)
-                for record in e._record(position, nll, wall_ms):
+                for record in records:
                     yield i, record
             active = still
             if not active:
