@@ -12,15 +12,13 @@ measured, and exits 130 or 143; a strategy that fails does not stop the others (
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
+from kvviz import interrupts
 from kvviz.errors import UsageError
 
 SEGMENTS_NOTE = (
@@ -121,7 +119,7 @@ def cmd_eval(args) -> int:
             progress.update(index)
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: keep what was measured
         interrupted = exc
-    with signals_deferred():  # a second Ctrl-C waits until what was measured is shown and written
+    with interrupts.deferred():  # a second Ctrl-C waits until what was measured is shown and written
         if interrupted is not None:
             for e in evaluations:
                 if e.started and not e.result.error and len(e.result.records) < e.ids.shape[-1] - 1:
@@ -210,24 +208,6 @@ def _save(evaluations, out: Path) -> dict[int, str]:
 def _json_result(run, file: str | None) -> dict:
     return {"strategy": run.strategy, "method": run.method, "document": run.document, "status": run.status,
             "error": run.error, "file": file, "summary": run.summary()}
-
-
-@contextlib.contextmanager
-def signals_deferred():
-    """Ctrl-C and SIGTERM arriving inside the block take effect when it ends (a save is never cut short)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    caught: list[int] = []
-    held = (signal.SIGINT, signal.SIGTERM)
-    previous = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in held}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-    if caught and callable(previous[caught[0]]):
-        previous[caught[0]](caught[0], None)
 
 
 # -- output -----------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ turn it into an import error) or leave a half-imported extension that refuses to
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 
@@ -46,3 +47,21 @@ def catch() -> None:
 def exit_status(interrupt: KeyboardInterrupt) -> int:
     """128 + the signal's number: 130 for Ctrl-C, 143 for SIGTERM."""
     return 128 + (signal.SIGTERM if isinstance(interrupt, Terminated) else signal.SIGINT)
+
+
+@contextlib.contextmanager
+def deferred():
+    """Ctrl-C and SIGTERM arriving inside the block take effect when it ends (a save is never cut short)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in held}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if caught and callable(previous[caught[0]]):
+        previous[caught[0]](caught[0], None)
