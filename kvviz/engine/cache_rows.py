@@ -60,6 +60,8 @@ class CacheRows:
         return key_states, value_states  # unused: `rows_attention` reads each row's own
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
+        # Llama-style models ask only when no position ids are given (feed_together always gives them);
+        # some models ask anyway (for ALiBi biases, say) and would fail on a cache without it
         return self.caches[0].get_seq_length(layer_idx)
 
 
