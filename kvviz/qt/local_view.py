@@ -6,7 +6,9 @@ computes the attention only while it shows."""
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QSplitter, QTabWidget, QVBoxLayout, QWidget
@@ -103,20 +105,20 @@ class LocalView(QWidget):
             return [self.attention_map, self.sink_plot]
         return [self.cache_map]
 
-    def redraw(self, shown: list[RunSeries], primary: RunSeries | None, generating: bool) -> None:
-        """Draw the runs shown; the per-layer views at most every LAYER_VIEWS_INTERVAL_S while generating
-        (each costs a full repaint of its plot)."""
+    def redraw_parts(self, shown: list[RunSeries], primary: RunSeries | None,
+                     generating: bool) -> list[Callable[[], None]]:
+        """The runs shown, drawn a plot per part; the per-layer views at most every LAYER_VIEWS_INTERVAL_S
+        while generating (each costs a full repaint of its plot)."""
         # Served runs have timings only: the latency plot shows them, the cache views do not.
         local = [r for r in shown if not is_served(r.trace)]
         local_primary = primary if primary in local else (local[-1] if local else None)
         now = time.perf_counter()
         full = not generating or now - self._last_layer_redraw >= LAYER_VIEWS_INTERVAL_S
+        if full:
+            self._last_layer_redraw = now
         self.fidelity_plot.setVisible(any(r.has_reference for r in local))
         self.run_legend.set_entries(self.memory_plot.run_entries(shown))
         self._last_draw = (local, local_primary)
         behind = {self.cache_map, self.attention_map, self.sink_plot} - set(self._tab_plots())
-        for plot in self.plots if full else self.plots[:3]:
-            if plot not in behind:
-                plot.redraw(shown if plot is self.latency_plot else local, local_primary)
-        if full:
-            self._last_layer_redraw = now
+        return [functools.partial(plot.redraw, shown if plot is self.latency_plot else local, local_primary)
+                for plot in (self.plots if full else self.plots[:3]) if plot not in behind]

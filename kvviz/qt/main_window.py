@@ -20,6 +20,7 @@ from a trace file is drawn by the same code as a live one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from PySide6.QtCore import QSettings, Qt, Signal
@@ -60,7 +61,7 @@ class MainWindow(QMainWindow):
         self.wheel_guard = wheel_guard.install(QApplication.instance())  # before any field is made
 
         self.store = RunStore(self)
-        self.redraws = RedrawScheduler(self._draw, self)
+        self.redraws = RedrawScheduler(self._frame, self)
         self.engine = LocalEngine(self.store, self)
         self.server = ServerMode(self, self.store)
         self.eval_mode = EvalMode(self, self.engine.evaluator)
@@ -336,25 +337,31 @@ class MainWindow(QMainWindow):
         """Draw every view now, with the records that have arrived (the scheduler does this on its own)."""
         self.redraws.redraw()
 
-    def _draw(self) -> None:
+    def _frame(self) -> list[Callable[[], None]]:
+        """Take the records that arrived; the parts that draw them (the scheduler may give each its own turn
+        of the event loop): the local view's plots one by one, then the window around them."""
         store = self.store
         store.sync()
         shown, primary = store.shown_series(), store.primary()
         generating = store.generating is not None
         if self.views.currentIndex() == SERVER:
-            self.server.redraw()
-            self.server.view.latency_plot.redraw(shown, primary)  # names its runs itself
+            parts = [lambda: self.server.redraw(),
+                     lambda: self.server.view.latency_plot.redraw(shown, primary)]  # names its runs itself
             self.local_view.run_legend.set_entries([])
         elif self.views.currentIndex() == EVALUATE:
-            self.eval_mode.redraw()  # its plots name the strategies; the runs' legend is not theirs
+            parts = [self.eval_mode.redraw]  # its plots name the strategies; the runs' legend is not theirs
             self.local_view.run_legend.set_entries([])
         else:
-            self.local_view.redraw(shown, primary, generating)
-        self.views.fit_corner()
-        if primary is not None:
-            self.token_view.update_tokens()
-        self.runs_table.refresh(live=generating)
-        self._update_status()
+            parts = self.local_view.redraw_parts(shown, primary, generating)
+
+        def around() -> None:
+            self.views.fit_corner()
+            if primary is not None:
+                self.token_view.update_tokens()
+            self.runs_table.refresh(live=generating)
+            self._update_status()
+
+        return [*parts, around]
 
     def _update_status(self) -> None:
         store = self.store

@@ -78,7 +78,8 @@ def test_attention_is_computed_only_while_the_view_shows(qtbot, drive, window):
     window.controls.settings_panel.max_new_tokens.setValue(200)
     with qtbot.waitSignal(window.sigRunDone, timeout=120000):
         run_id = window.start_run({"stop_at_eos": False})
-        qtbot.waitUntil(lambda: window.store.runs[run_id].n >= 3, timeout=60000)
+        # the producer's trace grows with every step; the store's series only at the next frame
+        qtbot.waitUntil(lambda: len(window.store.runs[run_id].trace.steps) >= 3, timeout=60000)
         view.show_attention(True)
         qtbot.waitUntil(lambda: any(s.attention_sink for s in window.store.runs[run_id].trace.steps), timeout=60000)
         view.show_attention(False)
