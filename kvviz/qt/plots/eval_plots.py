@@ -24,10 +24,10 @@ class DocumentSpan:
     """For the series plots of an evaluation: while it runs, the x range is the document's whole span, so the
     curves grow into a frame that stays still; once it is over, the range fits the data as usual."""
 
-    def _fit_x(self, runs) -> None:
-        super()._fit_x(runs)
+    def _fit_x(self, runs, live: bool) -> None:
+        super()._fit_x(runs, live)
         totals = [r.total for r in runs if r.total]
-        if not self._follow or not totals or all(r.finished for r in runs):
+        if not self._follow or not totals or not live:
             return
         target = (0.0, float(max(totals) - 1))
         if target != self._x_range:
@@ -38,8 +38,8 @@ class DocumentSpan:
 class PerplexityPlot(DocumentSpan, _SeriesPlot):
     """exp of the curve is the perplexity of the last SMOOTHING predictions: lower reads the text better.
 
-    The y range fits the curves past their first SETTLING predictions (a mean over a few tokens at the start of
-    a text runs high and would squash the rest); a manual zoom keeps its range.
+    The y range holds the curves past their first SETTLING predictions (a mean over a few tokens at the start
+    of a text runs high and would squash the rest).
     """
 
     title = f"Log-perplexity along the document: mean NLL of the last {SMOOTHING} tokens"
@@ -48,26 +48,10 @@ class PerplexityPlot(DocumentSpan, _SeriesPlot):
         super().__init__(parent)
         # the unit keeps the window's size: the short form of the label is "nats, 64-token mean"
         self.set_labels(f"log-perplexity (nats, {SMOOTHING}-token mean)", POSITION)
-        self.plot.enableAutoRange(y=False)
-        self._y_range: tuple[float, float] | None = None
 
-    def reset_view(self) -> None:
-        super().reset_view()
-        self.plot.enableAutoRange(y=False)
-        self._y_range = None
-        self._fit_y()
-
-    def after_redraw(self, runs, primary) -> None:
-        self._fit_y()
-
-    def _fit_y(self) -> None:
+    def y_bounds(self) -> tuple[float, float] | None:
         ranges = [r for r in (s.mean_range() for s in self._runs) if r is not None]
-        if not self._follow or not ranges:
-            return
-        target = (min(lo for lo, _ in ranges), max(hi for _, hi in ranges))
-        if target != self._y_range:
-            self._y_range = target
-            self.plot.setYRange(*target, padding=0.05)
+        return (min(lo for lo, _ in ranges), max(hi for _, hi in ranges)) if ranges else None
 
     def make_curves(self, series):
         colour = theme.run_colour(series.run_id)
