@@ -123,21 +123,9 @@ def run_gui_bench(
     tiny model, so that it does not take minutes), replayed into the window as a live run's arrive.
     """
     say = progress or (lambda message: None)
-    app = drive.application("kvviz-bench")
-    from PySide6.QtCore import QSettings
-
-    from kvviz.qt.main_window import MainWindow
-
     options = dict(options or {})
-    ini = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"kvviz-bench-{os.getpid()}.ini")
-    window = MainWindow(settings=QSettings(ini, QSettings.Format.IniFormat))
-    window.resize(1600, 1000)
-    window.show()
-    try:
-        drive.wait(lambda: bool(window.controls.strategy_panel.names()), 60)
-        say(f"loading {model}")
-        if not drive.load(window, model):
-            raise RuntimeError(f"the window could not load {model!r}: {window.last_error}")
+    say(f"loading {model}")
+    with drive.scratch_window("kvviz-bench", (1600, 1000), model) as (app, window):
         model_name = window.engine.card.get("name", model)
         window.controls.prompt_panel.set_text(prompt)
         if not drive.choose(window, strategy, options):
@@ -167,12 +155,6 @@ def run_gui_bench(
         say("timing redraws")
         redraw_short = _redraw_ms(app, window, trace, short_tokens)
         redraw_long = _redraw_ms(app, window, trace, len(trace.steps))
-    finally:
-        window.close()
-        try:
-            os.remove(ini)
-        except OSError:
-            pass
 
     generate, ours, shown = (statistics.median(rates) for rates in (reference, headless, in_window))
     return {

@@ -9,9 +9,7 @@ GIF without imageio-ffmpeg) by kvviz.qt.recorder.
 
 from __future__ import annotations
 
-import os
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,21 +75,18 @@ class Caption:
 def run_demo(record: Path | None = None, model: str = "default", tokens: int = 64, fps: float = 10.0,
              pause: float = 1.5) -> int:
     """Play the tour; returns 0 when every step ran (steps a machine cannot run are labelled skipped)."""
-    _app = drive.application("kvviz-demo")  # held: the QApplication lives while the tour plays
-    from PySide6.QtCore import QSettings
+    with drive.scratch_window("kvviz-demo", SIZE) as (_, window):
+        caption = Caption(window)
+        caption.show("kvviz: the key-value cache of a transformer, live")
+        control = window.recorder
+        if record is not None:
+            record = control.start(record, fps)
+        return _tour(window, caption, model, tokens, pause, record)
 
-    from kvviz.qt.main_window import MainWindow
 
-    ini = os.path.join(tempfile.mkdtemp(prefix="kvviz-demo-"), "kvviz.ini")
-    window = MainWindow(settings=QSettings(ini, QSettings.Format.IniFormat))
-    window.resize(*SIZE)
-    window.show()
-    caption = Caption(window)
-    caption.show("kvviz: the key-value cache of a transformer, live")
-    drive.wait(lambda: bool(window.controls.strategy_panel.names()), 60)
+def _tour(window, caption: Caption, model: str, tokens: int, pause: float, record: Path | None) -> int:
+    """The scenes, recorded to `record` when given; 0 when every step ran."""
     control = window.recorder
-    if record is not None:
-        record = control.start(record, fps)
     failures = 0
     refusals: list[str] = []
     window.engine.worker.sigSwitchRefused.connect(lambda strategy, why: refusals.append(why))
@@ -150,5 +145,4 @@ def run_demo(record: Path | None = None, model: str = "default", tokens: int = 6
                 f"{(stats['bytes'] or 0) / 1e6:.1f} MB",
                 file=sys.stderr,
             )
-        window.close()
     return 0 if failures == 0 else 1

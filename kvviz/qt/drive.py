@@ -7,8 +7,11 @@ running through the window's own controls and worker. Only the window's public p
 from __future__ import annotations
 
 import os
+import shutil
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -20,6 +23,31 @@ def application(name: str = "kvviz"):
     from PySide6.QtWidgets import QApplication
 
     return QApplication.instance() or QApplication([name])
+
+
+@contextmanager
+def scratch_window(name: str, size: tuple[int, int], model: str | None = None) -> Iterator[tuple[Any, Any]]:
+    """The application and a shown window of `size`, its strategies listed and `model` loaded if given; its
+    settings in a folder of its own, so that a script never reads or changes the user's. Closed and the
+    folder removed at the end. Raises RuntimeError if the model does not load."""
+    app = application(name)
+    from PySide6.QtCore import QSettings
+
+    from kvviz.qt.main_window import MainWindow
+
+    folder = tempfile.mkdtemp(prefix=f"{name}-")
+    window = MainWindow(settings=QSettings(os.path.join(folder, "kvviz.ini"), QSettings.Format.IniFormat))
+    window.resize(*size)
+    window.show()
+    try:
+        wait(lambda: bool(window.controls.strategy_panel.names()), 60)
+        if model is not None and not load(window, model):
+            raise RuntimeError(f"the window could not load {model!r}: {window.last_error}")
+        yield app, window
+    finally:
+        window.close()
+        window.settings.sync()  # what closing saved is written now, not again into the removed folder later
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def wait(predicate: Callable[[], bool], timeout_s: float) -> bool:

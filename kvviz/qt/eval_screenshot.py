@@ -29,10 +29,9 @@ SIZES = ((1280, 720), (1920, 1080))
 def make(folder: Path, model: str, tokens: int, every_size: bool) -> list[Path]:
     from kvviz.qt.controls import EVALUATE
 
-    app, window, ini = screenshot.open_window(MAIN[1], model)
     saved = []
-    mode = window.eval_mode
-    try:
+    with screenshot.open_window(MAIN[1], model) as (app, window):
+        mode = window.eval_mode
         window.set_mode(EVALUATE)
         mode.list_panel.set_entries(STRATEGIES)
         mode.document_panel.tokens.setValue(tokens)
@@ -56,8 +55,6 @@ def make(folder: Path, model: str, tokens: int, every_size: bool) -> list[Path]:
                 for theme_name in ("dark", "light"):
                     path = folder / f"evaluate-{width}x{height}-{theme_name}.png"
                     saved.append(screenshot.grab(app, window, path, (width, height), theme_name))
-    finally:
-        screenshot.close(window, ini)
     return saved
 
 

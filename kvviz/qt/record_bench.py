@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -33,38 +34,28 @@ def _rate(window, tokens: int) -> float:
 def run_record_bench(model: str = "default", tokens: int = 128, repeats: int = 3, fps: float = 10.0,
                      size: tuple[int, int] = (1920, 1080), progress=None) -> dict[str, Any]:
     say = progress or (lambda message: None)
-    drive.application("kvviz-record-bench")
-    from PySide6.QtCore import QSettings
-
-    from kvviz.qt.main_window import MainWindow
-
-    folder = Path(tempfile.mkdtemp(prefix="kvviz-record-bench-"))
-    window = MainWindow(settings=QSettings(str(folder / "kvviz.ini"), QSettings.Format.IniFormat))
-    window.resize(*size)
-    window.show()
+    folder = Path(tempfile.mkdtemp(prefix="kvviz-record-bench-"))  # the recordings
     plain: list[float] = []
     recording: list[float] = []
     grabs: list[dict] = []
     try:
-        drive.wait(lambda: bool(window.controls.strategy_panel.names()), 60)
-        if not drive.load(window, model):
-            raise RuntimeError(f"could not load {model!r}: {window.last_error}")
-        window.controls.prompt_panel.set_text(PROMPT)
-        drive.choose(window, "dynamic")
-        say("warming up")
-        _rate(window, 8)
-        for i in range(repeats):
-            for recorded in (False, True) if i % 2 == 0 else (True, False):
-                say(f"repeat {i + 1}/{repeats}, {'recording' if recorded else 'plain'}")
-                if recorded:
-                    window.recorder.start(folder / f"run-{i}.mp4", fps)
-                    recording.append(_rate(window, tokens))
-                    window.recorder.stop()
-                    grabs.append(window.recorder.recorder.stats())
-                else:
-                    plain.append(_rate(window, tokens))
+        with drive.scratch_window("kvviz-record-bench", size, model) as (_, window):
+            window.controls.prompt_panel.set_text(PROMPT)
+            drive.choose(window, "dynamic")
+            say("warming up")
+            _rate(window, 8)
+            for i in range(repeats):
+                for recorded in (False, True) if i % 2 == 0 else (True, False):
+                    say(f"repeat {i + 1}/{repeats}, {'recording' if recorded else 'plain'}")
+                    if recorded:
+                        window.recorder.start(folder / f"run-{i}.mp4", fps)
+                        recording.append(_rate(window, tokens))
+                        window.recorder.stop()
+                        grabs.append(window.recorder.recorder.stats())
+                    else:
+                        plain.append(_rate(window, tokens))
     finally:
-        window.close()
+        shutil.rmtree(folder, ignore_errors=True)  # the recordings were only timed
     ratios = [r / p for p, r in zip(plain, recording, strict=True)]
     return {
         "model": model,

@@ -40,22 +40,9 @@ def shots(folder: str | os.PathLike) -> list[tuple[Path, tuple[int, int], str]]:
 
 
 def open_window(size: tuple[int, int], model: str):
-    """The application and a window with `model` loaded, its settings in a file of its own."""
+    """`drive.scratch_window` with `model` loaded, offscreen (a picture never depends on the desktop it is made on)."""
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    app = drive.application("kvviz-screenshot")
-    from PySide6.QtCore import QSettings
-
-    from kvviz.qt.main_window import MainWindow
-
-    ini = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"kvviz-shot-{os.getpid()}.ini")
-    window = MainWindow(settings=QSettings(ini, QSettings.Format.IniFormat))
-    window.resize(*size)
-    window.show()
-    drive.wait(lambda: bool(window.controls.strategy_panel.names()), 60)
-    if not drive.load(window, model, 300):
-        window.close()
-        raise RuntimeError(window.last_error)
-    return app, window, ini
+    return drive.scratch_window("kvviz-screenshot", size, model)
 
 
 def grab(app, window, path: Path, size: tuple[int, int], theme_name: str) -> Path:
@@ -72,18 +59,9 @@ def grab(app, window, path: Path, size: tuple[int, int], theme_name: str) -> Pat
     return path
 
 
-def close(window, ini: str) -> None:
-    window.close()
-    try:
-        os.remove(ini)
-    except OSError:
-        pass
-
-
 def make(wanted: list[tuple[Path, tuple[int, int], str]], model: str = "default", tokens: int = 96) -> list[Path]:
-    app, window, ini = open_window(wanted[0][1], model)
     saved = []
-    try:
+    with open_window(wanted[0][1], model) as (app, window):
         window.controls.prompt_panel.set_text(PROMPT)
         runs = []
         for strategy, options in (("dynamic", {}), ("sink", {"sink_tokens": 4, "window": 60})):
@@ -92,8 +70,6 @@ def make(wanted: list[tuple[Path, tuple[int, int], str]], model: str = "default"
         window.runs_table.select_runs(runs)
         for path, size, theme_name in wanted:
             saved.append(grab(app, window, path, size, theme_name))
-    finally:
-        close(window, ini)
     return saved
 
 
@@ -102,8 +78,7 @@ def make_eviction(folder: str | os.PathLike, model: str = "default", tokens: int
     from kvviz.documents import builtin
 
     name, size, theme_name = EVICTION
-    app, window, ini = open_window(size, model)
-    try:
+    with open_window(size, model) as (app, window):
         text = builtin("alice").text
         start = text.index("Alice was beginning")
         window.controls.prompt_panel.set_text(text[start : start + EVICTION_PROMPT_CHARS])
@@ -117,8 +92,6 @@ def make_eviction(folder: str | os.PathLike, model: str = "default", tokens: int
         window.switch_strategy()
         drive.wait(lambda: window.store.generating is None, 900)
         return grab(app, window, Path(folder) / name, size, theme_name)
-    finally:
-        close(window, ini)
 
 
 def main(argv: list[str] | None = None) -> int:
