@@ -27,6 +27,7 @@ from kvviz.present import UNKNOWN, number
 from kvviz.qt import theme
 from kvviz.qt.eval_series import FAILED, RUNNING, StrategySeries
 from kvviz.qt.plots.eval_plots import EvalMemoryPlot, PerplexityPlot
+from kvviz.qt.plots.series_plots import share_x_zoom
 
 # (title, right-aligned, tooltip)
 COLUMNS = (
@@ -136,7 +137,7 @@ class EvalView(QWidget):
         self.perplexity_plot = PerplexityPlot()
         self.memory_plot = EvalMemoryPlot()
         self.memory_plot.show_run_legend = False  # named once, above the perplexity plot (exports name them)
-        self.memory_plot.plot.setXLink(self.perplexity_plot.plot)
+        share_x_zoom([self.perplexity_plot, self.memory_plot])
         self.table = EvalTable()
         self.plots = [self.perplexity_plot, self.memory_plot]
         self.splitter = QSplitter(Qt.Orientation.Vertical)

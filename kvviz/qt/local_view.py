@@ -17,6 +17,7 @@ from kvviz.attach.request_trace import is_served
 from kvviz.qt.plots import CacheMapPlot, FidelityPlot, LatencyPlot, LayerBytesPlot, LayerTimePlot, MemoryPlot
 from kvviz.qt.plots.attention_plots import AttentionView
 from kvviz.qt.plots.legend import LegendBar
+from kvviz.qt.plots.series_plots import share_x_zoom
 from kvviz.qt.series import RunSeries
 
 LAYER_VIEWS_INTERVAL_S = 0.25  # the per-layer views while generating: 4 redraws a second are enough
@@ -50,8 +51,7 @@ class LocalView(QWidget):
         for plot in self.plots:
             plot.show_run_legend = False  # named once, in run_legend
         self.run_legend = LegendBar(max_rows=1)  # placed by the window, beside the view's tabs
-        self.latency_plot.plot.setXLink(self.memory_plot.plot)
-        self.fidelity_plot.plot.setXLink(self.memory_plot.plot)
+        share_x_zoom([self.memory_plot, self.latency_plot, self.fidelity_plot])
         self.map_tabs = QTabWidget()
         self.map_tabs.setDocumentMode(True)
         self.map_tabs.addTab(self.cache_map, "Cache map")

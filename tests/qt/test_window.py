@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import numpy as np
+import pytest
 
 from kvviz.present import MIB
 from kvviz.qt import theme
@@ -214,3 +215,22 @@ def test_themes_style_the_window(window):
         plot = window.local_view.memory_plot.widget
         assert plot.backgroundBrush().color().name() == theme.PALETTES[name].background
     assert len(set(painted.values())) == len(theme.THEMES)
+
+
+def test_zooming_one_plot_over_tokens_zooms_the_others_and_a_double_click_fits_them_all(qtbot, window):
+    from tests.qt.test_cache_cells import trace_of
+
+    window.show_kept(trace_of(40))
+    window.redraw()
+    view = window.local_view
+    memory, latency = view.memory_plot, view.latency_plot
+    fitted = latency.plot.vb.viewRange()[0]
+    memory.plot.vb.setXRange(20.0, 30.0, padding=0)  # as a drag or the wheel does, then says so
+    memory.plot.vb.sigRangeChangedManually.emit([True, False])
+    assert latency.plot.vb.viewRange()[0] == pytest.approx([20.0, 30.0])
+    assert view.fidelity_plot.plot.vb.viewRange()[0] == pytest.approx([20.0, 30.0])
+    window.redraw()  # a zoomed plot stays where the user put it
+    assert latency.plot.vb.viewRange()[0] == pytest.approx([20.0, 30.0])
+    latency.reset_view()
+    assert memory.plot.vb.viewRange()[0] == pytest.approx(fitted)
+    assert latency.plot.vb.viewRange()[0] == pytest.approx(fitted)

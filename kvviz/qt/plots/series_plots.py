@@ -42,14 +42,20 @@ class _SeriesPlot(PlotPanel):
         self._x_range: tuple[float, float] | None = None
         self._y_range: tuple[float, float] | None = None
         self._shown: tuple[int, ...] = ()
+        self.x_partners: list[_SeriesPlot] = []  # plots that zoom and pan along x with this one (share_x_zoom)
         self.plot.vb.sigRangeChangedManually.connect(self._manual)
 
     def _manual(self, *_):
         self._follow = False
+        x_range = self.plot.vb.viewRange()[0]
+        for partner in self.x_partners:
+            partner._follow = False
+            partner.plot.setXRange(*x_range, padding=0)
 
     def reset_view(self) -> None:
-        self.follow()
-        self._fit(self._runs)
+        for plot in (self, *self.x_partners):
+            plot.follow()
+            plot._fit(plot._runs)
 
     def follow(self) -> None:
         """Let the ranges follow the data again (after a manual zoom)."""
@@ -175,6 +181,16 @@ class _SeriesPlot(PlotPanel):
     @staticmethod
     def nearest(series: RunSeries, x: float) -> int | None:
         return nearest_index(series.column(X), x)
+
+
+def share_x_zoom(plots: list[_SeriesPlot]) -> None:
+    """Zooming or panning one of `plots` along x by hand does the same to the others, and a double-click fits
+    them all again. While they follow the data each fits its own x range (the same data, the same steps).
+
+    Not a pyqtgraph X link: a linked plot repaints whenever its leader's view changes, and while a run
+    decodes that was 15 ms of each 40 ms frame of the local view here (measured event by event)."""
+    for plot in plots:
+        plot.x_partners = [p for p in plots if p is not plot]
 
 
 MEASURED_WIDTH = 3.0  # px: the measured memory line, wide enough to show the prediction inside it
