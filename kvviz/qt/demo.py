@@ -78,9 +78,8 @@ def run_demo(record: Path | None = None, model: str = "default", tokens: int = 6
     with drive.scratch_window("kvviz-demo", SIZE) as (_, window):
         caption = Caption(window)
         caption.show("kvviz: the key-value cache of a transformer, live")
-        control = window.recorder
         if record is not None:
-            record = control.start(record, fps)
+            record = window.recorder.start(record, fps)
         return _tour(window, caption, model, tokens, pause, record)
 
 

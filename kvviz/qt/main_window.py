@@ -345,7 +345,7 @@ class MainWindow(QMainWindow):
         shown, primary = store.shown_series(), store.primary()
         generating = store.generating is not None
         if self.views.currentIndex() == SERVER:
-            parts = [lambda: self.server.redraw(),
+            parts = [self.server.redraw,
                      lambda: self.server.view.latency_plot.redraw(shown, primary)]  # names its runs itself
             self.local_view.run_legend.set_entries([])
         elif self.views.currentIndex() == EVALUATE:

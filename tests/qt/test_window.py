@@ -229,6 +229,7 @@ def test_zooming_one_plot_over_tokens_zooms_the_others_and_a_double_click_fits_t
     memory.plot.vb.sigRangeChangedManually.emit([True, False])
     assert latency.plot.vb.viewRange()[0] == pytest.approx([20.0, 30.0])
     assert view.fidelity_plot.plot.vb.viewRange()[0] == pytest.approx([20.0, 30.0])
+    assert latency._follow_y and not memory._follow_y  # only the plot zoomed by hand stops fitting its y
     window.redraw()  # a zoomed plot stays where the user put it
     assert latency.plot.vb.viewRange()[0] == pytest.approx([20.0, 30.0])
     latency.reset_view()

@@ -27,7 +27,7 @@ class DocumentSpan:
     def _fit_x(self, runs, live: bool) -> None:
         super()._fit_x(runs, live)
         totals = [r.total for r in runs if r.total]
-        if not self._follow or not totals or not live:
+        if not self._follow_x or not totals or not live:
             return
         target = (0.0, float(max(totals) - 1))
         if target != self._x_range:

@@ -38,7 +38,7 @@ class _SeriesPlot(PlotPanel):
         # memory plot's paint took 15-22 ms with y fitted every frame, 9-11 ms stepped). A finished run
         # is fitted exactly. Zooming or panning by hand stops both.
         self.plot.enableAutoRange(x=False, y=False)
-        self._follow = True
+        self._follow_x = self._follow_y = True
         self._x_range: tuple[float, float] | None = None
         self._y_range: tuple[float, float] | None = None
         self._shown: tuple[int, ...] = ()
@@ -46,10 +46,10 @@ class _SeriesPlot(PlotPanel):
         self.plot.vb.sigRangeChangedManually.connect(self._manual)
 
     def _manual(self, *_):
-        self._follow = False
+        self._follow_x = self._follow_y = False
         x_range = self.plot.vb.viewRange()[0]
-        for partner in self.x_partners:
-            partner._follow = False
+        for partner in self.x_partners:  # their y ranges go on following their data
+            partner._follow_x = False
             partner.plot.setXRange(*x_range, padding=0)
 
     def reset_view(self) -> None:
@@ -59,7 +59,7 @@ class _SeriesPlot(PlotPanel):
 
     def follow(self) -> None:
         """Let the ranges follow the data again (after a manual zoom)."""
-        self._follow = True
+        self._follow_x = self._follow_y = True
         self._x_range = self._y_range = None
 
     def y_bounds(self) -> tuple[float, float] | None:
@@ -73,7 +73,7 @@ class _SeriesPlot(PlotPanel):
         self._fit_y(live)
 
     def _fit_y(self, live: bool) -> None:
-        bounds = self.y_bounds() if self._follow else None
+        bounds = self.y_bounds() if self._follow_y else None
         if bounds is None:
             return
         lo, hi = bounds
@@ -91,7 +91,7 @@ class _SeriesPlot(PlotPanel):
         if shown != self._shown:
             self._shown = shown
             self.follow()
-        if not self._follow:
+        if not self._follow_x:
             return
         spans = [(r.column(X)[0], r.column(X)[-1]) for r in runs if r.n]
         if not spans:
