@@ -68,6 +68,27 @@ def test_from_trace_and_hover_readouts(qtbot):
     assert "12 tokens" in memory.hover_text(12.2, 0) and "MiB" in memory.hover_text(12.2, 0)
 
 
+def test_token_view_keeps_paragraphs_short_with_or_without_spaces(qtbot):
+    from kvviz.qt.panels.tokens import HARD_PARAGRAPH, MAX_PARAGRAPH, TokenView
+
+    view = TokenView()
+    qtbot.addWidget(view)
+    for token, longest in ((" word", MAX_PARAGRAPH + 5), ("!!", HARD_PARAGRAPH + 2)):
+        steps = [make_step(i) for i in range(4000)]
+        for step in steps:
+            step.token = token
+        series = RunSeries.from_trace(1, Trace(model={}, strategy={"name": "sink", "options": {}}, prompt="",
+                                               steps=steps[:2000]))
+        view.show_run(series)
+        series.trace.steps.extend(steps[2000:])  # and the rest as a live run's records arrive
+        series.sync()
+        view.update_tokens()
+        paragraphs = view.toPlainText().split("\n")
+        assert len(paragraphs) > 1 and max(len(p) for p in paragraphs) <= longest
+        # a break at a word boundary takes the place of its space; elsewhere it only adds a line end
+        assert (" " if token[0] == " " else "").join(paragraphs) == token * 4000
+
+
 def test_token_view_shades_and_finds_the_step_under_the_mouse(qtbot):
     from kvviz.qt.panels.tokens import TokenView, step_tooltip
 
