@@ -28,5 +28,6 @@ def test_gui_bench_decodes_only_on_the_worker(qapp, monkeypatch):
     # the reference and the headless figure come from processes of their own
     assert figures["tokens_per_s_generate"] > 0 and figures["tokens_per_s_headless"] > 0
     assert figures["tokens_per_s_window"] > 0 and len(figures["tokens_per_s_window_runs"]) == 1
+    assert len(figures["worst_stall_ms_runs"]) == 1  # timed in a window run of its own
     assert figures["window_over_generate"] == figures["tokens_per_s_window"] / figures["tokens_per_s_generate"]
     assert figures["long_tokens"] == 48 and figures["redraw_ms_short"] > 0 and figures["worst_stall_ms"] >= 0
