@@ -160,7 +160,7 @@ class EvalView(QWidget):
         for plot in self.plots:
             if identities != self._drawn:  # other series under the same colours: no curve of the old ones stays
                 plot.redraw([], None)
-            plot.redraw(drawn, drawn[-1] if drawn else None)
+            plot.draw_frame(drawn, drawn[-1] if drawn else None)
         self._drawn = identities
         self.table.show_series(series, live)
         if len(series) != self._rows_fitted:

@@ -97,7 +97,7 @@ class LocalView(QWidget):
         """The tab that came to the front draws what the other drew meanwhile."""
         shown, primary = self._last_draw
         for plot in self._tab_plots():
-            plot.redraw(shown, primary)
+            plot.draw_frame(shown, primary)
 
     def _tab_plots(self) -> list:
         """The plots of the map's tab in front: only those are drawn (the one behind costs nothing)."""
@@ -120,5 +120,5 @@ class LocalView(QWidget):
         self.run_legend.set_entries(self.memory_plot.run_entries(shown))
         self._last_draw = (local, local_primary)
         behind = {self.cache_map, self.attention_map, self.sink_plot} - set(self._tab_plots())
-        return [functools.partial(plot.redraw, shown if plot is self.latency_plot else local, local_primary)
-                for plot in (self.plots if full else self.plots[:3]) if plot not in behind]
+        return [functools.partial(plot.draw_frame, shown if plot is self.latency_plot else local, local_primary)
+                for plot in (self.plots if full else self.plots[:3]) if plot not in behind and not plot.isHidden()]

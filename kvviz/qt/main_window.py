@@ -48,7 +48,7 @@ from kvviz.trace import Trace
 
 class MainWindow(QMainWindow):
     sigModelReady = Signal(str, bool)  # spec, loaded (False: failed); after the window updated
-    sigRunDone = Signal(int, str)  # run id, status; after the final redraw
+    sigRunDone = Signal(int, str)  # run id, status; once its final frame is drawn
     sigSaved = Signal(str)  # the full path of a file just saved (confirmed in the status bar)
 
     def __init__(self, settings: QSettings | None = None, parent=None):
@@ -328,8 +328,7 @@ class MainWindow(QMainWindow):
 
     def _on_run_ended(self, run_id: int, status: str) -> None:
         self.update_controls()
-        self.redraws.redraw()
-        self.sigRunDone.emit(run_id, status)
+        self.redraws.redraw_then(lambda: self.sigRunDone.emit(run_id, status))
 
     # -- drawing -------------------------------------------------------------------------------------
 
@@ -346,7 +345,7 @@ class MainWindow(QMainWindow):
         generating = store.generating is not None
         if self.views.currentIndex() == SERVER:
             parts = [self.server.redraw,
-                     lambda: self.server.view.latency_plot.redraw(shown, primary)]  # names its runs itself
+                     lambda: self.server.view.latency_plot.draw_frame(shown, primary)]  # names its runs itself
             self.local_view.run_legend.set_entries([])
         elif self.views.currentIndex() == EVALUATE:
             parts = [self.eval_mode.redraw]  # its plots name the strategies; the runs' legend is not theirs

@@ -59,3 +59,20 @@ def test_redraw_draws_every_part_now_in_place_of_the_frame_in_progress(qtbot):
     scheduler.schedule()
     qtbot.wait(100)
     assert scheduler.count == 1
+
+
+def test_redraw_then_answers_once_a_frame_begun_after_the_request_is_drawn_in_parts(qtbot):
+    done: list[list[str]] = []
+    frames = Frames()
+    scheduler = RedrawScheduler(frames)
+    scheduler.redraw_then(lambda: done.append(list(frames.log)))
+    assert done == []  # nothing is drawn inside the request: the frame gets turns of its own
+    qtbot.waitUntil(lambda: bool(done), timeout=5000)
+    assert done == [["1a", "1b", "1c"]]
+
+    # asked while a frame is half drawn (a run ended meanwhile): that frame may lack the last records
+    frames = Frames(during=lambda: scheduler.redraw_then(lambda: done.append(list(frames.log))))
+    scheduler = RedrawScheduler(frames)
+    scheduler.schedule()
+    qtbot.waitUntil(lambda: len(done) == 2, timeout=5000)
+    assert done[1] == ["1a", "1b", "1c", "2a", "2b", "2c"]

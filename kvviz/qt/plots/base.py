@@ -299,6 +299,13 @@ class PlotPanel(QWidget):
             self.clear_hover()
         self.update_legend()
 
+    def draw_frame(self, runs: list[RunSeries], primary: RunSeries | None) -> None:
+        """`redraw`, then the view's new range and transform applied now, in the frame's part. Left to
+        pyqtgraph, they are applied as the plot starts to paint, which moves the axes and items again and
+        paints the plot a second time: two paints per plot per live frame, measured."""
+        self.redraw(runs, primary)
+        self.plot.vb.prepareForPaint()
+
     # -- hover ----------------------------------------------------------------------------------------
 
     def eventFilter(self, obj, event) -> bool:  # noqa: N802 - Qt override
