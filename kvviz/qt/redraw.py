@@ -95,7 +95,7 @@ class RedrawScheduler(QObject):
         self._timer.stop()
         self._next.stop()
         self._parts = []
-        self._waiting = self._drawing_for = []
+        self._waiting, self._drawing_for = [], []
 
     def _begin(self) -> None:
         if self._stopped:
