@@ -385,7 +385,11 @@ def cmd_bench(args) -> int:
             from kvviz.qt.bench import run_gui_bench
         except ImportError as exc:
             raise RuntimeError(f"the window benchmark is not available: {exc}") from None
-        figures = run_gui_bench(model=args.model, new_tokens=args.new_tokens, repeats=args.repeats)
+        figures = run_gui_bench(
+            model=args.model, new_tokens=args.new_tokens, repeats=args.repeats,
+            progress=lambda message: _stderr_progress(message, None),
+        )
+        _print_gui_bench(figures)
     else:
         from kvviz.compare import parse_strategy_list
         from kvviz.engine.bench import run_bench
@@ -399,6 +403,29 @@ def cmd_bench(args) -> int:
     args.out.write_text(json.dumps(figures, indent=2))
     print(f"kvviz: wrote {args.out}", file=sys.stderr)
     return 0
+
+
+def _print_gui_bench(figures: dict) -> None:
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f} ms"
+
+    def ratio(value: float | None) -> str:
+        return "-" if value is None else f"{value:.3f}"
+
+    print(f"{figures['model']}, {figures['strategy']}, {figures['new_tokens']} new tokens, median of "
+          f"{len(figures['tokens_per_s_generate_runs'])} interleaved runs; reference: {figures['reference']}")
+    print(f"{'':<24} {'tokens/s':>9} {'ratio':>7}   target")
+    targets = figures["targets"]
+    print(f"{'model.generate':<24} {figures['tokens_per_s_generate']:>9.2f}")
+    for label, key in (("kvviz headless", "headless"), ("kvviz window", "window")):
+        print(f"{label:<24} {figures[f'tokens_per_s_{key}']:>9.2f} {ratio(figures[f'{key}_over_generate']):>7}   "
+              f"{targets[f'{key}_over_generate']}")
+    stalls = ", ".join(ms(value) for value in figures["worst_stall_ms_runs"])
+    print(f"worst event-loop stall while generating: {ms(figures['worst_stall_ms'])} "
+          f"(per run: {stalls}; target {targets['worst_stall_ms']} ms)")
+    print(f"token view redraw: {ms(figures['redraw_ms_short'])} at {figures['short_tokens']} tokens, "
+          f"{ms(figures['redraw_ms_long'])} at {figures['long_tokens']} ({figures['long_model']} model), ratio "
+          f"{ratio(figures['redraw_long_over_short'])} (target {targets['redraw_long_over_short']})")
 
 
 def _print_bench(figures: dict) -> None:

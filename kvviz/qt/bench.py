@@ -185,6 +185,7 @@ def run_gui_bench(
         "worst_stall_ms_runs": stalls,
         "long_model": long_model,
         "long_tokens": len(trace.steps),
+        "short_tokens": short_tokens,
         "redraw_ms_short": redraw_short,
         "redraw_ms_long": redraw_long,
         "redraw_long_over_short": redraw_long / redraw_short if redraw_short else None,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import threading
 
 
-def test_gui_bench_decodes_only_on_the_worker(qapp, monkeypatch):
+def test_gui_bench_decodes_only_on_the_worker(qapp, monkeypatch, capsys):
+    from kvviz.cli import _print_gui_bench
     from kvviz.engine import decode, models
     from kvviz.qt.bench import run_gui_bench
 
@@ -31,3 +32,8 @@ def test_gui_bench_decodes_only_on_the_worker(qapp, monkeypatch):
     assert len(figures["worst_stall_ms_runs"]) == 1  # timed in a window run of its own
     assert figures["window_over_generate"] == figures["tokens_per_s_window"] / figures["tokens_per_s_generate"]
     assert figures["long_tokens"] == 48 and figures["redraw_ms_short"] > 0 and figures["worst_stall_ms"] >= 0
+
+    _print_gui_bench(figures)  # what `kvviz bench --gui` prints
+    printed = capsys.readouterr().out
+    assert f"{figures['tokens_per_s_generate']:.2f}" in printed and f"{figures['window_over_generate']:.3f}" in printed
+    assert f"{figures['worst_stall_ms']:.1f} ms" in printed and "at 24 tokens" in printed
