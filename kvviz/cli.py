@@ -431,13 +431,14 @@ def _print_gui_bench(figures: dict) -> None:
 def _print_bench(figures: dict) -> None:
     print(f"decode tokens/s, {figures['new_tokens']} new tokens, median of {figures['repeats']} interleaved runs; "
           f"reference: {figures['reference']}")
-    print(f"{'strategy':<44} {'generate':>9} {'kvviz':>9} {'ratio':>7}")
+    width = max([len("strategy"), *map(len, figures["strategies"])])
+    print(f"{'strategy':<{width}} {'generate':>9} {'kvviz':>9} {'ratio':>7}")
     for label, row in figures["strategies"].items():
         if "skipped" in row:
-            print(f"{label:<44} skipped: {row['skipped']}")
+            print(f"{label:<{width}} skipped: {row['skipped']}")
             continue
         generate, ours = row["generate_tokens_per_s"], row["kvviz_tokens_per_s"]
-        print(f"{label:<44} {generate:>9.2f} {ours:>9.2f} {row['ratio']:>7.3f}")
+        print(f"{label:<{width}} {generate:>9.2f} {ours:>9.2f} {row['ratio']:>7.3f}")
     bandwidth = figures["bandwidth_bytes_per_s"]
     print(f"memory read bandwidth: {'-' if bandwidth is None else f'{bandwidth / 1e9:.1f} GB/s'} (kept for the "
           "memory-bound floor)")
