@@ -406,11 +406,7 @@ def cmd_bench(args) -> int:
 
 
 def _print_gui_bench(figures: dict) -> None:
-    def ms(value: float | None) -> str:
-        return "-" if value is None else f"{value:.1f} ms"
-
-    def ratio(value: float | None) -> str:
-        return "-" if value is None else f"{value:.3f}"
+    from kvviz.present import ms, number
 
     print(f"{figures['model']}, {figures['strategy']}, {figures['new_tokens']} new tokens, median of "
           f"{len(figures['tokens_per_s_generate_runs'])} interleaved runs; reference: {figures['reference']}")
@@ -418,14 +414,14 @@ def _print_gui_bench(figures: dict) -> None:
     targets = figures["targets"]
     print(f"{'model.generate':<24} {figures['tokens_per_s_generate']:>9.2f}")
     for label, key in (("kvviz headless", "headless"), ("kvviz window", "window")):
-        print(f"{label:<24} {figures[f'tokens_per_s_{key}']:>9.2f} {ratio(figures[f'{key}_over_generate']):>7}   "
+        print(f"{label:<24} {figures[f'tokens_per_s_{key}']:>9.2f} {number(figures[f'{key}_over_generate'], 3):>7}   "
               f"{targets[f'{key}_over_generate']}")
     stalls = ", ".join(ms(value) for value in figures["worst_stall_ms_runs"])
     print(f"worst event-loop stall while generating: {ms(figures['worst_stall_ms'])} "
           f"(per run: {stalls}; target {targets['worst_stall_ms']} ms)")
     print(f"token view redraw: {ms(figures['redraw_ms_short'])} at {figures['short_tokens']} tokens, "
           f"{ms(figures['redraw_ms_long'])} at {figures['long_tokens']} ({figures['long_model']} model), ratio "
-          f"{ratio(figures['redraw_long_over_short'])} (target {targets['redraw_long_over_short']})")
+          f"{number(figures['redraw_long_over_short'], 3)} (target {targets['redraw_long_over_short']})")
 
 
 def _print_bench(figures: dict) -> None:
