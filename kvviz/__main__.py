@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from kvviz import cli
+from kvviz.cli import main as cli
 
 # Arguments that belong to the window rather than to a command.
 WINDOW_FLAGS = ("--open", "--connect", "--smoke-test", "--model", "--theme", "--no-load")

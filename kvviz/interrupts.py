@@ -36,12 +36,20 @@ def _raise(signum, frame) -> None:
     raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
 
-def catch() -> None:
-    """From now on Ctrl-C and SIGTERM raise KeyboardInterrupt in the main thread; elsewhere Python cannot
-    set handlers."""
-    if threading.current_thread() is threading.main_thread():
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, _raise)
+@contextlib.contextmanager
+def caught():
+    """Inside the block Ctrl-C and SIGTERM raise KeyboardInterrupt in the main thread (elsewhere Python cannot
+    set handlers); the handlers from before come back at its end (a command run inside another program)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, _raise) for s in held}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def exit_status(interrupt: KeyboardInterrupt) -> int:

@@ -25,6 +25,22 @@ def number(value: float | None, digits: int = 1) -> str:
     return UNKNOWN if value is None else f"{value:,.{digits}f}"
 
 
+def perplexity(value: float | None) -> str:
+    """A perplexity (or another figure that spans magnitudes) to about four significant digits:
+    "18.10", "387.3", "12,345"; None -> UNKNOWN."""
+    if value is None:
+        return UNKNOWN
+    return number(value, 2 if value < 100 else 1 if value < 10_000 else 0)
+
+
+def clock(seconds: float) -> str:
+    """A duration as a clock reads it: "0:42", "12:05", "1:02:03" (time left, time in all)."""
+    seconds = int(round(seconds))
+    if seconds >= 3600:
+        return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+    return f"{seconds // 60}:{seconds % 60:02d}"
+
+
 def in_mib(n_bytes: float | None) -> float | None:
     return None if n_bytes is None else n_bytes / MIB
 
@@ -93,7 +109,7 @@ def final_status(trace) -> str:
 
 
 def run_row(label: str, trace, status: str | None = None) -> dict[str, Any]:
-    """One run's numbers (None where unknown), keyed as kvviz.report's columns; `status` defaults to the
+    """One run's numbers (None where unknown), keyed as kvviz.files.report's columns; `status` defaults to the
     trace's final status (the window passes a live run's "running")."""
     s = trace.summary()
     strategy = trace.strategy or {}

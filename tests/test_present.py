@@ -40,8 +40,8 @@ def test_model_card_rows_say_what_is_missing():
 
 
 def test_run_row_names_switches_pauses_and_the_memory_bound_share(tmp_path):
-    from kvviz import report
-    from kvviz.trace import LayerRecord, StepRecord, Switch, Trace
+    from kvviz.files import report
+    from kvviz.files.trace import LayerRecord, StepRecord, Switch, Trace
 
     def step(i, strategy):
         layer = LayerRecord(keys_bytes=100 * (i + 1), values_bytes=100 * (i + 1), seq_len=i + 1, capacity=i + 1)

@@ -9,7 +9,7 @@ layers; `is_served(trace)` tells the memory and layer views to leave such runs o
 from __future__ import annotations
 
 from kvviz.attach.client import RequestRecord, TokenTiming
-from kvviz.trace import StepRecord, Trace
+from kvviz.files.trace import StepRecord, Trace
 
 STRATEGY = "vLLM server"
 

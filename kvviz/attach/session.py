@@ -22,8 +22,8 @@ from typing import Any
 
 from kvviz.attach.client import RequestRecord, TokenTiming
 from kvviz.attach.metrics import Deriver, Histogram, Point, Snapshot, allocated_bytes_per_token
-from kvviz.jsonfile import KeptFileError, write_json
-from kvviz.schema import (
+from kvviz.files.jsonfile import KeptFileError, write_json
+from kvviz.files.schema import (
     MAX_BYTES,
     FileFormat,
     Int,
@@ -39,7 +39,7 @@ from kvviz.schema import (
     maybe,
     optional,
 )
-from kvviz.trace_schema import MAX_POSITIONS
+from kvviz.files.trace_schema import MAX_POSITIONS
 
 FORMAT = "kvviz-attach"
 VERSION = 1
@@ -182,7 +182,7 @@ class Session:
         }
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write atomically and completely, even when Ctrl-C comes during the save (`kvviz.jsonfile`).
+        """Write atomically and completely, even when Ctrl-C comes during the save (`kvviz.files.jsonfile`).
         A histogram's +Inf bucket bound is written as null (JSON has no infinity) and read back as +Inf."""
         return write_json(path, self.to_dict)
 

@@ -7,19 +7,19 @@ is seen falling back, then prints a summary (or JSON) and optionally writes a se
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import threading
 import time
 from pathlib import Path
 
+from kvviz.cli.common import log
 from kvviz.errors import UsageError
+from kvviz.present import UNKNOWN, ms, number, percent
 
 DEFAULT_PROMPT = "Explain in three sentences what a key-value cache does in a transformer."
 
 
-def add_attach_parser(subparsers) -> argparse.ArgumentParser:
+def add_parser(subparsers) -> None:
     attach = subparsers.add_parser(
         "attach", help="watch the KV cache of a running vLLM server (usage, prefix hits, latency)"
     )
@@ -36,7 +36,6 @@ def add_attach_parser(subparsers) -> argparse.ArgumentParser:
     attach.add_argument("--dtype", default="auto", help="the server's --dtype, for the prediction (default auto)")
     attach.add_argument("--out", type=Path, help="write the session to this file (kvviz-attach JSON)")
     attach.add_argument("--json", action="store_true", help="print the summary as JSON")
-    return attach
 
 
 def _check_args(args) -> None:
@@ -64,11 +63,7 @@ def _check_args(args) -> None:
         raise UsageError(f"cannot write {args.out}: the folder {args.out.parent} does not exist")
 
 
-def _log(message: str) -> None:
-    print(f"kvviz: {message}", file=sys.stderr, flush=True)
-
-
-def cmd_attach(args) -> int:
+def command(args) -> int:
     import httpx
 
     from kvviz.attach.client import first_model, stream_completion
@@ -90,7 +85,7 @@ def cmd_attach(args) -> int:
     session = Session(url=url, model=model, interval=args.interval, cache=dict(first.cache))
     if args.model_dir is not None:
         session.prediction = predict(args.model_dir, first.cache, args.dtype)
-    _log(f"attached to {url} (model {model}); polling /metrics every {args.interval:g} s")
+    log(f"attached to {url} (model {model}); polling /metrics every {args.interval:g} s")
 
     poller = Poller(url, interval=args.interval).start()
     cancel = threading.Event()
@@ -103,9 +98,9 @@ def cmd_attach(args) -> int:
                 if record.error:
                     session.errors.append([time.time(), f"kvviz's own request: {record.error}"])
                 else:
-                    _log(f"own request: {len(record.tokens)} tokens, first after {record.ttft:.3f} s")
+                    log(f"own request: {len(record.tokens)} tokens, first after {record.ttft:.3f} s")
         if args.requests:
-            _log(f"load: {args.requests} requests at concurrency {args.concurrency}, at most {args.duration:g} s")
+            log(f"load: {args.requests} requests at concurrency {args.concurrency}, at most {args.duration:g} s")
             result = run_load(
                 url,
                 model,
@@ -122,7 +117,7 @@ def cmd_attach(args) -> int:
     except KeyboardInterrupt:
         cancel.set()
         interrupted = True
-        _log("interrupted; keeping what was collected")
+        log("interrupted; keeping what was collected")
     finally:
         poller.stop(timeout=max(5.0, 2 * args.interval))
         session.finished = time.time()
@@ -131,7 +126,7 @@ def cmd_attach(args) -> int:
         session.events.extend([list(e) for e in poller.events])
     if args.out is not None:
         session.save(args.out)
-        _log(f"wrote {args.out}")
+        log(f"wrote {args.out}")
     show_session(session, url, model, args.json)
     return 130 if interrupted else 0
 
@@ -159,12 +154,13 @@ def show_session(session, url, model, as_json: bool) -> None:
     print(json.dumps(fields, indent=2))
 
 
-def _fmt(value, spec: str = ",.0f", unit: str = "") -> str:
-    return "-" if value is None else f"{value:{spec}}{unit}"
+def _ms(seconds: float | None) -> str:
+    return ms(None if seconds is None else seconds * 1000)
 
 
-def _ms(seconds) -> str:
-    return "-" if seconds is None else f"{seconds * 1000:.1f} ms"
+def _field(mapping: dict, key: str) -> str:
+    value = mapping.get(key)
+    return UNKNOWN if value is None else str(value)
 
 
 def _print_summary(session, s: dict) -> None:
@@ -173,32 +169,32 @@ def _print_summary(session, s: dict) -> None:
         ("server", f"{session.url}  model {session.model}"),
         (
             "cache",
-            f"{_fmt(cache.get('kv_cache_size_tokens'))} tokens in blocks of {cache.get('block_size', '-')}, "
-            f"{_fmt(cache.get('kv_cache_memory_bytes'))} bytes, dtype {cache.get('cache_dtype', '-')}, "
-            f"prefix caching {cache.get('enable_prefix_caching', '-')}",
+            f"{number(cache.get('kv_cache_size_tokens'), 0)} tokens in blocks of {_field(cache, 'block_size')}, "
+            f"{number(cache.get('kv_cache_memory_bytes'), 0)} bytes, dtype {_field(cache, 'cache_dtype')}, "
+            f"prefix caching {_field(cache, 'enable_prefix_caching')}",
         ),
         ("scrapes", f"{s['snapshots']} ({s['failed_scrapes']} failed), restarts seen {s['restarts']}"),
         (
             "usage peak",
-            f"{_fmt(s['usage_peak'], '.2%')} = {_fmt(s['usage_peak_tokens'])} tokens = "
-            f"{_fmt(s['usage_peak_bytes'])} bytes; final {_fmt(s['usage_final'], '.2%')}",
+            f"{percent(s['usage_peak'], 2)} = {number(s['usage_peak_tokens'], 0)} tokens = "
+            f"{number(s['usage_peak_bytes'], 0)} bytes; final {percent(s['usage_final'], 2)}",
         ),
-        ("requests", f"running peak {_fmt(s['running_peak'])}, waiting peak {_fmt(s['waiting_peak'])}"),
+        ("requests", f"running peak {number(s['running_peak'], 0)}, waiting peak {number(s['waiting_peak'], 0)}"),
         (
             "prefix",
-            f"{_fmt(s['prefix_hits'])} hits of {_fmt(s['prefix_queries'])} queried tokens "
-            f"({_fmt(s['prefix_hit_rate'], '.1%')})",
+            f"{number(s['prefix_hits'], 0)} hits of {number(s['prefix_queries'], 0)} queried tokens "
+            f"({percent(s['prefix_hit_rate'], 1)})",
         ),
         (
             "server tok/s",
-            f"peak {_fmt(s['tokens_per_s_peak'], '.1f')}, {_fmt(s['generation_tokens'])} tokens generated",
+            f"peak {number(s['tokens_per_s_peak'])}, {number(s['generation_tokens'], 0)} tokens generated",
         ),
-        ("TTFT", "  ".join(f"{k} {_ms(v)}" for k, v in s["ttft"].items()) or "-"),
-        ("ITL", "  ".join(f"{k} {_ms(v)}" for k, v in s["itl"].items()) or "-"),
+        ("TTFT", "  ".join(f"{k} {_ms(v)}" for k, v in s["ttft"].items()) or UNKNOWN),
+        ("ITL", "  ".join(f"{k} {_ms(v)}" for k, v in s["itl"].items()) or UNKNOWN),
         (
             "own request",
             f"{s['own_tokens']} tokens, TTFT {_ms(s['own_ttft_s'])}, "
-            f"median gap {_fmt(s['own_itl_ms_median'], '.1f', ' ms')}",
+            f"median gap {ms(s['own_itl_ms_median'])}",
         ),
     ]
     if session.load:
@@ -217,7 +213,7 @@ def _print_summary(session, s: dict) -> None:
             (
                 "KV / token",
                 f"predicted {p['predicted_bytes_per_token']:,} bytes ({p['dtype']}), "
-                f"allocated {_fmt(p['allocated_bytes_per_token'], ',.1f')}{ratio}",
+                f"allocated {number(p['allocated_bytes_per_token'])}{ratio}",
             )
         )
     for key, value in rows:

@@ -1,40 +1,53 @@
 """`kvviz compare`: one prompt through several strategies, headless, and a report of the results.
 
 Writes into the output folder: one trace per strategy, `summary.csv`, and `report.md` with PNG
-figures drawn offscreen by the window's own plot widgets (kvviz.qt.figures).
+figures drawn offscreen by the window's own plot widgets (kvviz.qt.tools.figures).
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from kvviz import present, report
-from kvviz.engine import decode, models, strategies
-from kvviz.trace import Trace
+from kvviz import present
+from kvviz.cli import common
+from kvviz.files import report
+from kvviz.files.trace import Trace
 
 Log = Callable[[str, "float | None"], None]
 
 
-def parse_strategy_list(specs: list[str]) -> list[strategies.StrategyChoice]:
-    """Each spec is NAME or NAME:KEY=VALUE:KEY=VALUE (e.g. quantized:backend=hqq:nbits=2)."""
-    choices = []
-    for spec in specs:
-        name, *pairs = spec.split(":")
-        choices.append(strategies.choose(name.strip(), strategies.parse_assignments(pairs)))
-    if not choices:
-        raise strategies.OptionError("--strategies names no strategy; e.g. --strategies dynamic,static,sink")
-    return choices
+def add_parser(subparsers) -> None:
+    compare = subparsers.add_parser("compare", help="run one prompt through several strategies and write a report")
+    common.add_model_args(compare)
+    compare.add_argument(
+        "--strategies",
+        default="dynamic,static,quantized,sink",
+        help="comma-separated NAME or NAME:KEY=VALUE:KEY=VALUE, e.g. dynamic,quantized:backend=hqq:nbits=2 "
+        "(default: dynamic,static,quantized,sink)",
+    )
+    common.add_generation_args(compare)
+    compare.add_argument("--no-reference", action="store_true", help="skip the fidelity reference (faster)")
+    compare.add_argument("--out", type=Path, required=True, help="folder for traces, summary.csv and report.md")
 
 
-def run_all(
-    loaded: models.LoadedModel,
-    choices: list[strategies.StrategyChoice],
-    settings: decode.GenerationSettings,
-    prompt: str,
-    reference: bool,
-    log: Log,
-) -> list[Trace]:
+def command(args) -> int:
+    prompt = common.read_prompt(args)
+    choices = common.strategy_list(args.strategies)
+    settings = common.generation_settings(args)
+    path = compare(
+        args.model, choices, settings, prompt, args.out, reference=not args.no_reference,
+        dtype=args.dtype, device=args.device, log=common.progress,
+    )
+    print(f"kvviz: wrote {path}, {args.out / 'summary.csv'} and one trace per strategy", file=sys.stderr)
+    return 0
+
+
+def run_all(loaded, choices, settings, prompt: str, reference: bool, log: Log) -> list[Trace]:
+    """Each strategy's run of the prompt (LoadedModel, StrategyChoice list, GenerationSettings), in order."""
+    from kvviz.engine import decode
+
     # validate every strategy against the model before generating anything
     decoders = [decode.Decoder(loaded, c, settings, prompt, reference=reference) for c in choices]
     traces = []
@@ -80,8 +93,8 @@ def write_report(traces: list[Trace], out: Path, figures: dict[str, Path]) -> Pa
 
 def compare(
     model_spec: str,
-    choices: list[strategies.StrategyChoice],
-    settings: decode.GenerationSettings,
+    choices: list,
+    settings,
     prompt: str,
     out: Path,
     reference: bool = True,
@@ -89,12 +102,14 @@ def compare(
     device: str = "auto",
     log: Log = lambda message, fraction: None,
 ) -> Path:
+    from kvviz.engine import models
+
     out.mkdir(parents=True, exist_ok=True)
     loaded = models.load_model(model_spec, dtype=dtype, device=device, progress=log)
     traces = run_all(loaded, choices, settings, prompt, reference, log)
     for i, trace in enumerate(traces):
         trace.save(out / f"trace-{i + 1}-{trace.strategy['name']}.json")
-    from kvviz.qt.figures import render_comparison  # Qt only here, and only to draw
+    from kvviz.qt.tools.figures import render_comparison  # Qt only here, and only to draw
 
     figures = render_comparison(traces, out)
     return write_report(traces, out, figures)

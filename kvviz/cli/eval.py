@@ -11,7 +11,6 @@ measured, and exits 130 or 143; a strategy that fails does not stop the others (
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -19,7 +18,9 @@ import time
 from pathlib import Path
 
 from kvviz import interrupts
+from kvviz.cli import common
 from kvviz.errors import UsageError
+from kvviz.present import clock, mib, number, perplexity
 
 SEGMENTS_NOTE = (
     "Q1-Q4: perplexity over each quarter of the predicted tokens (the same positions for every strategy); "
@@ -29,7 +30,7 @@ SEGMENTS_NOTE = (
 )
 
 
-def add_eval_parser(subparsers) -> argparse.ArgumentParser:
+def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
         "eval", help="perplexity along a long document through each strategy's cache (StreamingLLM's evaluation)",
         description="Feed a document through each strategy's cache one token at a time (strategies that keep every "
@@ -38,9 +39,7 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
         "by quarter of the document and before/after the cache first dropped a token, the cache's size and tokens/s. "
         "Ctrl-C keeps and writes what was measured.",
     )
-    parser.add_argument("--model", default="default", help="default, tiny, a model directory, a .gguf file or a hub id")
-    parser.add_argument("--dtype", default="auto", help="auto (float32 on CPU), float32, bfloat16 or float16")
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    common.add_model_args(parser)
     text = parser.add_mutually_exclusive_group(required=True)
     text.add_argument("--text", type=Path, metavar="FILE", help="a .txt or .md file of UTF-8 text")
     text.add_argument("--builtin", metavar="NAME", help="a document shipped with kvviz: alice (Alice in Wonderland)")
@@ -56,11 +55,10 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
                         "that evict read the document together, one batch row each, sharing each forward's time)")
     parser.add_argument("--out", type=Path, metavar="DIR", help="write a kvviz-eval file per strategy and summary.csv")
     parser.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
-    return parser
 
 
 def _document(args):
-    from kvviz import documents
+    from kvviz.files import documents
 
     try:
         return documents.builtin(args.builtin) if args.builtin is not None else documents.from_file(args.text)
@@ -83,30 +81,25 @@ def _out_folder(out: Path | None) -> Path | None:
     return out
 
 
-def _log(message: str) -> None:
-    print(f"kvviz: {message}", file=sys.stderr, flush=True)
-
-
-def cmd_eval(args) -> int:
-    from kvviz import evaluation
+def command(args) -> int:
+    from kvviz.files import evaluation
 
     problem = evaluation.token_count_problem(args.tokens)
     if problem:
         raise UsageError(f"--tokens: {problem}")
     document = _document(args)
     out = _out_folder(args.out)
-    from kvviz.compare import parse_strategy_list
     from kvviz.engine import evaluate, models
 
-    choices = parse_strategy_list([s for s in args.strategies.split(",") if s.strip()])
+    choices = common.strategy_list(args.strategies)
     loaded = models.load_model(args.model, dtype=args.dtype, device=args.device,
-                               progress=lambda message, fraction: _log(message))
+                               progress=lambda message, fraction: common.log(message))
     ids, record, notice = evaluate.prepare(loaded, document, choices, args.tokens)
     if notice:
-        _log(notice)
+        common.log(notice)
     # every strategy is checked against the model before any work
     evaluations = [evaluate.Evaluation(loaded, c, ids, record) for c in choices]
-    _log(f"{loaded.card['name']}, document {document.name}, {len(ids):,} tokens, {len(choices)} strategies")
+    common.log(f"{loaded.card['name']}, document {document.name}, {len(ids):,} tokens, {len(choices)} strategies")
     rows = Rows(evaluations, args.json)
     progress = Progress(evaluations)
     interrupted = None
@@ -133,7 +126,7 @@ def cmd_eval(args) -> int:
         else:
             _print_footer(evaluations)
         if out:
-            _log(f"wrote {len(files)} evaluation file(s) and {out / 'summary.csv'}")
+            common.log(f"wrote {len(files)} evaluation file(s) and {out / 'summary.csv'}")
     if interrupted is not None:
         raise interrupted
     return 1 if any(e.result.error for e in evaluations) else 0
@@ -185,7 +178,7 @@ def _print_footer(evaluations) -> None:
 
 def _save(evaluations, out: Path) -> dict[int, str]:
     """Write every started evaluation and the summary CSV; returns the files by evaluation index."""
-    from kvviz import evaluation
+    from kvviz.files import evaluation
 
     files: dict[int, str] = {}
     for i, e in enumerate(evaluations):
@@ -213,13 +206,6 @@ def _json_result(run, file: str | None) -> dict:
 # -- output -----------------------------------------------------------------------------------------
 
 
-def _number(value: float | None, width: int, fixed: int | None = None) -> str:
-    if value is None:
-        return f"{'-':>{width}}"
-    digits = fixed if fixed is not None else 2 if value < 100 else 1 if value < 10_000 else 0
-    return f"{value:>{width}.{digits}f}"
-
-
 class Table:
     """The per-strategy table: perplexity overall and by segment, cache size and speed, then the strategy."""
 
@@ -232,11 +218,10 @@ class Table:
     def row(self, run) -> str:
         s = run.summary()
         quarters = [q["perplexity"] for q in s["quarters"]] + [None] * 4
-        cache = None if s["final_cache_bytes"] is None else s["final_cache_bytes"] / 2**20
-        values = [s["perplexity"], s["second_half_perplexity"], *quarters[:4], s["before_eviction_perplexity"],
-                  s["after_eviction_perplexity"], cache, s["tokens_per_s"]]
-        fixed = {"cache MiB": 2, "tokens/s": 1}
-        cells = [_number(v, w, fixed.get(c)) for v, c, w in zip(values, self.COLUMNS, self.WIDTHS, strict=True)]
+        texts = [perplexity(value) for value in (s["perplexity"], s["second_half_perplexity"], *quarters[:4],
+                                                  s["before_eviction_perplexity"], s["after_eviction_perplexity"])]
+        texts += [mib(s["final_cache_bytes"], unit=False), number(s["tokens_per_s"])]
+        cells = [f"{text:>{width}}" for text, width in zip(texts, self.WIDTHS, strict=True)]
         notes = [run.status]
         if s["first_eviction"] is not None:
             notes.append(f"evicting from token {s['first_eviction']:,}")
@@ -276,8 +261,8 @@ class Progress:
         running = [i for i, x in enumerate(self.evaluations) if x.started and not x.finished] or [index]
         what = e.result.label() if len(running) == 1 else f"{len(running)} strategies, one batch row each"
         line = (f"kvviz: [{','.join(str(i + 1) for i in running)}/{len(self.evaluations)}] {what}: "
-                f"{done:,}/{total:,} tokens, {rate:.1f} tokens/s, {_clock(left)} left"
-                + (f", {_clock(in_all)}{unknown} in all" if later else ""))
+                f"{done:,}/{total:,} tokens, {rate:.1f} tokens/s, {clock(left)} left"
+                + (f", {clock(in_all)}{unknown} in all" if later else ""))
         if self.tty:
             print(f"\r{line}\033[K", end="", file=sys.stderr, flush=True)
         else:
@@ -286,12 +271,6 @@ class Progress:
     def clear(self) -> None:
         if self.tty and self.last_shown:
             print("\r\033[K", end="", file=sys.stderr, flush=True)
-
-
-def _clock(seconds: float) -> str:
-    seconds = int(round(seconds))
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 else \
-        f"{seconds // 60}:{seconds % 60:02d}"
 
 
 # -- kvviz trace FILE --------------------------------------------------------------------------------

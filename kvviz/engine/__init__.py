@@ -10,8 +10,8 @@ Public surface, used by the CLI and by the window's worker thread:
     strategies.all_strategies()                  # list[Strategy]: name, description, options, available()
     choice = strategies.choose(name, {"key": "value"})   # raises kvviz.errors.OptionError
     decoder = decode.Decoder(loaded, choice, decode.GenerationSettings(...), prompt)
-    for step in decoder:                         # kvviz.trace.StepRecord, prefill first
+    for step in decoder:                         # kvviz.files.trace.StepRecord, prefill first
         ...
     decoder.cancel()                             # thread-safe; iteration ends after the current step
-    decoder.trace                                # kvviz.trace.Trace, filled as steps come
+    decoder.trace                                # kvviz.files.trace.Trace, filled as steps come
 """

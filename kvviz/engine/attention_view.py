@@ -15,7 +15,7 @@ import torch
 
 from kvviz.engine.attention_scores import attention_received
 from kvviz.engine.layers import KvvizLayer
-from kvviz.trace import ATTENTION_SINK_POSITIONS
+from kvviz.files.trace import ATTENTION_SINK_POSITIONS
 
 
 def cache_positions(layer, n_keys: int, total: int) -> torch.Tensor:

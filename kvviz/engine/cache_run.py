@@ -22,7 +22,7 @@ from kvviz.engine.convert import convert, refusal
 from kvviz.engine.geometry import Geometry
 from kvviz.engine.strategies import StrategyChoice, get
 from kvviz.errors import OptionError
-from kvviz.trace import LayerRecord
+from kvviz.files.trace import LayerRecord
 
 
 @functools.cache

@@ -30,7 +30,7 @@ from kvviz.engine.machine import memory_bandwidth
 from kvviz.engine.models import LoadedModel
 from kvviz.engine.strategies import StrategyChoice, capacity_for, get
 from kvviz.errors import OptionError
-from kvviz.trace import StepRecord, Switch, Trace
+from kvviz.files.trace import StepRecord, Switch, Trace
 
 MAX_SEED = 2**63 - 1  # torch generators take a signed 64-bit seed
 

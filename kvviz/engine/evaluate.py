@@ -23,14 +23,14 @@ from collections.abc import Iterator
 
 import torch
 
-from kvviz.documents import Document
 from kvviz.engine import cache_rows
 from kvviz.engine.cache_run import CacheRun
 from kvviz.engine.geometry import Geometry
 from kvviz.engine.models import LoadedModel
 from kvviz.engine.strategies import StrategyChoice, capacity_for, get
 from kvviz.errors import OptionError
-from kvviz.evaluation import EvalRun, TokenRecord, token_count_problem
+from kvviz.files.documents import Document
+from kvviz.files.evaluation import EvalRun, TokenRecord, token_count_problem
 
 CHUNK = 128  # tokens per forward for exact strategies
 MAX_TOKENS = 10**7  # a document this long is cut here even for strategies that stream past the context

@@ -25,7 +25,7 @@ import torch
 
 from kvviz.engine import attention_scores
 from kvviz.engine.layers import KvvizLayer
-from kvviz.trace import SlotState
+from kvviz.files.trace import SlotState
 
 
 class EvictionLayer(KvvizLayer):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import CacheLayerMixin, DynamicSlidingWindowLayer
 
-from kvviz.trace import SlotState
+from kvviz.files.trace import SlotState
 
 
 class KvvizLayer(CacheLayerMixin):

@@ -23,7 +23,7 @@ from transformers.cache_utils import (
 )
 
 from kvviz.engine.layers import KvvizLayer
-from kvviz.trace import LayerRecord, SlotState
+from kvviz.files.trace import LayerRecord, SlotState
 
 _PROCESS = psutil.Process(os.getpid())
 

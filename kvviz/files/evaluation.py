@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from kvviz.jsonfile import KeptFileError, write_atomic, write_json
-from kvviz.schema import (
+from kvviz.files.jsonfile import KeptFileError, write_atomic, write_json
+from kvviz.files.schema import (
     MAX_BYTES,
     FileFormat,
     Flag,
@@ -46,7 +46,7 @@ from kvviz.schema import (
     maybe,
     optional,
 )
-from kvviz.trace_schema import MAX_MS, MAX_POSITIONS, MODEL_CARD, STRATEGY
+from kvviz.files.trace_schema import MAX_MS, MAX_POSITIONS, MODEL_CARD, STRATEGY
 
 FORMAT = "kvviz-eval"
 VERSION = 1
@@ -117,7 +117,7 @@ class EvalRun:
         }
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write atomically and completely, even when Ctrl-C comes during the save (`kvviz.jsonfile`)."""
+        """Write atomically and completely, even when Ctrl-C comes during the save (`kvviz.files.jsonfile`)."""
         return write_json(path, self.to_dict)
 
 

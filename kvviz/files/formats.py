@@ -14,14 +14,14 @@ import importlib
 import os
 from typing import Any
 
-from kvviz.jsonfile import KeptFileError, read_json
-from kvviz.schema import FileFormat
+from kvviz.files.jsonfile import KeptFileError, read_json
+from kvviz.files.schema import FileFormat
 
 # "format" field -> the module that declares FILE_FORMAT for it
 FORMATS = {
-    "kvviz-trace": "kvviz.trace_schema",
+    "kvviz-trace": "kvviz.files.trace_schema",
     "kvviz-attach": "kvviz.attach.session",
-    "kvviz-eval": "kvviz.evaluation",
+    "kvviz-eval": "kvviz.files.evaluation",
 }
 
 

@@ -4,7 +4,7 @@
 missing file, a folder, a FIFO or device (never opened in a way that could hang), a symlink loop,
 a huge file, another encoding, invalid UTF-8, a file cut short, nesting deeper than Python can
 parse. Every refusal is a `KeptFileError` (or the subclass the caller names) with a message of
-kvviz's own; what the JSON means is checked afterwards by the format's schema (`kvviz.schema`).
+kvviz's own; what the JSON means is checked afterwards by the format's schema (`kvviz.files.schema`).
 
 `write_atomic(path, bytes)` is the one way kvviz saves a file (`write_json` for JSON, where
 non-finite numbers become null so that the file is always valid JSON): written to a unique

@@ -5,11 +5,11 @@ a `Record` schema and a `build` function that turns the checked JSON into kvviz'
 schema is made of small specs (`Int`, `Number`, `Text`, `Flag`, `ListOf`, `Pair`, `MapOf`,
 `Record`, `Json`); a `Record` may carry rules, functions that look at the checked record as a whole
 and refuse what its fields allow one by one but not together (for example, a step's bytes that do
-not add up). Every refusal is a `KeptFileError` (`kvviz.jsonfile`) whose message names the file, the field path
+not add up). Every refusal is a `KeptFileError` (`kvviz.files.jsonfile`) whose message names the file, the field path
 (``steps[1].layers[0].storage``), what was expected and what was found; nothing else escapes.
 
 Adding a format: declare its schema with these specs, write `build`, define
-``FILE_FORMAT = FileFormat(...)`` in its module and add one line to `kvviz.formats.FORMATS`.
+``FILE_FORMAT = FileFormat(...)`` in its module and add one line to `kvviz.files.formats.FORMATS`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvviz.jsonfile import KeptFileError, read_json
+from kvviz.files.jsonfile import KeptFileError, read_json
 
 MAX_BYTES = 2**53  # byte counts above 8 PiB are nonsense, and float64 holds every integer up to here exactly
 MAX_INT = 2**63 - 1  # free-form integers must fit the 64-bit integers of numpy and Qt

@@ -2,7 +2,7 @@
 
 Plain data only (stdlib + numpy): the engine produces these records, the window, the CLI and the
 report consume them. Nothing here knows about torch or Qt. What a file may hold, field by field, is
-declared in `kvviz.trace_schema`.
+declared in `kvviz.files.trace_schema`.
 
 A trace file is JSON:
 
@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from kvviz.formats import file_format
-from kvviz.jsonfile import KeptFileError, write_json
+from kvviz.files.formats import file_format
+from kvviz.files.jsonfile import KeptFileError, write_json
 
 FORMAT = "kvviz-trace"
 VERSION = 1
@@ -172,7 +172,7 @@ class Trace:
         }
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write atomically and completely, even when Ctrl-C comes during the save (`kvviz.jsonfile`)."""
+        """Write atomically and completely, even when Ctrl-C comes during the save (`kvviz.files.jsonfile`)."""
         return write_json(path, self.to_dict)
 
 

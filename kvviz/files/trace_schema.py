@@ -1,12 +1,12 @@
 """What a trace file may hold: the declared schema of the kvviz-trace format and its cross-field rules.
 
-`kvviz.formats` reads every kvviz file through the `FILE_FORMAT` declared here; `kvviz.trace.load` is
+`kvviz.files.formats` reads every kvviz file through the `FILE_FORMAT` declared here; `kvviz.files.trace.load` is
 the short way to it. A refusal names the file, the field path and what was expected.
 """
 
 from __future__ import annotations
 
-from kvviz.schema import (
+from kvviz.files.schema import (
     MAX_BYTES,
     FileFormat,
     Flag,
@@ -23,7 +23,17 @@ from kvviz.schema import (
     maybe,
     optional,
 )
-from kvviz.trace import FORMAT, STORAGE_KINDS, VERSION, LayerRecord, SlotState, StepRecord, Switch, Trace, TraceError
+from kvviz.files.trace import (
+    FORMAT,
+    STORAGE_KINDS,
+    VERSION,
+    LayerRecord,
+    SlotState,
+    StepRecord,
+    Switch,
+    Trace,
+    TraceError,
+)
 
 # The most positions (prompt tokens, cache slots) a trace may claim. 2**22 = 4,194,304 is four times the
 # longest context of the open models kvviz runs; the cache map of a run that long already takes

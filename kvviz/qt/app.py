@@ -129,8 +129,8 @@ def load_at_start(window, spec: str, remembered: bool) -> None:
 
 
 def _open_traces(window, paths: list[str]) -> list[str]:
-    from kvviz.formats import read_kept
-    from kvviz.jsonfile import KeptFileError
+    from kvviz.files.formats import read_kept
+    from kvviz.files.jsonfile import KeptFileError
 
     problems = []
     for path in paths:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvviz.trace import LayerRecord, Trace
+from kvviz.files.trace import LayerRecord, Trace
 
 RAMP_START = 128  # image values RAMP_START .. RAMP_START + RAMP_STEPS: a share of KV heads, from 0 to 1
 RAMP_STEPS = 127

@@ -4,7 +4,7 @@ strategy (or server load), and the Run, Switch and Stop buttons that stay in vie
 "Local model" and "vLLM server" share the prompt and the settings; the rest swaps with the mode
 (`set_mode`), and so do the buttons. The server mode's own widgets come from kvviz.qt.server_mode.
 "Evaluate" keeps the model and the strategy picker, and puts the document above the picker and the
-list of strategies to evaluate below it in place of the prompt and settings (kvviz.qt.eval_mode).
+list of strategies to evaluate below it in place of the prompt and settings (kvviz.qt.evaluate.mode).
 """
 
 from __future__ import annotations

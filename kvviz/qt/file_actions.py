@@ -32,9 +32,10 @@ from PySide6.QtWidgets import (
     QSpinBox,
 )
 
-from kvviz import present, report
-from kvviz.formats import read_kept
-from kvviz.jsonfile import KeptFileError
+from kvviz import present
+from kvviz.files import report
+from kvviz.files.formats import read_kept
+from kvviz.files.jsonfile import KeptFileError
 from kvviz.qt.plots.base import DEFAULT_EXPORT_WIDTH
 
 TRACE_FILTER = "kvviz traces, evaluations and server sessions (*.json);;All files (*)"
@@ -123,7 +124,7 @@ class FileActions(QObject):
         return written
 
     def export_evaluation_csv(self, path: str | os.PathLike) -> Path | None:
-        """The evaluation's summary, one row per strategy (kvviz.evaluation's CSV)."""
+        """The evaluation's summary, one row per strategy (kvviz.files.evaluation's CSV)."""
         mode = self.window.eval_mode
         if not mode.runs():
             self.show_message("Nothing to export", "Evaluate some strategies first, or open an evaluation file.")
@@ -133,7 +134,7 @@ class FileActions(QObject):
         return written
 
     def export_runs_csv(self, path: str | os.PathLike) -> Path:
-        """Every run in the Runs table, in table order, as kvviz.report's CSV."""
+        """Every run in the Runs table, in table order, as kvviz.files.report's CSV."""
         store = self.window.store
         rows = [
             present.run_row(f"#{run_id}", store.runs[run_id].trace, store.status(run_id))

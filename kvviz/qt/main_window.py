@@ -2,10 +2,10 @@
 
 The window composes its parts and carries out the user's actions; each part is its own module:
 - kvviz.qt.run_store: every run (its trace and buffers), their ids, statuses and the selection;
-- kvviz.qt.local_engine: the worker thread that loads the model and generates, feeding the store;
-- kvviz.qt.server_mode: the "vLLM server" controls and view, its own requests fed to the store;
-- kvviz.qt.eval_mode: the "Evaluate" controls and view, strategies read a document on the worker;
-- kvviz.qt.controls, kvviz.qt.local_view: the Controls dock's body and the "Local run" plots;
+- kvviz.qt.local.engine: the worker thread that loads the model and generates, feeding the store;
+- kvviz.qt.server.mode: the "vLLM server" controls and view, its own requests fed to the store;
+- kvviz.qt.evaluate.mode: the "Evaluate" controls and view, strategies read a document on the worker;
+- kvviz.qt.controls, kvviz.qt.local.view: the Controls dock's body and the "Local run" plots;
 - kvviz.qt.redraw: when to redraw; kvviz.qt.status: the status bar and the error message;
 - kvviz.qt.menus, kvviz.qt.file_actions, kvviz.qt.recorder, kvviz.qt.help: the menus;
 - kvviz.qt.window_settings: what is kept between sessions, the theme and the layout's default sizes;
@@ -26,24 +26,24 @@ from typing import Any
 from PySide6.QtCore import QSettings, Qt, Signal
 from PySide6.QtWidgets import QApplication, QDockWidget, QMainWindow, QVBoxLayout, QWidget
 
-from kvviz.evaluation import EvalRun
+from kvviz.files.evaluation import EvalRun
+from kvviz.files.trace import Trace
 from kvviz.present import final_status
 from kvviz.qt import theme, wheel_guard, window_settings
 from kvviz.qt.controls import EVALUATE, SERVER, Controls
-from kvviz.qt.eval_mode import EvalMode
+from kvviz.qt.evaluate.mode import EvalMode
 from kvviz.qt.help import HelpMenu
-from kvviz.qt.local_engine import LocalEngine
-from kvviz.qt.local_view import LocalView
+from kvviz.qt.local.engine import LocalEngine
+from kvviz.qt.local.view import LocalView
 from kvviz.qt.menus import Menus
 from kvviz.qt.panels.runs import RunsTable
 from kvviz.qt.panels.tokens import TokenView
 from kvviz.qt.redraw import RedrawScheduler
 from kvviz.qt.run_store import RunStore
 from kvviz.qt.runs_height import RunsHeightKeeper
-from kvviz.qt.server_mode import ServerMode
+from kvviz.qt.server.mode import ServerMode
 from kvviz.qt.status import ErrorBar, StatusLine, window_state
 from kvviz.qt.view_tabs import ViewTabs
-from kvviz.trace import Trace
 
 
 class MainWindow(QMainWindow):
@@ -64,7 +64,7 @@ class MainWindow(QMainWindow):
         self.redraws = RedrawScheduler(self._frame, self)
         self.engine = LocalEngine(self.store, self)
         self.server = ServerMode(self, self.store)
-        self.eval_mode = EvalMode(self, self.engine.evaluator)
+        self.eval_mode = EvalMode(self, self.engine.worker)
         self.controls = Controls(self.server, self.eval_mode)
         self.local_view = LocalView()
         self.error_bar = ErrorBar()
@@ -402,4 +402,5 @@ class MainWindow(QMainWindow):
         self.redraws.stop()
         self.status_line.stop()
         self.server.shutdown()
+        self.eval_mode.shutdown()
         return self.engine.stop(timeout_ms)

@@ -3,8 +3,8 @@
 It owns the runs (a `RunSeries` each: its producer's `Trace` and the buffers drawn from it), their
 ids (allocated here and nowhere else), their statuses, the run the local engine is generating, and
 the selection of runs the plots overlay. Producers add runs and report new records through its
-public methods: the local engine (kvviz.qt.local_engine), kvviz's own requests to a server
-(kvviz.qt.server_mode), files opened (kvviz.qt.file_actions) and the GUI bench. Views take the
+public methods: the local engine (kvviz.qt.local.engine), kvviz's own requests to a server
+(kvviz.qt.server.mode), files opened (kvviz.qt.file_actions) and the GUI bench. Views take the
 store in `__init__` and follow its signals (napari's habit); the window's redraw reads it.
 """
 
@@ -15,9 +15,9 @@ from types import MappingProxyType
 
 from PySide6.QtCore import QObject, Signal
 
+from kvviz.files.trace import Trace
 from kvviz.present import FAILED, FINAL_STATUSES
 from kvviz.qt.series import RunSeries
-from kvviz.trace import Trace
 
 
 class RunStore(QObject):

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvviz.files.trace import SlotState, StepRecord, Switch, Trace
 from kvviz.present import MIB, strategy_label, strategy_path
 from kvviz.qt.cache_cells import head_counts, kv_heads, shade_partial
-from kvviz.trace import SlotState, StepRecord, Switch, Trace
 
 # Columns of the per-step table. KL is NaN where no reference ran; FLOOR_MS, the step's memory-bound floor
 # (Trace.floor_ms), is NaN at the prefill and where the bandwidth or the bytes read are not known.

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pyqtgraph as pg
 
+from kvviz.files.trace import SlotState
 from kvviz.qt.cache_cells import RAMP_START, RAMP_STEPS
-from kvviz.trace import SlotState
 
 THEMES = ("dark", "light")
 

@@ -26,12 +26,12 @@ def restore(window) -> None:
     controls, server = window.controls, window.server
     controls.model_panel.set_spec(str(s.value("model/spec", "default")))
     controls.prompt_panel.set_text(str(s.value("prompt/text", DEFAULT_PROMPT)))
-    controls.settings_panel.set_state(_json(s.value("generation/state"), {}))
-    controls.strategy_panel.set_all_values(_json(s.value("strategy/values"), {}))
+    controls.settings_panel.set_state(stored_json(s.value("generation/state"), {}))
+    controls.strategy_panel.set_all_values(stored_json(s.value("strategy/values"), {}))
     controls.strategy_panel.set_current(str(s.value("strategy/name", "dynamic")))  # applied once listed
     server.panel.set_url(str(s.value("server/url", "")))
     server.panel.model_dir.setText(str(s.value("server/model_dir", "")))
-    server.load_panel.set_values(_json(s.value("server/load"), {}))
+    server.load_panel.set_values(stored_json(s.value("server/load"), {}))
     window.set_theme(str(s.value("view/theme", "dark")))
     height = s.value("window/runs_height")
     window.runs_height = int(height) if str(height or "").isdigit() else None
@@ -142,7 +142,8 @@ def apply_theme(window, name: str) -> str:
     return name
 
 
-def _json(value, default):
+def stored_json(value, default):
+    """A setting kept as JSON text, parsed; `default` where it is missing or damaged."""
     if not isinstance(value, str):
         return default
     try:

@@ -59,7 +59,7 @@ def test_free_port_is_loopback_and_usable():
 def test_attach_imports_neither_qt_nor_torch():
     code = (
         "import sys, kvviz.attach.metrics, kvviz.attach.poller, kvviz.attach.client, kvviz.attach.load, "
-        "kvviz.attach.session, kvviz.attach.server, kvviz.attach_cli; "
+        "kvviz.attach.session, kvviz.attach.server, kvviz.cli.attach; "
         "print(sorted(m for m in ('torch', 'PySide6', 'transformers') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)

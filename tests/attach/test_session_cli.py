@@ -11,7 +11,7 @@ from kvviz.attach import session as session_mod
 from kvviz.attach.metrics import parse
 from kvviz.attach.request_trace import is_served, record_trace
 from kvviz.attach.session import Session, SessionError, kv_dtype_name, predict
-from kvviz.attach_cli import add_attach_parser, cmd_attach
+from kvviz.cli.attach import add_parser, command
 from kvviz.errors import UsageError
 from tests.attach.conftest import DATA, recorded
 
@@ -82,7 +82,7 @@ def test_kv_dtype_resolution():
 
 def parse_args(*argv):
     parser = argparse.ArgumentParser()
-    add_attach_parser(parser.add_subparsers(dest="command"))
+    add_parser(parser.add_subparsers(dest="command"))
     return parser.parse_args(["attach", *argv])
 
 
@@ -110,7 +110,7 @@ def test_cli_on_a_replay(replay_server, tmp_path, capsys):
         str(out),
         "--json",
     )
-    assert cmd_attach(args) == 0
+    assert command(args) == 0
     report = json.loads(capsys.readouterr().out)
     summary = report["summary"]
     assert summary["usage_peak"] > 0 and summary["usage_final"] == 0
@@ -126,22 +126,22 @@ def test_cli_on_a_replay(replay_server, tmp_path, capsys):
     assert run.text == own.text and is_served(run)
     assert sum(step.wall_ms for step in run.steps) == pytest.approx(1000 * own.tokens[-1].t)
     # and it opens again from the command line
-    assert cmd_attach(parse_args(str(out), "--json")) == 0
+    assert command(parse_args(str(out), "--json")) == 0
     assert json.loads(capsys.readouterr().out)["summary"] == loaded.summary()
     (tmp_path / "bad.json").write_text('{"format": "kvviz-trace", "version": 1}')
     with pytest.raises(UsageError, match="local-run trace"):
-        cmd_attach(parse_args(str(tmp_path / "bad.json")))
+        command(parse_args(str(tmp_path / "bad.json")))
 
 
 def test_cli_text_summary(replay_server, capsys):
-    assert cmd_attach(parse_args(replay_server.url, "--interval", "0.05", "--settle", "0")) == 0
+    assert command(parse_args(replay_server.url, "--interval", "0.05", "--settle", "0")) == 0
     text = capsys.readouterr().out
     assert "46,592 tokens in blocks of 128" in text and "own request" in text
 
 
 def test_cli_unreachable(dead_url):
     with pytest.raises(RuntimeError, match="cannot attach to .*cannot connect"):
-        cmd_attach(parse_args(dead_url, "--settle", "0"))
+        command(parse_args(dead_url, "--settle", "0"))
 
 
 def test_cli_not_vllm():
@@ -150,7 +150,7 @@ def test_cli_not_vllm():
     server, thread = start_http_server(0, addr="127.0.0.1", registry=CollectorRegistry())
     try:
         with pytest.raises(RuntimeError, match="does not look like a vLLM server"):
-            cmd_attach(parse_args(f"http://127.0.0.1:{server.server_port}", "--settle", "0"))
+            command(parse_args(f"http://127.0.0.1:{server.server_port}", "--settle", "0"))
     finally:
         server.shutdown()
         server.server_close()
@@ -172,4 +172,4 @@ def test_cli_not_vllm():
 )
 def test_cli_usage_errors(dead_url, argv):
     with pytest.raises(UsageError):
-        cmd_attach(parse_args(dead_url, *argv))
+        command(parse_args(dead_url, *argv))

@@ -12,9 +12,9 @@ import pytest
 from kvviz.attach.client import RequestRecord, TokenTiming
 from kvviz.attach.request_trace import record_trace
 from kvviz.attach.session import SessionError, from_dict
-from kvviz.attach_cli import show_session
-from kvviz.formats import read_kept
-from kvviz.jsonfile import KeptFileError
+from kvviz.cli.attach import show_session
+from kvviz.files.formats import read_kept
+from kvviz.files.jsonfile import KeptFileError
 from tests.attach.test_session_cli import recorded_session
 from tests.engine.test_trace_fuzz import PYTHON_TEXT
 

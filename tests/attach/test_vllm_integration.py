@@ -133,11 +133,11 @@ def test_cli_against_the_real_server(server, tmp_path, capsys):
     import argparse
 
     from kvviz.attach import session as session_mod
-    from kvviz.attach_cli import add_attach_parser, cmd_attach
+    from kvviz.cli.attach import add_parser, command
     from kvviz.engine.model_cache import ensure_default_model
 
     parser = argparse.ArgumentParser()
-    add_attach_parser(parser.add_subparsers(dest="command"))
+    add_parser(parser.add_subparsers(dest="command"))
     out = tmp_path / "attach.json"
     args = parser.parse_args(
         [
@@ -167,7 +167,7 @@ def test_cli_against_the_real_server(server, tmp_path, capsys):
             str(out),
         ]
     )
-    assert cmd_attach(args) == 0
+    assert command(args) == 0
     text = capsys.readouterr().out
     assert "usage peak" in text and "KV / token" in text
     summary = session_mod.load(out).summary()

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from kvviz import trace
+from kvviz.files import trace
 
 
 def kvviz(*args, cwd=None):
@@ -44,7 +44,7 @@ def test_run_streams_text_and_prints_summary(tmp_path):
     "args,status,message",
     [
         (["run", "--model", "tiny", "--strategy", "nope", "--prompt", "x"], 2, "unknown strategy 'nope'"),
-        (["run", "--model", "tiny", "--set", "window", "--prompt", "x"], 2, "--set expects key=value"),
+        (["run", "--model", "tiny", "--set", "window", "--prompt", "x"], 2, "a strategy option is KEY=VALUE"),
         (["run", "--model", "tiny", "--strategy", "sliding", "--set", "window=0", "--prompt", "x"], 2, "window"),
         (["run", "--model", "tiny"], 2, "give a prompt with --prompt"),
         (["run", "--model", "tiny", "--prompt-file", "/no/such/file"], 2, "cannot read the prompt file"),

@@ -2,7 +2,7 @@ import csv
 import subprocess
 import sys
 
-from kvviz import trace
+from kvviz.files import trace
 
 
 def test_compare_writes_traces_csv_report_and_figures(tmp_path):

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from kvviz import evaluation
+from kvviz.files import evaluation
 
 
 def kvviz(*args, timeout=600):

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from kvviz import trace
+from kvviz.files import trace
 
 LONG_RUN = ["run", "--model", "tiny", "--prompt", "Tell me a long story.", "--max-new-tokens", "4000",
             "--ignore-eos"]

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from kvviz.trace import LayerRecord, StepRecord, Trace
+from kvviz.files.trace import LayerRecord, StepRecord, Trace
 from tests.attach.test_session_cli import recorded_session
 
 CHECK = (

@@ -6,9 +6,9 @@ import threading
 import pytest
 import torch
 
-from kvviz import documents
 from kvviz.engine import evaluate, strategies
 from kvviz.errors import OptionError
+from kvviz.files import documents
 
 TOLERANCE = 1e-3  # nats, at every position
 

@@ -3,11 +3,10 @@
 import pytest
 import torch
 
-from kvviz.compare import parse_strategy_list
 from kvviz.engine import decode, strategies
 from kvviz.engine.cache_run import CacheRun
-from kvviz.engine.strategies import OptionError
-from kvviz.trace import SlotState
+from kvviz.engine.strategies import OptionError, parse_list
+from kvviz.files.trace import SlotState
 
 from .families import CONFIGS, tiny_family
 
@@ -176,6 +175,6 @@ def test_listed_with_descriptions_and_accepted_by_compare():
         listing = strategies.get(name).to_dict()
         assert listing["available"] and listing["description"]
     assert strategies.choose("h2o").options == {"budget": 256, "recent": 0}
-    choices = parse_strategy_list(["h2o:budget=64:recent=16", "tova:budget=64", "snapkv:budget=64", "knorm"])
+    choices = parse_list(["h2o:budget=64:recent=16", "tova:budget=64", "snapkv:budget=64", "knorm"])
     assert [c.name for c in choices] == ["h2o", "tova", "snapkv", "knorm"]
     assert choices[0].options == {"budget": 64, "recent": 16}

@@ -11,14 +11,14 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
-from kvviz import trace as trace_format
 from kvviz.engine import decode, models, strategies
 from kvviz.engine.attention_scores import attention_received
 from kvviz.engine.strategies.h2o import H2OLayer
 from kvviz.engine.strategies.knorm import KeyNormLayer
 from kvviz.engine.strategies.snapkv import SnapKVLayer
 from kvviz.engine.strategies.tova import TOVALayer
-from kvviz.trace import ATTENTION_SINK_POSITIONS, SlotState
+from kvviz.files import trace as trace_format
+from kvviz.files.trace import ATTENTION_SINK_POSITIONS, SlotState
 
 HEADS, KV_HEADS, DIM = 6, 2, 16
 SCALE = DIM**-0.5

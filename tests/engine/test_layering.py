@@ -6,7 +6,7 @@ import sys
 
 def test_engine_imports_no_qt():
     code = (
-        "import sys; import kvviz.engine.decode, kvviz.engine.bench, kvviz.trace, kvviz.cli; "
+        "import sys; import kvviz.engine.decode, kvviz.engine.bench, kvviz.files.trace, kvviz.cli.main; "
         "bad = [m for m in sys.modules if m.startswith(('PySide6', 'pyqtgraph', 'kvviz.qt'))]; "
         "assert not bad, bad"
     )

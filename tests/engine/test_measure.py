@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from kvviz.engine import decode, measure, strategies
-from kvviz.trace import SlotState
+from kvviz.files.trace import SlotState
 
 from .families import CONFIGS, tiny_family
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from kvviz import trace
 from kvviz.engine import decode, strategies
+from kvviz.files import trace
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,9 @@ import re
 
 import pytest
 
-from kvviz import documents, evaluation, resources
-from kvviz.evaluation import EvalFileError, EvalRun, TokenRecord
+from kvviz import resources
+from kvviz.files import documents, evaluation
+from kvviz.files.evaluation import EvalFileError, EvalRun, TokenRecord
 
 
 def sample_run(n=12, first_eviction=None, **changes) -> EvalRun:

@@ -4,10 +4,10 @@ import sys
 
 import pytest
 
-from kvviz import formats, trace
 from kvviz.engine import decode, strategies
-from kvviz.jsonfile import KeptFileError
-from kvviz.schema import FileFormat, Int, ListOf, Record, Refusal, Text, at
+from kvviz.files import formats, trace
+from kvviz.files.jsonfile import KeptFileError
+from kvviz.files.schema import FileFormat, Int, ListOf, Record, Refusal, Text, at
 
 
 def _rising(record, where):
@@ -127,7 +127,7 @@ def test_reading_files_imports_neither_torch_nor_transformers(tmp_path, sample):
 
     recorded_session().save(tmp_path / "session.json")
     code = (
-        "import sys; from kvviz.formats import read_kept; "
+        "import sys; from kvviz.files.formats import read_kept; "
         f"a = read_kept({str(tmp_path / 'run.json')!r}); b = read_kept({str(tmp_path / 'session.json')!r}); "
         "print(type(a).__name__, type(b).__name__, [m for m in ('torch', 'transformers') if m in sys.modules])"
     )

@@ -8,10 +8,10 @@ import re
 
 import pytest
 
-from kvviz.formats import read_kept
-from kvviz.jsonfile import KeptFileError
-from kvviz.trace import Trace, load
-from tests.engine.trace_mutants import base_traces, mutants
+from kvviz.files.formats import read_kept
+from kvviz.files.jsonfile import KeptFileError
+from kvviz.files.trace import Trace, load
+from tests.files.trace_mutants import base_traces, mutants
 
 # What a catch-all would show: a Python exception's class name or its stock phrases.
 PYTHON_TEXT = re.compile(

@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from kvviz import jsonfile, trace
-from kvviz.jsonfile import part_name, write_json
+from kvviz.files import jsonfile, trace
+from kvviz.files.jsonfile import part_name, write_json
 
 # A child that builds a big trace (3,000 steps x 30 layers, about 15 MB of JSON) and saves it. The save
 # announces itself from inside (where signals wait) and pauses, so the parent's signal lands mid-save.
 CHILD = textwrap.dedent(
     """
     import signal, sys, time
-    from kvviz.trace import LayerRecord, StepRecord, Trace
+    from kvviz.files.trace import LayerRecord, StepRecord, Trace
 
     signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job may have inherited "ignore"
     layers = lambda i: [LayerRecord(64 * i, 64 * i, i, i, 0.1, {"full": 128 * i}, [[2, i]]) for _ in range(30)]

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvviz.jsonfile import MAX_FILE_BYTES
+from kvviz.files.jsonfile import MAX_FILE_BYTES
 
 HUGE_DIGITS = "__HUGE_DIGITS__"  # stands for a 5,000-digit number, which json.dumps cannot write
 

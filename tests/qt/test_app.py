@@ -100,8 +100,8 @@ def test_smoke_test_flag_runs_four_tokens_and_exits_zero(tmp_path):
 
 
 def test_open_trace_file_adds_a_run(qtbot, window, tmp_path):
-    from kvviz.trace import LayerRecord, SlotState, StepRecord, Trace
-    from kvviz.trace import load as load_trace
+    from kvviz.files.trace import LayerRecord, SlotState, StepRecord, Trace
+    from kvviz.files.trace import load as load_trace
 
     def layers(i):  # one layer holding the 4 prompt tokens and i generated ones, 256 bytes each
         return [LayerRecord(keys_bytes=128 * (4 + i), values_bytes=128 * (4 + i), seq_len=4 + i, capacity=4 + i,

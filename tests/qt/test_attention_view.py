@@ -8,11 +8,11 @@ import re
 
 import numpy as np
 
-from kvviz import trace as trace_format
+from kvviz.files import trace as trace_format
+from kvviz.files.trace import ATTENTION_SINK_POSITIONS
 from kvviz.present import RUN_TABLE, UNKNOWN
 from kvviz.qt.cache_cells import quoted
 from kvviz.qt.plots.attention_plots import log_image
-from kvviz.trace import ATTENTION_SINK_POSITIONS
 from tests.qt.test_cache_cells import trace_of
 
 

@@ -7,9 +7,9 @@ import html
 
 import numpy as np
 
+from kvviz.files.trace import LayerRecord, SlotState, StepRecord, Trace
 from kvviz.qt.cache_cells import RAMP_START, RAMP_STEPS, head_counts, heads_at, quoted, token_at
 from kvviz.qt.series import RunSeries
-from kvviz.trace import LayerRecord, SlotState, StepRecord, Trace
 
 PIECES = ["<s>", "The", " cat", " sat", "\n", " on"]
 

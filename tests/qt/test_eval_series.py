@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvviz.evaluation import EvalRun, TokenRecord
+from kvviz.files.evaluation import EvalRun, TokenRecord
 from kvviz.present import MIB
-from kvviz.qt.eval_series import SETTLING, SMOOTHING, StrategySeries, compact_label, full_label
+from kvviz.qt.evaluate.series import SETTLING, SMOOTHING, StrategySeries, compact_label, full_label
 
 
 def _run(mode: str = "token-by-token") -> EvalRun:

@@ -12,7 +12,7 @@ import pytest
 from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
 from PySide6.QtGui import QDropEvent
 
-from kvviz import evaluation
+from kvviz.files import evaluation
 from kvviz.present import MIB, number
 from kvviz.qt.controls import EVALUATE, LOCAL
 from tests.qt.conftest import load, run
@@ -282,7 +282,7 @@ def test_no_engine_call_on_the_gui_thread(window, qtbot, monkeypatch):
 
 
 def test_a_longer_axis_label_is_centred_again_when_the_plot_grows(qtbot):
-    from kvviz.qt.plots.eval_plots import PerplexityPlot
+    from kvviz.qt.evaluate.plots import PerplexityPlot
 
     plot = PerplexityPlot()
     qtbot.addWidget(plot)

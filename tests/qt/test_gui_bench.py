@@ -6,10 +6,10 @@ import threading
 
 
 def test_gui_bench_decodes_only_on_the_worker(qapp, monkeypatch, capsys):
-    from kvviz.cli import _print_gui_bench
+    from kvviz.cli.bench import print_gui_bench
     from kvviz.engine import decode, models
     from kvviz.present import ms
-    from kvviz.qt.bench import run_gui_bench
+    from kvviz.qt.tools.bench import run_gui_bench
 
     threads: set[int] = set()
     load, init = models.load_model, decode.Decoder.__init__
@@ -34,7 +34,7 @@ def test_gui_bench_decodes_only_on_the_worker(qapp, monkeypatch, capsys):
     assert figures["window_over_generate"] == figures["tokens_per_s_window"] / figures["tokens_per_s_generate"]
     assert figures["long_tokens"] == 48 and figures["redraw_ms_short"] > 0 and figures["worst_stall_ms"] >= 0
 
-    _print_gui_bench(figures)  # what `kvviz bench --gui` prints
+    print_gui_bench(figures)  # what `kvviz bench --gui` prints
     printed = capsys.readouterr().out
     assert f"{figures['tokens_per_s_generate']:.2f}" in printed and f"{figures['window_over_generate']:.3f}" in printed
     assert ms(figures["worst_stall_ms"]) in printed and "at 24 tokens" in printed

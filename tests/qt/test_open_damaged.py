@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.engine.trace_mutants import base_traces, mutants
+from tests.files.trace_mutants import base_traces, mutants
 
 SAMPLE = 80  # mutants opened in the window (every few of the corpus, all kinds included)
 

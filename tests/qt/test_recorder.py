@@ -75,7 +75,7 @@ def test_record_window_during_run(window, drive, qtbot, tmp_path, suffix):
 
 
 def test_recorded_demo(qapp, tmp_path):
-    from kvviz.qt.demo import SIZE, run_demo
+    from kvviz.qt.tools.demo import SIZE, run_demo
 
     path = tmp_path / "demo.mp4"
     assert run_demo(path, model="tiny", tokens=16, pause=0.3) == 0

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from kvviz.files.trace import Trace
 from kvviz.present import CANCELLED, FAILED, FINISHED, RUNNING, STARTING, STREAMING
 from kvviz.qt.run_store import RunStore
-from kvviz.trace import Trace
 from tests.qt.test_series import make_step
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvviz.files.trace import LayerRecord, SlotState, StepRecord, Trace
 from kvviz.present import MIB
 from kvviz.qt.series import CACHE_MIB, WALL_MS, RunSeries, X
-from kvviz.trace import LayerRecord, SlotState, StepRecord, Trace
 
 
 def make_step(i: int, layers: int = 3, sink: int = 2, window: int = 4, prompt: int = 10) -> StepRecord:

@@ -11,8 +11,8 @@ from PySide6.QtWidgets import QGridLayout, QWidget
 from kvviz.attach.metrics import Deriver, Point, parse
 from kvviz.present import MIB
 from kvviz.qt import theme
-from kvviz.qt.plots import PrefixHitPlot, RequestsPlot, ServerLatencyPlot, ThroughputPlot, UsagePlot
-from kvviz.qt.server_series import COLUMNS, ServerSeries
+from kvviz.qt.server.plots import PrefixHitPlot, RequestsPlot, ServerLatencyPlot, ThroughputPlot, UsagePlot
+from kvviz.qt.server.series import COLUMNS, ServerSeries
 from tests.attach.conftest import recorded
 
 # A session: idle, under load, done, then the server restarted (its counters fell) and served again.

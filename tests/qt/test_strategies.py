@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvviz.engine import strategies
-from kvviz.trace import SlotState
+from kvviz.files.trace import SlotState
 
 # Small options so that a few tokens already show what each strategy does in the cache map.
 OPTIONS = {

@@ -7,9 +7,9 @@ import re
 import numpy as np
 import pytest
 
+from kvviz.files.trace import SlotState
 from kvviz.present import MIB
 from kvviz.qt import theme
-from kvviz.trace import SlotState
 
 
 def assert_plots_match(win, run_id):

@@ -24,7 +24,7 @@ from kvviz.engine.strategies.tova import TOVA
 from kvviz.errors import OptionError
 
 __all__ = ["Option", "OptionError", "Strategy", "StrategyChoice", "all_strategies", "capacity_for", "choose", "get",
-           "parse_assignments"]
+           "parse_assignments", "parse_list", "parse_spec"]
 
 STRATEGIES: dict[str, Strategy] = {
     s.name: s
@@ -72,9 +72,24 @@ def parse_assignments(pairs: list[str]) -> dict[str, str]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise OptionError(f"--set expects key=value, got {pair!r}")
+            raise OptionError(f"a strategy option is KEY=VALUE (e.g. window=64), got {pair!r}")
         result[key.strip()] = value.strip()
     return result
+
+
+def parse_spec(spec: str) -> StrategyChoice:
+    """One strategy with its options, the one form every command takes: NAME or NAME:KEY=VALUE:KEY=VALUE
+    (``quantized:backend=hqq:nbits=2``); checked."""
+    name, *pairs = spec.split(":")
+    return choose(name.strip(), parse_assignments(pairs))
+
+
+def parse_list(specs: list[str]) -> list[StrategyChoice]:
+    """Several strategy specs (`parse_spec`), at least one."""
+    choices = [parse_spec(spec) for spec in specs]
+    if not choices:
+        raise OptionError("--strategies names no strategy; e.g. --strategies dynamic,static,sink")
+    return choices
 
 
 def capacity_for(choice: StrategyChoice, needed_tokens: int) -> int:

@@ -20,7 +20,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Signal, Slot
 
-from kvviz.qt.eval_series import CANCELLED, FAILED, FINISHED, NOT_RUN
+from kvviz.qt.evaluate.series import CANCELLED, FAILED, FINISHED, NOT_RUN
 from kvviz.qt.worker import Worker, _message
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ class Evaluator(QObject):
 
     @Slot(int, object)
     def evaluate(self, eval_id: int, request: dict[str, Any]) -> None:
-        """request: "document" (a kvviz.documents.Document), "tokens" (int or None: the whole document, cut
+        """request: "document" (a kvviz.files.documents.Document), "tokens" (int or None: the whole document, cut
         at the model's context), "strategies" ([(name, options)])."""
         cancel = threading.Event()
         with self._lock:

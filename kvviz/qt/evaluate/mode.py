@@ -3,7 +3,7 @@
 `EvalMode` owns the widgets the window places (`document_panel` and `list_panel` around the strategy
 picker in the Controls dock, `buttons` under them, `view` as the central "Evaluate" tab) and the
 evaluation on screen: one `StrategySeries` per strategy. Evaluate sends the request to the `Evaluator`
-on the worker's thread (kvviz.qt.evaluator), which runs the strategies one after another; its answers
+on the worker's thread (kvviz.qt.evaluate.evaluator), which runs the strategies one after another; its answers
 arrive as queued signals, and the records themselves are read from the engine's runs when the window
 redraws (on its redraw timer, `sigChanged` asks for one). Stop stops every strategy. Kept evaluations
 (`kvviz-eval` files) open into the same view, and the one on screen saves as those files and the
@@ -23,13 +23,14 @@ from pathlib import Path
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QPushButton, QWidget
 
-from kvviz import documents, evaluation
-from kvviz.eval_cli import _clock  # the command line's "m:ss" for time left
-from kvviz.evaluation import EvalRun
-from kvviz.qt.eval_series import CANCELLED, FAILED, FINAL, FINISHED, NOT_RUN, STARTING, StrategySeries
-from kvviz.qt.eval_view import EvalView
-from kvviz.qt.panels.eval_panel import DocumentPanel, StrategyListPanel
-from kvviz.qt.window_settings import _json
+from kvviz.files import documents, evaluation
+from kvviz.files.evaluation import EvalRun
+from kvviz.present import clock
+from kvviz.qt.evaluate.evaluator import Evaluator
+from kvviz.qt.evaluate.panel import DocumentPanel, StrategyListPanel
+from kvviz.qt.evaluate.series import CANCELLED, FAILED, FINAL, FINISHED, NOT_RUN, STARTING, StrategySeries
+from kvviz.qt.evaluate.view import EvalView
+from kvviz.qt.window_settings import stored_json
 
 # a first evaluation that shows what the mode is for (StreamingLLM's comparison): options set away from defaults
 FIRST_STRATEGIES = [
@@ -50,11 +51,12 @@ class EvalMode(QObject):
     sigRequestEvaluate = Signal(int, object)  # to the evaluator: eval id, request
     sigDone = Signal(int)  # eval id: every strategy ended and the last records are drawn
 
-    def __init__(self, window, evaluator):
-        """window: the main window (messages, the strategy picker, the model's card); evaluator: on the worker."""
+    def __init__(self, window, worker):
+        """window: the main window (messages, the strategy picker, the model's card); worker: the local model's
+        worker, not started yet (the evaluator becomes its child, on its thread)."""
         super().__init__(window)
         self.window = window
-        self.evaluator = evaluator
+        self.evaluator = evaluator = Evaluator(worker)
         self.document_panel = DocumentPanel()
         self.list_panel = StrategyListPanel()
         self.view = EvalView()
@@ -330,14 +332,14 @@ class EvalMode(QObject):
         if not rate:
             return text
         left = (total - s.n) / rate
-        text += f", {rate:,.1f} tokens/s, {_clock(left)} left"
+        text += f", {rate:,.1f} tokens/s, {clock(left)} left"
         rates = {x.run.method.get("mode"): x.tokens_per_s() for x in self.series[: self.current + 1]
                  if x.run is not None and x.tokens_per_s()}
         later = [x for x in self.series[self.current + 1 :] if x.run is not None and x.state not in FINAL]
         if later:
             known = [x.total / rates[x.run.method.get("mode")] for x in later if x.run.method.get("mode") in rates]
             more = "+" if len(known) < len(later) else ""
-            text += f", about {_clock(left + sum(known))}{more} in all"
+            text += f", about {clock(left + sum(known))}{more} in all"
         return text
 
     def status(self) -> str:
@@ -380,8 +382,8 @@ class EvalMode(QObject):
         settings.setValue("evaluate/strategies", json.dumps(self.list_panel.entries()))
 
     def restore_settings(self, settings) -> None:
-        self.document_panel.set_state(_json(settings.value("evaluate/document"), {}))
-        entries = _json(settings.value("evaluate/strategies"), None)
+        self.document_panel.set_state(stored_json(settings.value("evaluate/document"), {}))
+        entries = stored_json(settings.value("evaluate/strategies"), None)
         if isinstance(entries, list):
             self._restored_list = True
             self.list_panel.set_entries([(str(e[0]), dict(e[1])) for e in entries

@@ -27,10 +27,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from kvviz import documents
-from kvviz.documents import Document
+from kvviz.files import documents
+from kvviz.files.documents import Document
 from kvviz.qt import theme
-from kvviz.qt.eval_series import compact_label, full_label
+from kvviz.qt.evaluate.series import compact_label, full_label
 
 OPEN_ITEM = "Open text file…"
 DEFAULT_TOKENS = 600

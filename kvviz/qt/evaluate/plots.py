@@ -12,7 +12,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 
 from kvviz.qt import theme
-from kvviz.qt.eval_series import SMOOTHING, X
+from kvviz.qt.evaluate.series import SMOOTHING, X
 from kvviz.qt.plots.legend import Entry
 from kvviz.qt.plots.series_plots import MemoryPlot, _Curves, _SeriesPlot
 from kvviz.qt.series import nearest_index

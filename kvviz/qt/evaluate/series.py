@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from kvviz.evaluation import EvalRun
+from kvviz.files.evaluation import EvalRun
 from kvviz.present import MIB
 from kvviz.qt.series import grown, nearest_index
 
@@ -222,6 +222,6 @@ class StrategySeries:
 
 
 def _perplexity(nll_sum: float, count: int) -> float | None:
-    """exp of the mean NLL, None beyond a float's range (as kvviz.evaluation.perplexity)."""
+    """exp of the mean NLL, None beyond a float's range (as kvviz.files.evaluation.perplexity)."""
     mean = float(nll_sum) / count
     return math.exp(mean) if mean < 700 else None

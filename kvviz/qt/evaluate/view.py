@@ -2,7 +2,7 @@
 (the two plots share their x axis), and one table row per strategy.
 
 The view only draws: `redraw(strategies, header)` takes the evaluation's `StrategySeries` (kept by
-kvviz.qt.eval_mode) and the line to show. The table's numbers come from the series' running sums, so a
+kvviz.qt.evaluate.mode) and the line to show. The table's numbers come from the series' running sums, so a
 refresh costs the same at the first token and the ten-thousandth.
 """
 
@@ -25,8 +25,8 @@ from PySide6.QtWidgets import (
 
 from kvviz.present import UNKNOWN, number
 from kvviz.qt import theme
-from kvviz.qt.eval_series import FAILED, RUNNING, StrategySeries
-from kvviz.qt.plots.eval_plots import EvalMemoryPlot, PerplexityPlot
+from kvviz.qt.evaluate.plots import EvalMemoryPlot, PerplexityPlot
+from kvviz.qt.evaluate.series import FAILED, RUNNING, StrategySeries
 from kvviz.qt.plots.series_plots import share_x_zoom
 
 # (title, right-aligned, tooltip)

@@ -13,11 +13,10 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
+from kvviz.files.trace import Trace
 from kvviz.present import FAILED, RUNNING, STARTING, final_status
-from kvviz.qt.evaluator import Evaluator
 from kvviz.qt.run_store import RunStore
 from kvviz.qt.worker import Worker, WorkerThread
-from kvviz.trace import Trace
 
 PREFLIGHT_DELAY_MS = 250  # the next run is checked once typing pauses this long, not at every key
 
@@ -47,7 +46,6 @@ class LocalEngine(QObject):
         self._preflight_timer.timeout.connect(self._send_preflight)
         self._shown_before: dict[int, list[int]] = {}  # runs shown when a run was asked for, until it starts
         self.worker = Worker()
-        self.evaluator = Evaluator(self.worker)  # the Evaluate mode's door to the worker, on its thread too
         self.thread = WorkerThread(self.worker)
         worker = self.worker
         # connected before anyone else's: the state here is current when the window's slots run
@@ -97,7 +95,6 @@ class LocalEngine(QObject):
     def stop(self, timeout_ms: int = 1800) -> bool:
         """End the worker thread; True if it ended within timeout_ms (else `stuck` is set)."""
         self._preflight_timer.stop()
-        self.evaluator.cancel()
         finished = self.thread.stop(timeout_ms)
         self.stuck = not finished
         return finished

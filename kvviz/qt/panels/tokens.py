@@ -8,11 +8,11 @@ from PySide6.QtGui import QColor, QTextCharFormat, QTextCursor, QTextFormat
 from PySide6.QtWidgets import QTextEdit, QToolTip, QWidget
 
 from kvviz.attach.request_trace import STRATEGY as SERVED
+from kvviz.files.trace import StepRecord
 from kvviz.present import mib
 from kvviz.qt import theme
 from kvviz.qt.run_store import RunStore
 from kvviz.qt.series import RunSeries
-from kvviz.trace import StepRecord
 
 STEP_PROPERTY = QTextFormat.Property.UserProperty + 1
 # Qt lays out a whole paragraph again after each insertion, so one long paragraph makes every update slower:

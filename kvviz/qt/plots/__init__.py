@@ -1,9 +1,8 @@
-"""The window's plots. Each is a `PlotPanel`: the run plots' `redraw(runs, primary)` takes `RunSeries` objects,
-the server plots' `redraw_server(series)` a `ServerSeries`."""
+"""The plots every mode shares. Each is a `PlotPanel` whose `redraw(runs, primary)` takes `RunSeries` objects;
+a mode's own plots live in its folder (kvviz.qt.evaluate.plots, kvviz.qt.server.plots)."""
 
 from kvviz.qt.plots.layer_plots import CacheMapPlot, LayerBytesPlot, LayerTimePlot
 from kvviz.qt.plots.series_plots import FidelityPlot, LatencyPlot, MemoryPlot
-from kvviz.qt.plots.server_plots import PrefixHitPlot, RequestsPlot, ServerLatencyPlot, ThroughputPlot, UsagePlot
 
 __all__ = [
     "CacheMapPlot",
@@ -12,9 +11,4 @@ __all__ = [
     "LayerBytesPlot",
     "LayerTimePlot",
     "MemoryPlot",
-    "PrefixHitPlot",
-    "RequestsPlot",
-    "ServerLatencyPlot",
-    "ThroughputPlot",
-    "UsagePlot",
 ]

@@ -22,12 +22,12 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QSplitter
 
+from kvviz.files.trace import ATTENTION_SINK_POSITIONS, SlotState
 from kvviz.qt import theme
 from kvviz.qt.cache_cells import cell_name, quoted, token_at
 from kvviz.qt.plots.base import PlotPanel
 from kvviz.qt.plots.legend import Entry
 from kvviz.qt.series import RunSeries, grown, nearest_index
-from kvviz.trace import ATTENTION_SINK_POSITIONS, SlotState
 
 LOG_FLOOR = -5  # log10 of the smallest share with a colour of its own; smaller shares get the lowest colour
 COLOUR_MAP = "viridis"  # perceptually uniform, readable on both themes, apart from the "evicted" colour

@@ -165,7 +165,7 @@ class PlotPanel(QWidget):
         super().__init__(parent)
         self.setObjectName("plotPanel")
         self.palette_ = theme.PALETTES["dark"]
-        # False where the window names the runs once above several plots (kvviz.qt.local_view)
+        # False where the window names the runs once above several plots (kvviz.qt.local.view)
         self.show_run_legend = True
         self.title_label = TitleLabel(self.title)
         self.head = QHBoxLayout()  # the title row; a subclass may add a widget to it (a unit chooser)

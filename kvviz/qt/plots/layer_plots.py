@@ -7,11 +7,11 @@ import html
 import numpy as np
 import pyqtgraph as pg
 
+from kvviz.files.trace import SlotState
 from kvviz.qt import theme
 from kvviz.qt.cache_cells import RAMP_START, cell_name, heads_at, kv_heads
 from kvviz.qt.plots.base import PlotPanel
 from kvviz.qt.plots.legend import Entry
-from kvviz.trace import SlotState
 
 KEYS_COLOUR = theme.BLUE
 VALUES_COLOUR = theme.ORANGE

@@ -18,11 +18,12 @@ from PySide6.QtWidgets import QGridLayout, QHBoxLayout, QLabel, QPushButton, QVB
 
 from kvviz.attach.request_trace import model_label, record_trace, token_step
 from kvviz.present import FAILED, FINISHED, STREAMING, final_status
-from kvviz.qt.panels.server import LoadPanel, ServerPanel, cache_html, check_url
-from kvviz.qt.plots import LatencyPlot, PrefixHitPlot, RequestsPlot, ServerLatencyPlot, ThroughputPlot, UsagePlot
+from kvviz.qt.plots import LatencyPlot
 from kvviz.qt.run_store import RunStore
-from kvviz.qt.server_connection import ServerConnection
-from kvviz.qt.server_series import ServerSeries
+from kvviz.qt.server.connection import ServerConnection
+from kvviz.qt.server.panel import LoadPanel, ServerPanel, cache_html, check_url
+from kvviz.qt.server.plots import PrefixHitPlot, RequestsPlot, ServerLatencyPlot, ThroughputPlot, UsagePlot
+from kvviz.qt.server.series import ServerSeries
 
 
 class ServedLatencyPlot(LatencyPlot):

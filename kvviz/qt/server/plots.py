@@ -19,7 +19,7 @@ from kvviz.present import number
 from kvviz.qt import theme
 from kvviz.qt.plots.base import PlotPanel
 from kvviz.qt.plots.legend import Entry
-from kvviz.qt.server_series import ServerSeries
+from kvviz.qt.server.series import ServerSeries
 from kvviz.qt.theme import BLUE, GREEN, ORANGE, PURPLE, YELLOW
 
 X_LABEL = "seconds since attach"

@@ -25,7 +25,7 @@ from typing import Any
 from kvviz.engine.bench import PROMPT, timed_run
 from kvviz.engine.timed_run import decode_rate
 from kvviz.present import FINISHED, RUNNING
-from kvviz.qt import drive
+from kvviz.qt.tools import drive
 
 
 class _StallMeter:
@@ -91,7 +91,7 @@ def _window_stall(window, tokens: int, timeout_s: float) -> float:
 def _redraw_ms(app, window, trace, n: int, samples: int = 12) -> float:
     """Median time of a live redraw (buffers + setData + paint) when the run holds about n steps: the run's
     records replayed into the store, as a producer adds them."""
-    from kvviz.trace import Trace
+    from kvviz.files.trace import Trace
 
     steps = trace.steps[:n]
     live = Trace(model=trace.model, strategy=trace.strategy, prompt=trace.prompt,

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from kvviz.present import FAILED, strategy_label
-from kvviz.qt import drive
+from kvviz.qt.tools import drive
 
 DEMO_PROMPT = "Explain in a few sentences what the key-value cache of a transformer does."
 SIZE = (1920, 1080)

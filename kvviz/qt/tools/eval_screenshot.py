@@ -1,4 +1,4 @@
-"""Make the Evaluate tab's screenshots from a real evaluation: `python -m kvviz.qt.eval_screenshot docs/`.
+"""Make the Evaluate tab's screenshots from a real evaluation: `python -m kvviz.qt.tools.eval_screenshot docs/`.
 
 Evaluates the default model on the first 600 tokens of Alice's Adventures in Wonderland with a full
 cache, a sliding window of 128, attention sinks (4 + 124) and a 2-bit HQQ-quantized cache, through the
@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from kvviz.qt import drive, screenshot
+from kvviz.qt.tools import drive, screenshot
 
 STRATEGIES = [
     ("dynamic", {}),

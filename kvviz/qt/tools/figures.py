@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvviz.qt import drive
-from kvviz.trace import Trace
+from kvviz.files.trace import Trace
+from kvviz.qt.tools import drive
 
 SIZE = (1000, 420)
 

@@ -1,4 +1,4 @@
-"""What recording the window costs the generation: `python -m kvviz.qt.record_bench [--model default]`.
+"""What recording the window costs the generation: `python -m kvviz.qt.tools.record_bench [--model default]`.
 
 The same run (model, prompt, dynamic cache, greedy, end-of-text ignored) in the same window at the demo's
 size, with and without the window being recorded, interleaved so that a busy machine weighs on both alike.
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from kvviz.present import FINISHED
-from kvviz.qt import drive
+from kvviz.qt.tools import drive
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 

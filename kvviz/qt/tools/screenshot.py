@@ -1,4 +1,4 @@
-"""Make the README screenshots from real runs: `python -m kvviz.qt.screenshot docs/`.
+"""Make the README screenshots from real runs: `python -m kvviz.qt.tools.screenshot docs/`.
 
 Runs the default model twice through the window (a growing dynamic cache, then an attention-sink
 cache whose window evicts the middle), overlays both, and saves `QWidget.grab()` of the window at each
@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from kvviz.qt import drive
+from kvviz.qt.tools import drive
 
 PROMPT = (
     "Write a detailed, step by step explanation of how a transformer language model generates text one "
@@ -75,7 +75,7 @@ def make(wanted: list[tuple[Path, tuple[int, int], str]], model: str = "default"
 
 def make_eviction(folder: str | os.PathLike, model: str = "default", tokens: int = 64) -> Path:
     """The eviction picture: a dynamic cache switched live to H2O halfway through `tokens` new tokens."""
-    from kvviz.documents import builtin
+    from kvviz.files.documents import builtin
 
     name, size, theme_name = EVICTION
     with open_window(size, model) as (app, window):

@@ -7,7 +7,7 @@ A writer thread hands the frames to the encoder, and ffmpeg runs at a lower CPU 
 so that it encodes in the time the generation leaves. When the writer falls behind, the capture
 waits instead of queueing more, and the picture before stands for the frames missed, so the video's
 clock still matches the wall clock.
-`kvviz.qt.record_bench` measures what recording costs the generation's tokens/s.
+`kvviz.qt.tools.record_bench` measures what recording costs the generation's tokens/s.
 
 Nothing that says "recording" is drawn inside the window (it would be in every frame): the window's
 title shows the REC clock and that timings run a little slow meanwhile, the Record menu's entry says how
@@ -318,7 +318,7 @@ class RecordControl(QObject):
 
     def badge(self) -> str:
         """What the window's title says while recording ("" when not recording): the REC clock, and that the
-        encoder shares the CPU with the generation (measured by kvviz.qt.record_bench: about 5 % fewer tokens/s on
+        encoder shares the CPU with the generation (measured by kvviz.qt.tools.record_bench: about 5 % fewer tokens/s on
         two busy cores)."""
         if not self.recorder.recording:
             return ""

@@ -1,0 +1,82 @@
+"""What several commands share: the model and generation arguments, the prompt, strategy lists and stderr."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from kvviz.errors import UsageError
+
+MODEL_HELP = "default (SmolLM2-135M-Instruct, the default), tiny, a model directory, a .gguf file or a hub id"
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="default", help=MODEL_HELP)
+    parser.add_argument("--dtype", default="auto", help="auto (float32 on CPU, the default), float32, bfloat16 or "
+                        "float16")
+    parser.add_argument("--device", default="auto", help="auto (the default), cpu, cuda or cuda:N")
+
+
+def add_generation_args(parser: argparse.ArgumentParser) -> None:
+    prompt = parser.add_mutually_exclusive_group()
+    prompt.add_argument("--prompt", help="the prompt text")
+    prompt.add_argument("--prompt-file", type=Path, help="read the prompt from this file")
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most (default 128)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    parser.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0 = off)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold (1 = off)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed for sampling (default 0)")
+    parser.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
+    parser.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
+
+
+def read_prompt(args) -> str:
+    if args.prompt_file is not None:
+        try:
+            return args.prompt_file.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"cannot read the prompt file {args.prompt_file}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError:
+            raise UsageError(f"the prompt file {args.prompt_file} is not UTF-8 text") from None
+    if args.prompt is None:
+        raise UsageError("give a prompt with --prompt TEXT or --prompt-file FILE")
+    return args.prompt
+
+
+def generation_settings(args):
+    """The run's GenerationSettings from the generation arguments, checked."""
+    from kvviz.engine.decode import GenerationSettings
+
+    settings = GenerationSettings(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        raw=args.raw,
+        stop_at_eos=not args.ignore_eos,
+    )
+    settings.check()
+    return settings
+
+
+def strategy_list(text: str) -> list:
+    """`--strategies`: comma-separated NAME or NAME:KEY=VALUE:KEY=VALUE, each checked (StrategyChoice list)."""
+    from kvviz.engine import strategies
+
+    return strategies.parse_list([spec for spec in text.split(",") if spec.strip()])
+
+
+def log(message: str) -> None:
+    print(f"kvviz: {message}", file=sys.stderr, flush=True)
+
+
+def notice(message: str) -> None:
+    if message:
+        print(f"\nkvviz: {message}", file=sys.stderr, flush=True)
+
+
+def progress(message: str, fraction: float | None) -> None:
+    pct = "" if fraction is None else f" [{fraction * 100:3.0f}%]"
+    print(f"kvviz:{pct} {message}", file=sys.stderr, flush=True)

@@ -1,0 +1,187 @@
+"""`kvviz run`: generate headlessly through one strategy's cache, stream the text, print a summary, keep a trace."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from kvviz import interrupts
+from kvviz.cli import common
+from kvviz.errors import OptionError, UsageError
+
+
+def add_parser(subparsers) -> None:
+    run = subparsers.add_parser("run", help="generate headlessly, print a summary and write a trace")
+    common.add_model_args(run)
+    run.add_argument("--strategy", default="dynamic", metavar="NAME[:KEY=VALUE...]",
+                     help="cache strategy, with its options if any, e.g. sink:window=60 (default: dynamic; see "
+                     "`kvviz strategies`)")
+    run.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="a strategy option (repeatable)"
+    )
+    common.add_generation_args(run)
+    run.add_argument(
+        "--switch-at",
+        action="append",
+        default=[],
+        metavar="STEP:NAME[:KEY=VALUE...]",
+        help="switch the live cache to another strategy before step STEP, e.g. 64:quantized:backend=hqq (repeatable)",
+    )
+    run.add_argument(
+        "--reference",
+        action="store_true",
+        help="run a full-precision DynamicCache reference in lockstep and report KL and top-1 agreement",
+    )
+    run.add_argument("--trace", type=Path, help="write the trace here (default: kvviz-STRATEGY-TIME.json)")
+    run.add_argument("--no-trace", action="store_true", help="do not write a trace file")
+    run.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    run.add_argument("--quiet", action="store_true", help="do not stream the generated text")
+
+
+def parse_switches(specs: list[str]) -> dict[int, object]:
+    """``["64:quantized:backend=hqq"]`` -> {64: StrategyChoice}; validated before any work. Commas after the name
+    (``64:quantized,backend=hqq``, the older form) are accepted too."""
+    from kvviz.engine import strategies
+
+    switches = {}
+    for spec in specs:
+        step, sep, rest = spec.partition(":")
+        if not sep or not step.strip().isdigit() or int(step) < 1 or not rest:
+            raise UsageError(f"--switch-at expects STEP:NAME[:KEY=VALUE...] with STEP >= 1, got {spec!r}")
+        switches[int(step)] = strategies.parse_spec(rest.replace(",", ":"))
+    return dict(sorted(switches.items()))
+
+
+def _strategy(args):
+    """`--strategy NAME[:KEY=VALUE...]` with any `--set KEY=VALUE` added."""
+    from kvviz.engine import strategies
+
+    name, *pairs = args.strategy.split(":")
+    return strategies.choose(name.strip(), strategies.parse_assignments(pairs + args.set))
+
+
+def _check_switch_order(first, switches, model) -> None:
+    """Refuse, before the run, a switch that cannot convert (assuming evicting strategies evict)."""
+    from kvviz.engine.convert import refusal
+    from kvviz.engine.strategies import get
+
+    current, evicted = first, False
+    for step, choice in switches.items():
+        evicted = evicted or get(current.name).evicts
+        problem = refusal(current.name, choice, model, evicted)
+        if problem:
+            raise OptionError(f"--switch-at {step}: cannot switch from {current.name!r} to {choice.name!r}: {problem}")
+        current = choice
+
+
+def _trace_path(args, strategy: str) -> Path | None:
+    """Where the run's trace goes, checked before any work so that a finished run is never lost to a bad path."""
+    if args.no_trace:
+        return None
+    path = args.trace or Path(f"kvviz-{strategy}-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise UsageError(f"--trace {path} is a folder; give a file name such as {path / 'run.json'}")
+    if not folder.is_dir():
+        raise UsageError(f"cannot write the trace to {path}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise UsageError(f"cannot write the trace to {path}: the folder {folder} is not writable")
+    return path
+
+
+def command(args) -> int:
+    prompt = common.read_prompt(args)
+    from kvviz.engine import decode, models
+
+    choice = _strategy(args)
+    switches = parse_switches(args.switch_at)
+    settings = common.generation_settings(args)
+    trace_path = _trace_path(args, choice.name)
+    loaded = models.load_model(args.model, dtype=args.dtype, device=args.device, progress=common.progress)
+    _check_switch_order(choice, switches, loaded.model)
+    decoder = decode.Decoder(loaded, choice, settings, prompt, reference=args.reference, notify=common.notice)
+    stream = not (args.json or args.quiet)
+    if not args.json:
+        print(f"kvviz: {loaded.card['name']}, {choice.label()}, prompt {decoder.prompt_tokens} tokens", file=sys.stderr)
+    interrupted = None
+    last_progress = time.monotonic()
+    try:
+        for step in decoder:
+            if step.index + 1 in switches:
+                decoder.request_switch(switches[step.index + 1])
+            if stream:
+                sys.stdout.write(step.token)
+                sys.stdout.flush()
+            elif sys.stderr.isatty() and time.monotonic() - last_progress > 0.5:
+                last_progress = time.monotonic()
+                print(f"\rkvviz: {step.index + 1}/{settings.max_new_tokens} tokens", end="", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        decoder.trace.cancelled = True
+        interrupted = exc
+    if stream:
+        print()
+    if trace_path is not None:
+        try:
+            decoder.trace.save(trace_path)
+        except OSError as exc:
+            raise RuntimeError(f"cannot write the trace to {trace_path}: {exc.strerror or exc}") from None
+    summary = decoder.trace.summary()
+    if args.json:
+        out = {"model": loaded.card["name"], "strategy": decoder.trace.strategy, "prompt_tokens": decoder.prompt_tokens}
+        out.update(summary, cancelled=decoder.trace.cancelled, compile_ms=decoder.trace.compile_ms,
+                   warm_up_ms=decoder.trace.warm_up_ms)
+        out["trace"] = str(trace_path) if trace_path else None
+        print(json.dumps(out, indent=2))
+    else:
+        print_summary(decoder.trace, summary, trace_path)
+    return interrupts.exit_status(interrupted) if interrupted else 0
+
+
+def print_summary(trace, summary, trace_path) -> None:
+    """A run's summary as lines for a person: `kvviz run` at the end, `kvviz trace FILE` for a kept trace."""
+    from kvviz.present import mib, ms, number, strategy_label
+
+    rows = [
+        ("model", str((trace.model or {}).get("name", "?"))),
+        ("strategy", strategy_label(trace.strategy)),
+        ("tokens", f"{trace.prompt_tokens} prompt + {summary['new_tokens']} new" + (" (cancelled)" * trace.cancelled)),
+        ("prefill", ms(summary["prefill_ms"])),
+        ("decode", f"{ms(summary['decode_ms_mean'])} mean, {ms(summary['decode_ms_p95'])} p95"),
+        ("speed", f"{number(summary['decode_tokens_per_s'])} tokens/s"),
+        ("limit", _memory_bound(summary)),
+        ("cache", f"{mib(summary['final_cache_bytes'])} at the end, {mib(summary['peak_cache_bytes'])} peak"),
+        ("RSS", f"{mib(summary['peak_rss_bytes'], 0)} peak"),
+    ]
+    if "mean_kl" in summary:
+        first = summary["first_divergence"]
+        first = "none" if first is None else f"at step {first}"
+        agreement, kl = summary["top1_agreement"], summary["mean_kl"]
+        rows.append(("fidelity", f"top-1 agreement {agreement:.3f}, mean KL {kl:.4f} nats, first divergence {first}"))
+        rows.append(("reference", f"perplexity {summary['reference_perplexity']:.2f}; "
+                     f"{ms(summary['reference_ms_mean'])} per step, not counted above"))
+    for switch in trace.switches:
+        change = f"{switch.from_strategy} -> {strategy_label({'name': switch.to_strategy, 'options': switch.options})}"
+        rows.append(("switch", f"before step {switch.step}: {change}"))
+    if trace.compile_ms is not None:
+        rows.append(("compile", f"{trace.compile_ms / 1000:.1f} s (not in the step times)"))
+    if trace.warm_up_ms is not None:
+        rows.append(("warm-up", f"{trace.warm_up_ms / 1000:.1f} s before the first step (not in the step times)"))
+    if trace_path:
+        rows.append(("trace", str(trace_path)))
+    for key, value in rows:
+        print(f"{key:>9}  {value}")
+
+
+def _memory_bound(summary) -> str:
+    """The memory-bound speed at the end of the run, and the share of it the run reached."""
+    from kvviz.present import UNKNOWN
+
+    limit, share, bandwidth = (summary.get(k) for k in ("memory_bound_tokens_per_s", "share_of_memory_bound",
+                                                         "bandwidth_bytes_per_s"))
+    if limit is None:
+        return UNKNOWN
+    reached = "" if share is None else f"; this run reached {share:.0%} of it"
+    return f"{limit:.1f} tokens/s memory-bound (weights + cache read at {bandwidth / 1e9:.1f} GB/s){reached}"

@@ -1,0 +1,38 @@
+"""`kvviz trace FILE`: check any kept file (a trace, an evaluation, a server session) and print its summary."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from kvviz.errors import UsageError
+
+
+def add_parser(subparsers) -> None:
+    trace = subparsers.add_parser("trace", help="check a kvviz file (trace, evaluation, session) and print its summary")
+    trace.add_argument("path", type=Path)
+    trace.add_argument("--json", action="store_true", help="as JSON")
+
+
+def command(args) -> int:
+    from kvviz.attach.session import Session
+    from kvviz.cli.attach import show_session
+    from kvviz.cli.eval import show_eval_run
+    from kvviz.cli.run import print_summary
+    from kvviz.files.evaluation import EvalRun
+    from kvviz.files.formats import read_kept
+    from kvviz.files.jsonfile import KeptFileError
+
+    try:
+        kept = read_kept(args.path)
+    except KeptFileError as exc:
+        raise UsageError(str(exc)) from None
+    if isinstance(kept, EvalRun):
+        show_eval_run(kept, args.path, args.json)
+    elif isinstance(kept, Session):
+        show_session(kept, kept.url, kept.model, args.json)
+    elif args.json:
+        print(json.dumps(kept.summary(), indent=2))
+    else:
+        print_summary(kept, kept.summary(), args.path)
+    return 0
