@@ -16,7 +16,7 @@ from kvviz.cli.attach import show_session
 from kvviz.files.formats import read_kept
 from kvviz.files.jsonfile import KeptFileError
 from tests.attach.test_session_cli import recorded_session
-from tests.engine.test_trace_fuzz import PYTHON_TEXT
+from tests.files.test_trace_fuzz import PYTHON_TEXT
 
 WRONG = [None, True, -1, -1.5, 10**30, "x", "", [], {}, [1, 2], float("nan"), float("inf")]
 

@@ -1,17 +1,14 @@
 """`kvviz bench`: kvviz's decoder and plain model.generate, each in a fresh process, interleaved."""
 
 import json
-import subprocess
-import sys
+
+from tests.commands import kvviz
 
 
 def test_bench_compares_with_generate_in_clean_processes(tmp_path):
     out = tmp_path / "bench.json"
-    result = subprocess.run(
-        [sys.executable, "-m", "kvviz", "bench", "--model", "tiny", "--strategies", "sliding:window=8",
-         "--new-tokens", "12", "--repeats", "2", "--out", str(out)],
-        capture_output=True, text=True, timeout=900,
-    )
+    result = kvviz("bench", "--model", "tiny", "--strategies", "sliding:window=8", "--new-tokens", "12",
+                   "--repeats", "2", "--out", out)
     assert result.returncode == 0, result.stderr
     figures = json.loads(out.read_text())
     assert "fresh process" in figures["reference"]

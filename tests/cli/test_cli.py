@@ -1,4 +1,5 @@
-"""`kvviz` as a user runs it: a real subprocess, exit statuses, stdout and stderr."""
+"""`kvviz` as a user runs it: exit statuses, stdout and stderr (in this process; a real subprocess where the
+process is what is tested: the console entry point's exit statuses and Ctrl-C)."""
 
 import json
 import os
@@ -10,12 +11,7 @@ import time
 import pytest
 
 from kvviz.files import trace
-
-
-def kvviz(*args, cwd=None):
-    return subprocess.run(
-        [sys.executable, "-m", "kvviz", *args], capture_output=True, text=True, cwd=cwd, timeout=600
-    )
+from tests.commands import kvviz, kvviz_process
 
 
 def test_run_json_and_trace(tmp_path):
@@ -31,8 +27,8 @@ def test_run_json_and_trace(tmp_path):
 
 
 def test_run_streams_text_and_prints_summary(tmp_path):
-    result = kvviz("run", "--model", "default", "--prompt", "What is the capital of France?", "--max-new-tokens",
-                   "10", cwd=tmp_path)
+    result = kvviz_process("run", "--model", "default", "--prompt", "What is the capital of France?",
+                           "--max-new-tokens", "10", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "Paris" in result.stdout
     assert "tokens/s" in result.stdout and "MiB" in result.stdout
@@ -59,6 +55,17 @@ def test_errors_are_one_paragraph_without_traceback(args, status, message):
     assert result.returncode == status, result.stderr
     assert message in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("args,status,message", [
+    (["run", "--model", "tiny", "--strategy", "nope", "--prompt", "x"], 2, "unknown strategy 'nope'"),
+    (["run", "--model", "/no/such/model", "--prompt", "x"], 1, "neither a model directory"),
+    (["run", "--max-new-tokens", "many"], 2, "invalid int value"),
+])
+def test_the_console_entry_point_exits_with_the_status(args, status, message):
+    result = kvviz_process(*args)
+    assert result.returncode == status, result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr
 
 
 def test_debug_shows_traceback():

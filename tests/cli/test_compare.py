@@ -1,18 +1,14 @@
 import csv
-import subprocess
-import sys
 
 from kvviz.files import trace
+from tests.commands import kvviz
 
 
 def test_compare_writes_traces_csv_report_and_figures(tmp_path):
     out = tmp_path / "cmp"
-    result = subprocess.run(
-        [sys.executable, "-m", "kvviz", "compare", "--model", "tiny", "--strategies",
-         "dynamic,quantized:backend=hqq:nbits=2:q_group_size=32,sink:window=8", "--prompt", "compare these",
-         "--max-new-tokens", "12", "--ignore-eos", "--out", str(out)],
-        capture_output=True, text=True, timeout=600,
-    )
+    result = kvviz("compare", "--model", "tiny", "--strategies",
+                   "dynamic,quantized:backend=hqq:nbits=2:q_group_size=32,sink:window=8", "--prompt", "compare these",
+                   "--max-new-tokens", "12", "--ignore-eos", "--out", out)
     assert result.returncode == 0, result.stderr
     traces = sorted(out.glob("trace-*.json"))
     assert [trace.load(p).strategy["name"] for p in traces] == ["dynamic", "quantized", "sink"]
@@ -27,10 +23,7 @@ def test_compare_writes_traces_csv_report_and_figures(tmp_path):
 
 
 def test_compare_rejects_bad_strategy_before_running(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-m", "kvviz", "compare", "--model", "tiny", "--strategies", "dynamic,sliding:window=0",
-         "--prompt", "x", "--out", str(tmp_path / "o")],
-        capture_output=True, text=True, timeout=300,
-    )
+    result = kvviz("compare", "--model", "tiny", "--strategies", "dynamic,sliding:window=0", "--prompt", "x",
+                   "--out", tmp_path / "o")
     assert result.returncode == 2 and "option 'window' of strategy 'sliding'" in result.stderr
     assert not (tmp_path / "o").exists()

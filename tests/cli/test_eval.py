@@ -1,4 +1,4 @@
-"""`kvviz eval` as a user runs it: real subprocesses, real signals, the files it writes."""
+"""`kvviz eval` as a user runs it: its output, the files it writes, and real signals to a real process."""
 
 import csv
 import json
@@ -11,11 +11,7 @@ import sys
 import pytest
 
 from kvviz.files import evaluation
-
-
-def kvviz(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "kvviz", *args], capture_output=True, text=True, timeout=timeout)
-
+from tests.commands import kvviz
 
 STRATEGIES = "dynamic,sliding:window=16,sink:sink_tokens=4:window=12"
 
@@ -74,11 +70,24 @@ def test_eval_prints_a_table_and_trace_opens_its_files(tmp_path):
     assert as_json["summary"]["tokens"] == 39 and as_json["strategy"]["options"]["nbits"] == 4
 
 
-def test_a_document_longer_than_the_context_is_cut_with_a_message(tmp_path):
-    result = kvviz("eval", "--model", "tiny", "--builtin", "alice", "--strategies", "dynamic", "--json")
+@pytest.fixture(scope="module")
+def short_context_model(tiny_model, tmp_path_factory):
+    """The tiny model saved as a folder that says its context is 256 positions (reading 4,096 takes a minute)."""
+    import copy
+
+    folder = tmp_path_factory.mktemp("short-context")
+    model = copy.deepcopy(tiny_model.model)
+    model.config.max_position_embeddings = 256
+    model.save_pretrained(folder)
+    tiny_model.tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_a_document_longer_than_the_context_is_cut_with_a_message(short_context_model):
+    result = kvviz("eval", "--model", short_context_model, "--builtin", "alice", "--strategies", "dynamic", "--json")
     assert result.returncode == 0, result.stderr
-    assert "longer than the model's context of 4,096 tokens: evaluating its first 4,096 tokens" in result.stderr
-    assert json.loads(result.stdout)[0]["summary"]["tokens"] == 4095
+    assert "longer than the model's context of 256 tokens: evaluating its first 256 tokens" in result.stderr
+    assert json.loads(result.stdout)[0]["summary"]["tokens"] == 255
 
 
 @pytest.mark.parametrize(
@@ -145,7 +154,7 @@ def test_a_signal_keeps_what_was_measured(tmp_path, signum, status):
 
 def test_reading_an_evaluation_file_does_not_import_torch(tmp_path):
     from tests.cli.test_startup_imports import run_and_list_heavy_imports
-    from tests.engine.test_evaluate_file import sample_run
+    from tests.files.test_evaluate_file import sample_run
 
     path = sample_run().save(tmp_path / "e.json")
     assert run_and_list_heavy_imports("trace", str(path)) == "HEAVY [] STATUS 0"
@@ -154,7 +163,7 @@ def test_reading_an_evaluation_file_does_not_import_torch(tmp_path):
 
 
 def test_trace_refuses_a_damaged_evaluation_file_by_field(tmp_path):
-    from tests.engine.test_evaluate_file import sample_run
+    from tests.files.test_evaluate_file import sample_run
 
     data = sample_run().to_dict()
     data["records"]["cache_bytes"][3] = -1

@@ -1,16 +1,8 @@
 """Values that parse but cannot run are refused before any generation, naming the value and what is accepted."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 
-
-def kvviz(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "kvviz", *args], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **(env or {})})
-
+from tests.commands import kvviz
 
 TINY = ["run", "--model", "tiny", "--no-trace", "--prompt", "hello"]
 
@@ -44,7 +36,7 @@ def test_prompt_longer_than_the_context_names_both_numbers(tmp_path):
 
 
 def test_prompt_that_is_not_utf8_refused():
-    result = subprocess.run([sys.executable.encode(), b"-m", b"kvviz", *[a.encode() for a in TINY[:-1]], b"\xff\xfe"],
-                            capture_output=True, timeout=300)
+    undecodable = b"\xff\xfe".decode(errors="surrogateescape")  # as Python hands a program such an argument
+    result = kvviz(*TINY[:-1], undecodable)
     assert result.returncode == 2
-    assert b"the prompt is not valid UTF-8 text" in result.stderr
+    assert "the prompt is not valid UTF-8 text" in result.stderr

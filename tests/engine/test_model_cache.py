@@ -19,6 +19,7 @@ import sys
 import pytest
 
 from kvviz.engine import model_cache
+from tests.engine.conftest import own
 
 BARS = ("Converting and de-quantizing", "Writing model shards", "it/s]")
 
@@ -29,6 +30,7 @@ def check(directory, full=False):
 
 def overwrite(path, offset, data, keep_mtime=False):
     """Write `data` at `offset` inside `path` (same size); optionally put the old modification time back."""
+    own(path)
     stat = path.stat()
     with path.open("r+b") as f:
         f.seek(offset)
@@ -73,6 +75,7 @@ def test_unchanged_times_are_trusted_at_start_and_verify_hashes_everything(cache
 
 def test_a_touched_file_is_hashed_once_then_trusted(cache_copy):
     weights = cache_copy / "model.safetensors"
+    own(weights)
     os.utime(weights)
     assert check(cache_copy) is None  # hashed, matches
     assert manifest(cache_copy)["mtime_ns"]["model.safetensors"] == weights.stat().st_mtime_ns
