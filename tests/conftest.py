@@ -20,3 +20,26 @@ def tiny_model():
     from kvviz.engine import models
 
     return models.load_model("tiny")
+
+
+# Threads of other libraries that live for the process and sleep: tqdm's monitor of progress bars.
+IDLE_LIBRARY_THREADS = ("tqdm_monitor",)
+
+
+@pytest.fixture(autouse=True)
+def _threads_are_joined(request):
+    """Every thread a test starts has ended when it ends: a thread left running takes a core from the tests
+    after it (torch's thread pool then waits on it at every matrix product)."""
+    import threading
+    import time
+
+    before = set(threading.enumerate())
+    yield
+    deadline = time.monotonic() + 10.0
+    while True:
+        left = [t for t in threading.enumerate()
+                if t not in before and t.is_alive() and t.name not in IDLE_LIBRARY_THREADS]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert not left, f"threads left running by the test: {[t.name for t in left]}"

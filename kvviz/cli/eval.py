@@ -20,6 +20,7 @@ from pathlib import Path
 from kvviz import interrupts
 from kvviz.cli import common
 from kvviz.errors import UsageError
+from kvviz.files.evaluation import ms_per_prediction, seconds_left
 from kvviz.present import clock, mib, number, perplexity
 
 SEGMENTS_NOTE = (
@@ -239,30 +240,25 @@ class Progress:
     def __init__(self, evaluations):
         self.evaluations = evaluations
         self.tty = sys.stderr.isatty()
-        self.started: dict[int, float] = {}  # when each evaluation's first record came
         self.last_shown = 0.0
-        self.rates: dict[str, float] = {}  # tokens/s by evaluation mode, as seen so far
 
     def update(self, index: int) -> None:
         now = time.monotonic()
-        self.started.setdefault(index, now)
         e = self.evaluations[index]
-        done, total = len(e.result.records), e.predictions
-        elapsed = now - self.started[index]
-        if elapsed <= 0 or now - self.last_shown < (0.5 if self.tty else 15.0):
+        ms = ms_per_prediction(e.result)
+        if ms is None or now - self.last_shown < (0.5 if self.tty else 15.0):
             return
         self.last_shown = now
-        rate = done / elapsed
-        self.rates[e.result.method["mode"]] = rate
-        left = (total - done) / rate
-        later = [(x.predictions, self.rates.get(x.result.method["mode"])) for x in self.evaluations if not x.started]
-        in_all = left + sum(n / r for n, r in later if r)
-        unknown = "+" if any(r is None for _, r in later) else ""
-        running = [i for i, x in enumerate(self.evaluations) if x.started and not x.finished] or [index]
+        running = [x for x in self.evaluations if x.started and not x.finished] or [e]
+        left, _ = seconds_left([(x.result, x.predictions) for x in running])
+        in_all, complete = seconds_left([(x.result, len(x.result.records) if x.finished else x.predictions)
+                                         for x in self.evaluations])
+        later = any(not x.started for x in self.evaluations)
         what = e.result.label() if len(running) == 1 else f"{len(running)} strategies, one batch row each"
-        line = (f"kvviz: [{','.join(str(i + 1) for i in running)}/{len(self.evaluations)}] {what}: "
-                f"{done:,}/{total:,} tokens, {rate:.1f} tokens/s, {clock(left)} left"
-                + (f", {clock(in_all)}{unknown} in all" if later else ""))
+        numbers = ",".join(str(self.evaluations.index(x) + 1) for x in running)
+        line = (f"kvviz: [{numbers}/{len(self.evaluations)}] {what}: {len(e.result.records):,}/{e.predictions:,} "
+                f"tokens, {number(1000.0 / ms)} tokens/s, {clock(left)} left"
+                + (f", {clock(in_all)}{'' if complete else '+'} in all" if later else ""))
         if self.tty:
             print(f"\r{line}\033[K", end="", file=sys.stderr, flush=True)
         else:

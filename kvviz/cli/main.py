@@ -11,6 +11,7 @@ heavy parts inside `command`).
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import traceback
 
@@ -64,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    _log_tracebacks(args.debug)
     with interrupts.caught():
         try:
             return COMMANDS[args.command].command(args)
@@ -78,6 +80,18 @@ def main(argv: list[str] | None = None) -> int:
             else:  # a failure inside torch/transformers: still one readable paragraph
                 _report(args, f"{type(exc).__name__}: {exc} (run with --debug for the traceback)", exc)
             return 1
+
+
+def _log_tracebacks(debug: bool) -> None:
+    """kvviz's log (a failure's traceback, kvviz.errors.failure) goes to stderr with --debug, nowhere without."""
+    logger = logging.getLogger("kvviz")
+    for handler in [h for h in logger.handlers if getattr(h, "kvviz_cli", False)]:
+        logger.removeHandler(handler)
+    handler = logging.StreamHandler(sys.stderr) if debug else logging.NullHandler()
+    handler.kvviz_cli = True
+    handler.setFormatter(logging.Formatter("kvviz: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG if debug else logging.WARNING)
 
 
 def _interrupted(interrupt: KeyboardInterrupt) -> int:

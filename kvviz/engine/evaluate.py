@@ -28,7 +28,7 @@ from kvviz.engine.cache_run import CacheRun
 from kvviz.engine.geometry import Geometry
 from kvviz.engine.models import LoadedModel
 from kvviz.engine.strategies import StrategyChoice, capacity_for, get
-from kvviz.errors import OptionError
+from kvviz.errors import OptionError, failure
 from kvviz.files.documents import Document
 from kvviz.files.evaluation import EvalRun, TokenRecord, token_count_problem
 
@@ -228,10 +228,6 @@ class Evaluation:
         return records
 
 
-def _failure(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
-
-
 def evaluate_together(evaluations: list[Evaluation]) -> Iterator[tuple[int, TokenRecord]]:
     """Batchable evaluations of the same tokens, one batch row each, fed one token per forward: yields
     (index in `evaluations`, record). Each record's time is its share of the forward (the forward's time
@@ -262,7 +258,7 @@ def evaluate_together(evaluations: list[Evaluation]) -> Iterator[tuple[int, Toke
                         raise failures[row]
                     records = e.take(position, logits[row], wall_ms)
                 except Exception as exc:  # noqa: BLE001 - this strategy's own failure, reported with its result
-                    e.result.error = _failure(exc)
+                    e.result.error = failure(f"{e.result.label()} in the evaluation", exc)
                     continue
                 still.append(i)
                 for record in records:
@@ -295,6 +291,6 @@ def evaluate_all(evaluations: list[Evaluation], together: bool = False) -> Itera
             for record in evaluation:
                 yield index, record
         except Exception as exc:  # noqa: BLE001 - a strategy's own failure, reported with its result
-            evaluation.result.error = _failure(exc)
+            evaluation.result.error = failure(f"{evaluation.result.label()} in the evaluation", exc)
 
 

@@ -12,6 +12,7 @@ again and keeps the best figure seen: other work on the machine can only make a 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
 import time
@@ -19,6 +20,8 @@ from pathlib import Path
 
 import platformdirs
 import torch
+
+log = logging.getLogger(__name__)
 
 BANDWIDTH_FILE = "bandwidth.json"
 _TRIALS = 6
@@ -86,7 +89,8 @@ def memory_bandwidth(device: torch.device, force: bool = False) -> float | None:
         return float(entry["bytes_per_s"])
     try:
         rate = _measure(device)
-    except (RuntimeError, MemoryError):  # no room for 256 MiB: leave the floor unknown
+    except (RuntimeError, MemoryError) as exc:  # no room for 256 MiB (or a device error): the floor stays unknown
+        log.warning("the memory bandwidth of %s could not be measured", device, exc_info=exc)
         return None
     if isinstance(entry, dict) and isinstance(entry.get("bytes_per_s"), (int, float)):
         rate = max(rate, float(entry["bytes_per_s"]))

@@ -179,6 +179,41 @@ def summarize(records: list[TokenRecord], first_eviction: int | None = None) -> 
     return summary
 
 
+# -- progress while an evaluation runs -----------------------------------------------------------------
+
+
+def ms_per_prediction(run: EvalRun) -> float | None:
+    """The measured time of one prediction so far (a chunk's or a batch's time shared by its predictions), or
+    None before the first. Records of a chunk arrive together: a clock started at the first would read
+    millions of tokens a second."""
+    if not run.records:
+        return None
+    return float(np.mean([r.wall_ms for r in run.records], dtype=np.float64))
+
+
+def seconds_left(runs: list[tuple[EvalRun, int]]) -> tuple[float | None, bool]:
+    """(seconds, complete) until the given evaluations, each with the number of predictions it makes in all,
+    have ended: each at its own measured time per prediction, one not started yet at the mean of those of its
+    kind (method mode) measured so far. `complete` is False when some kind has no measurement yet (the figure
+    is then a lower bound); seconds is None when nothing has been measured."""
+    by_mode: dict[str, list[float]] = {}
+    for run, _ in runs:
+        ms = ms_per_prediction(run)
+        if ms is not None:
+            by_mode.setdefault(run.method.get("mode"), []).append(ms)
+    total_ms, complete = 0.0, True
+    for run, predictions in runs:
+        ms = ms_per_prediction(run)
+        known = by_mode.get(run.method.get("mode"))
+        if ms is None and known:
+            ms = sum(known) / len(known)
+        if ms is None:
+            complete = False
+            continue
+        total_ms += max(predictions - len(run.records), 0) * ms
+    return (total_ms / 1000.0 if by_mode else None), complete
+
+
 # -- the summary CSV of a whole evaluation ------------------------------------------------------------
 
 CSV_COLUMNS = (

@@ -12,6 +12,7 @@ from PySide6.QtWidgets import QApplication
 
 from kvviz import resources
 from kvviz.qt import theme
+from kvviz.qt.log_file import keep_log
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -51,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 1
         os.environ["QT_QPA_PLATFORM"] = "offscreen"  # a smoke test needs no screen
+    keep_log()
     app = QApplication.instance() or QApplication([sys.argv[0] if sys.argv else "kvviz", *argv])
     app.setApplicationName("kvviz")
     app.setOrganizationName("kvviz")

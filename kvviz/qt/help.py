@@ -16,6 +16,8 @@ from PySide6.QtCore import Qt, qVersion
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QMessageBox, QTextBrowser, QVBoxLayout
 
+from kvviz.qt.log_file import log_path
+
 # (title, paragraph): one per view, in the order they appear in the window
 VIEWS: list[tuple[str, str]] = [
     (
@@ -193,6 +195,7 @@ class HelpMenu:
             "<h3>kvviz</h3><p>The key-value cache of a transformer language model, live: what it holds, "
             "what it costs in memory and time, and what each cache strategy changes.</p>"
             + table_html(versions())
+            + f"<p>Failures are explained in the window; their details (tracebacks) go to {log_path()}.</p>"
         )
         box = QMessageBox(QMessageBox.Icon.NoIcon, "About kvviz", text, QMessageBox.StandardButton.Ok, self.window)
         box.setTextFormat(Qt.TextFormat.RichText)

@@ -1,16 +1,9 @@
 """The kvviz main window: controls on the left, live plots in the middle, tokens and runs around them.
 
-The window composes its parts and carries out the user's actions; each part is its own module:
-- kvviz.qt.run_store: every run (its trace and buffers), their ids, statuses and the selection;
-- kvviz.qt.local.engine: the worker thread that loads the model and generates, feeding the store;
-- kvviz.qt.server.mode: the "vLLM server" controls and view, its own requests fed to the store;
-- kvviz.qt.evaluate.mode: the "Evaluate" controls and view, strategies read a document on the worker;
-- kvviz.qt.controls, kvviz.qt.local.view: the Controls dock's body and the "Local run" plots;
-- kvviz.qt.redraw: when to redraw; kvviz.qt.status: the status bar and the error message;
-- kvviz.qt.menus, kvviz.qt.file_actions, kvviz.qt.recorder, kvviz.qt.help: the menus;
-- kvviz.qt.window_settings: what is kept between sessions, the theme and the layout's default sizes;
-- kvviz.qt.view_tabs: the central tabs; kvviz.qt.runs_height: the Runs dock keeps the height chosen;
-- kvviz.qt.wheel_guard: the mouse wheel changes a field only when it has the focus.
+The window composes its parts and carries out the user's actions; each part is its own module (the
+README's module map): the run store (every run, its trace and buffers), the local engine (the worker
+thread that loads and generates, feeding the store), one folder per mode (local/, evaluate/, server/),
+the Controls dock, the redraw scheduler, the status line, the menus and what is kept between sessions.
 
 Data flow: the worker (own thread) appends records to its run's trace and signals each one; the
 store notes the run, the redraw scheduler (at most ~30 redraws/s, only when something changed)

@@ -18,7 +18,7 @@ from typing import Any
 
 from PySide6.QtCore import QCoreApplication, QEvent, QObject, QThread, Signal, Slot
 
-from kvviz.errors import ModelError, OptionError, UsageError
+from kvviz.errors import OptionError, failure
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ class Worker(QObject):
         except Exception as exc:  # noqa: BLE001
             if self._stopping:
                 return
-            self.sigModelFailed.emit(spec, _message(exc))
+            self.sigModelFailed.emit(spec, failure(f"loading {spec}", exc))
             return
         self._set_model(spec, loaded)
 
@@ -242,10 +242,10 @@ class Worker(QObject):
                 self.desk.serve()
             self.sigRunFinished.emit(run_id, decoder.trace)
         except Exception as exc:  # noqa: BLE001 - any failure is reported, the worker lives on
-            log.debug("run %d failed:\n%s", run_id, traceback.format_exc())
+            message = failure(f"run #{run_id}", exc)
             if decoder is not None:
-                decoder.trace.error = _message(exc)
-            self.sigRunFailed.emit(run_id, _message(exc))
+                decoder.trace.error = message
+            self.sigRunFailed.emit(run_id, message)
         finally:
             if self._notice:
                 self._notify(run_id, "")
@@ -259,13 +259,6 @@ class Worker(QObject):
         """Say what a long one-time pause of the run is doing ("" when it is over)."""
         self._notice = bool(message)
         self.sigRunNotice.emit(run_id, message)
-
-
-def _message(exc: BaseException) -> str:
-    """kvviz's own errors are written for users; anything else gets its type name."""
-    if isinstance(exc, (ModelError, OptionError, UsageError)):
-        return str(exc)
-    return f"{type(exc).__name__}: {exc}"
 
 
 class WorkerThread(QThread):

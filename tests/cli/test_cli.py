@@ -102,3 +102,19 @@ def test_ctrl_c_writes_partial_trace(tmp_path):
     assert proc.returncode == 130
     partial = trace.load(path)
     assert partial.cancelled and 0 < len(partial.steps) < 2000
+
+
+def test_debug_prints_the_traceback_of_a_strategy_that_fails_inside_an_evaluation(monkeypatch):
+    from kvviz.engine import evaluate
+
+    def broken(self, *args, **kwargs):  # a bug inside one strategy's reading of the document
+        raise IndexError("index 7 is out of bounds")
+
+    monkeypatch.setattr(evaluate.Evaluation, "take", broken)
+    args = ["eval", "--model", "tiny", "--builtin", "alice", "--tokens", "8", "--strategies", "sliding:window=4"]
+    quiet, loud = kvviz(*args), kvviz("--debug", *args)
+    assert quiet.returncode == loud.returncode == 1
+    for result in (quiet, loud):
+        assert "sliding (window=4) failed: IndexError: index 7 is out of bounds" in result.stdout
+    assert "Traceback" not in quiet.stderr
+    assert "Traceback" in loud.stderr and "in broken" in loud.stderr

@@ -130,7 +130,7 @@ def test_cancel_stops_between_tokens_and_keeps_what_was_measured(tiny_model):
     assert not evaluations[1].started and second.records == []
 
 
-def test_a_failing_strategy_does_not_lose_the_others(tiny_model):
+def test_a_failing_strategy_does_not_lose_the_others(tiny_model, caplog):
     ids, record = document_ids(tiny_model, 30)
     evaluations = [evaluate.Evaluation(tiny_model, strategies.choose(name, {"window": 8}), ids, record)
                    for name in ("sliding", "sliding", "sliding")]
@@ -147,6 +147,7 @@ def test_a_failing_strategy_does_not_lose_the_others(tiny_model):
     seen = [index for index, _ in evaluate.evaluate_all(evaluations)]
     assert seen == [0] * 29 + [1] * 5 + [2] * 29
     assert evaluations[1].result.error == "RuntimeError: out of memory"
+    assert "failing_forward" in caplog.text  # its traceback, in kvviz's log
     assert len(evaluations[1].result.records) == 5
     assert evaluations[0].result.error is None and evaluations[2].result.error is None
 

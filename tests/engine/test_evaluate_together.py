@@ -81,7 +81,7 @@ def test_only_evicting_strategies_share_forwards_and_the_order_is_kept(tiny_mode
     assert all(e.finished and e.result.error is None for e in evaluations)
 
 
-def test_a_row_that_fails_leaves_the_batch_and_the_others_go_on(tiny_model):
+def test_a_row_that_fails_leaves_the_batch_and_the_others_go_on(tiny_model, caplog):
     ids, record = document_ids(tiny_model, 30)
     specs = [("sliding", {"window": 8})] * 3
     alone, _ = run_all(tiny_model, specs, ids, record, together=False)
@@ -99,6 +99,9 @@ def test_a_row_that_fails_leaves_the_batch_and_the_others_go_on(tiny_model):
     order = [index for index, _ in evaluate.evaluate_all(evaluations, together=True)]
     assert order == [0, 1, 2] * 5 + [0, 2] * 24
     assert evaluations[1].result.error == "RuntimeError: out of memory"
+    logged = [r for r in caplog.records if r.name == "kvviz" and r.exc_info]  # the cause kept for --debug and the log
+    assert [r.getMessage() for r in logged] == ["sliding (window=8) in the evaluation failed"]
+    assert "failing_update" in caplog.text  # the traceback reaches the frame that raised
     assert len(evaluations[1].result.records) == 5 and evaluations[1].finished
     assert_same_predictions([alone[0], alone[2]], [evaluations[0], evaluations[2]])
 

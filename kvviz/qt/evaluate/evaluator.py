@@ -15,13 +15,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import traceback
 from typing import Any
 
 from PySide6.QtCore import QObject, Signal, Slot
 
+from kvviz.errors import failure
 from kvviz.qt.evaluate.series import CANCELLED, FAILED, FINISHED, NOT_RUN
-from kvviz.qt.worker import Worker, _message
+from kvviz.qt.worker import Worker
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class Evaluator(QObject):
                     errors.append(None)
                 except Exception as exc:  # noqa: BLE001 - this strategy's problem, shown in its row
                     choices.append(None)
-                    errors.append(_message(exc))
+                    errors.append(failure(f"choosing {name} for the evaluation", exc))
             chosen = [c for c in choices if c is not None]
             if not chosen:  # every strategy refused: their rows say why, the document is not even read
                 self.sigStarted.emit(eval_id, {"tokens": None, "notice": None, "runs": [None] * len(specs),
@@ -108,11 +108,10 @@ class Evaluator(QObject):
                     try:
                         evaluation = evaluate.Evaluation(loaded, choice, ids, record, cancel=cancel)
                     except Exception as exc:  # noqa: BLE001 - refused on this model: shown in its row
-                        errors[i] = _message(exc)
+                        errors[i] = failure(f"{choice.label()} on this model", exc)
                 evaluations.append(evaluation)
         except Exception as exc:  # noqa: BLE001 - the whole evaluation cannot start; the window says why
-            log.debug("evaluation %d failed:\n%s", eval_id, traceback.format_exc())
-            self.sigFailed.emit(eval_id, _message(exc))
+            self.sigFailed.emit(eval_id, failure(f"evaluation {eval_id}", exc))
             return None
         runs = [e.result if e is not None else None for e in evaluations]
         self.sigStarted.emit(eval_id, {"tokens": len(ids), "notice": notice, "document": record, "runs": runs,
