@@ -13,6 +13,7 @@ from PySide6.QtWidgets import QApplication
 from kvviz import resources
 from kvviz.qt import theme
 from kvviz.qt.log_file import keep_log
+from kvviz.qt.quit_signals import QuitSignals
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -86,14 +87,18 @@ def main(argv: list[str] | None = None) -> int:
     outcome = {"status": 0 if not problems else 1}
     if args.smoke_test:
         _smoke(window, outcome)
+    quit_signals = QuitSignals(app)  # Ctrl-C in the terminal, or SIGTERM: closed as by its close button
+    quit_signals.sigReceived.connect(window.close)
     try:
         status = app.exec()
     finally:
+        quit_signals.restore()
         if not window.closing:  # the loop ended some other way (an exception): still stop the worker
             window.save_settings()
             window.shutdown()
     if args.smoke_test or problems:  # an --open file that could not be read: status 1, as the message said
         status = outcome["status"]
+    status = quit_signals.exit_status() or status
     if window.engine.stuck:
         # A model load that cannot be interrupted (e.g. inside from_pretrained) is still running;
         # the settings are saved, so leave now rather than hang or abort in the thread's destructor.

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from PySide6.QtCore import QSettings, Qt, Signal
-from PySide6.QtWidgets import QApplication, QDockWidget, QMainWindow, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QApplication, QMainWindow, QVBoxLayout, QWidget
 
 from kvviz.files.evaluation import EvalRun
 from kvviz.files.trace import Trace
@@ -79,9 +79,9 @@ class MainWindow(QMainWindow):
         # the Controls take the window's whole height; the Runs table spans the plots and the tokens
         self.setCorner(Qt.Corner.BottomLeftCorner, Qt.DockWidgetArea.LeftDockWidgetArea)
         self.setCorner(Qt.Corner.TopLeftCorner, Qt.DockWidgetArea.LeftDockWidgetArea)
-        self.controls_dock = self._dock("Controls", self.controls, Qt.DockWidgetArea.LeftDockWidgetArea)
-        self.tokens_dock = self._dock("Tokens", self.token_view, Qt.DockWidgetArea.RightDockWidgetArea)
-        self.runs_dock = self._dock("Runs", self.runs_table, Qt.DockWidgetArea.BottomDockWidgetArea)
+        self.controls_dock = window_settings.dock(self, "Controls", self.controls, Qt.DockWidgetArea.LeftDockWidgetArea)
+        self.tokens_dock = window_settings.dock(self, "Tokens", self.token_view, Qt.DockWidgetArea.RightDockWidgetArea)
+        self.runs_dock = window_settings.dock(self, "Runs", self.runs_table, Qt.DockWidgetArea.BottomDockWidgetArea)
         self.runs_table.verticalHeader().setDefaultSectionSize(self.fontMetrics().height() + 8)  # compact rows
         self.runs_table.setMinimumHeight(window_settings.runs_table_min_height(self.runs_table))
         self.runs_height: int | None = None  # the Runs dock's height the user chose (None: sized to the window)
@@ -136,15 +136,6 @@ class MainWindow(QMainWindow):
         install_file_actions(self)
         controls.prompt_panel.sigOpenRequested.connect(self.file_actions.ask_prompt_file)
         self.help = HelpMenu(self)  # last: the rightmost menu
-
-    def _dock(self, title: str, widget: QWidget, area: Qt.DockWidgetArea) -> QDockWidget:
-        dock = QDockWidget(title, self)
-        dock.setObjectName(f"dock{title}")
-        dock.setWidget(widget)
-        features = QDockWidget.DockWidgetFeature
-        dock.setFeatures(features.DockWidgetMovable | features.DockWidgetFloatable | features.DockWidgetClosable)
-        self.addDockWidget(area, dock)
-        return dock
 
     # -- settings and mode ---------------------------------------------------------------------------
 
@@ -392,6 +383,8 @@ class MainWindow(QMainWindow):
     def shutdown(self, timeout_ms: int = 1800) -> bool:
         """Stop the worker thread; True if it ended within timeout_ms (else engine.stuck is set)."""
         self.closing = True
+        if self.recorder.recorder.recording:  # the recording is kept, complete, as Stop recording keeps it
+            self.recorder.stop()
         self.redraws.stop()
         self.status_line.stop()
         self.server.shutdown()

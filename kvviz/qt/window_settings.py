@@ -14,11 +14,22 @@ from __future__ import annotations
 import json
 
 from PySide6.QtCore import QByteArray, Qt
-from PySide6.QtWidgets import QApplication, QTableWidget
+from PySide6.QtWidgets import QApplication, QDockWidget, QTableWidget, QWidget
 
 from kvviz.qt import theme
 
 DEFAULT_PROMPT = "Explain in a few sentences what the key-value cache of a transformer does."
+
+
+def dock(window, title: str, widget: QWidget, area: Qt.DockWidgetArea) -> QDockWidget:
+    """`widget` in a movable, floatable, closable dock named for the saved layout (dockControls, ...)."""
+    made = QDockWidget(title, window)
+    made.setObjectName(f"dock{title}")
+    made.setWidget(widget)
+    features = QDockWidget.DockWidgetFeature
+    made.setFeatures(features.DockWidgetMovable | features.DockWidgetFloatable | features.DockWidgetClosable)
+    window.addDockWidget(area, made)
+    return made
 
 
 def restore(window) -> None:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
+
+import pytest
 
 CODE = "import sys; from kvviz.qt.app import main; sys.exit(main(sys.argv[1:]))"
 
@@ -120,3 +123,26 @@ def test_open_trace_file_adds_a_run(qtbot, window, tmp_path):
     assert window.runs_table.row_text(run_id)[3] == "3"
     (x, _), _ = window.local_view.memory_plot.curve_data(run_id)
     assert list(x) == [4, 5, 6]
+
+
+@pytest.mark.parametrize("signum,status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_ctrl_c_or_sigterm_closes_an_idle_window_as_its_close_button_does(tmp_path, signum, status):
+    code = (
+        "import sys\n"
+        "from PySide6.QtCore import QTimer\n"
+        "from PySide6.QtWidgets import QApplication\n"
+        "app = QApplication(['kvviz'])\n"
+        "QTimer.singleShot(300, lambda: print('READY', flush=True))  # the event loop runs: the window is idle\n"
+        "from kvviz.qt.app import main\n"
+        "sys.exit(main(['--no-load']))\n"
+    )
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", HF_HUB_OFFLINE="1", XDG_CONFIG_HOME=str(tmp_path))
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline().strip() == "READY", proc.communicate()[1]
+    time.sleep(0.5)
+    proc.send_signal(signum)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == status, stderr
+    assert "Traceback" not in stderr and "Error calling Python override" not in stderr
+    assert list(tmp_path.rglob("kvviz.conf")), "closing saves the settings, as the close button does"

@@ -86,3 +86,30 @@ def test_recorded_demo(qapp, tmp_path):
     means = [f.mean() for f in frames]
     assert max(means) - min(means) > 0.5 or np.abs(frames[0].astype(int) - frames[-1].astype(int)).mean() > 1
     assert len({hash(f.tobytes()) for f in frames[:: max(1, len(frames) // 10)]}) >= 5
+
+
+def test_sigterm_during_a_recorded_demo_keeps_a_complete_recording(tmp_path):
+    """Wherever SIGTERM lands (a script's wait, a Qt override such as the wheel guard's event filter), the demo
+    stops there, its recording is finished and readable, and the process exits 143 without a traceback."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    path = tmp_path / "demo.mp4"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvviz", "demo", "--model", "tiny", "--tokens", "200", "--record", str(path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, QT_QPA_PLATFORM="offscreen", HF_HUB_OFFLINE="1", XDG_CONFIG_HOME=str(tmp_path)),
+    )
+    deadline = time.monotonic() + 120
+    while not (path.exists() and path.stat().st_size > 0) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)  # the recording has begun writing frames
+    time.sleep(2.0)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 143, stderr
+    assert "Traceback" not in stderr and "Error calling Python override" not in stderr
+    assert "kvviz demo: recorded" in stderr
+    assert len(list(iio.imiter(path))) >= 5  # a finished file: ffmpeg wrote its index

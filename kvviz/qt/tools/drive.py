@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
+
+from kvviz import interrupts
 
 
 def application(name: str = "kvviz"):
@@ -34,20 +37,28 @@ def scratch_window(name: str, size: tuple[int, int], model: str | None = None) -
     from PySide6.QtCore import QSettings
 
     from kvviz.qt.main_window import MainWindow
+    from kvviz.qt.quit_signals import QuitSignals
 
+    global _quit
     folder = tempfile.mkdtemp(prefix=f"{name}-")
     window = MainWindow(settings=QSettings(os.path.join(folder, "kvviz.ini"), QSettings.Format.IniFormat))
     window.resize(*size)
     window.show()
+    _quit = QuitSignals()
     try:
         wait(lambda: bool(window.controls.strategy_panel.names()), 60)
         if model is not None and not load(window, model):
             raise RuntimeError(f"the window could not load {model!r}: {window.last_error}")
         yield app, window
     finally:
+        _quit.restore()
+        _quit = None
         window.close()
         window.settings.sync()  # what closing saved is written now, not again into the removed folder later
         shutil.rmtree(folder, ignore_errors=True)
+
+
+_quit = None  # the scratch window's QuitSignals: Ctrl-C or SIGTERM ends a script where it waits
 
 
 def wait(predicate: Callable[[], bool], timeout_s: float, changed=None) -> bool:
@@ -66,6 +77,8 @@ def wait(predicate: Callable[[], bool], timeout_s: float, changed=None) -> bool:
             loop.quit()
 
     poll = QTimer()
+    if _quit is not None:
+        _quit.sigReceived.connect(loop.quit)
     if changed is None:
         poll.setInterval(20)
         poll.timeout.connect(check)
@@ -80,6 +93,10 @@ def wait(predicate: Callable[[], bool], timeout_s: float, changed=None) -> bool:
         poll.stop()
         if changed is not None:
             changed.disconnect(check)
+        if _quit is not None:
+            _quit.sigReceived.disconnect(loop.quit)
+    if _quit is not None and _quit.received is not None:
+        raise interrupts.Terminated() if _quit.received == signal.SIGTERM else KeyboardInterrupt()
     return predicate()
 
 
