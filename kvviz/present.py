@@ -41,6 +41,11 @@ def clock(seconds: float) -> str:
     return f"{seconds // 60}:{seconds % 60:02d}"
 
 
+def counted(n: int, singular: str, plural: str | None = None) -> str:
+    """`counted(1, "strategy", "strategies")` -> "1 strategy"; `counted(1200, "token")` -> "1,200 tokens"."""
+    return f"{n:,} {singular if n == 1 else plural or singular + 's'}"
+
+
 def in_mib(n_bytes: float | None) -> float | None:
     return None if n_bytes is None else n_bytes / MIB
 
@@ -227,4 +232,6 @@ def model_card_rows(card: Mapping[str, Any]) -> list[tuple[str, str]]:
     ]
     if card.get("sliding_window"):
         rows.append(("sliding window", f"{card['sliding_window']} tokens"))
+    if card.get("weights"):
+        rows.append(("weights", str(card["weights"])))
     return rows

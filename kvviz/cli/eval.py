@@ -21,7 +21,7 @@ from kvviz import interrupts
 from kvviz.cli import common
 from kvviz.errors import UsageError
 from kvviz.files.evaluation import ms_per_prediction, seconds_left
-from kvviz.present import clock, mib, number, perplexity
+from kvviz.present import clock, counted, mib, number, perplexity
 
 SEGMENTS_NOTE = (
     "Q1-Q4: perplexity over each quarter of the predicted tokens (the same positions for every strategy); "
@@ -100,7 +100,8 @@ def command(args) -> int:
         common.log(notice)
     # every strategy is checked against the model before any work
     evaluations = [evaluate.Evaluation(loaded, c, ids, record) for c in choices]
-    common.log(f"{loaded.card['name']}, document {document.name}, {len(ids):,} tokens, {len(choices)} strategies")
+    common.log(f"{loaded.card['name']}, document {document.name}, {counted(len(ids), 'token')}, "
+               f"{counted(len(choices), 'strategy', 'strategies')}")
     rows = Rows(evaluations, args.json)
     progress = Progress(evaluations)
     interrupted = None

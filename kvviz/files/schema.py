@@ -421,6 +421,9 @@ class FileFormat:
             hint = self.hints.get(found, "") if isinstance(found, str) else ""
             raise self.error(f'{source} is not a {self.kind}: expected "format": "{self.name}" at the top level{hint}')
         version = data.get("version")
+        if version is None:
+            raise self.error(f'{source} is a {self.kind} without a "version" field; this kvviz reads version '
+                             f'{self.version}')
         if version != self.version or type(version) is not int:
             shown = _short(version) if isinstance(version, str) else describe(version)
             raise self.error(f"{source} is a {self.kind} of version {shown}; this kvviz reads version {self.version}")

@@ -23,9 +23,19 @@ def application(name: str = "kvviz"):
     if not os.environ.get("QT_QPA_PLATFORM") and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
         if sys.platform.startswith("linux"):
             os.environ["QT_QPA_PLATFORM"] = "offscreen"
+    from PySide6.QtCore import qInstallMessageHandler
     from PySide6.QtWidgets import QApplication
 
+    if os.environ.get("QT_QPA_PLATFORM") == "offscreen":
+        qInstallMessageHandler(_without_offscreen_notes)
     return QApplication.instance() or QApplication([name])
+
+
+def _without_offscreen_notes(mode, context, message: str) -> None:
+    """Qt's messages, less the offscreen platform's note that it cannot resize windows to their hints (printed
+    for every window a script opens; there is no screen to resize on)."""
+    if "does not support propagateSizeHints" not in message:
+        print(message, file=sys.stderr)
 
 
 @contextmanager
