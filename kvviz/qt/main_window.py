@@ -35,7 +35,7 @@ from kvviz.qt.redraw import RedrawScheduler
 from kvviz.qt.run_store import RunStore
 from kvviz.qt.runs_height import RunsHeightKeeper
 from kvviz.qt.server.mode import ServerMode
-from kvviz.qt.status import ErrorBar, StatusLine, window_state
+from kvviz.qt.status import ErrorBar, StatusLine, window_figures, window_state
 from kvviz.qt.view_tabs import ViewTabs
 
 
@@ -347,10 +347,8 @@ class MainWindow(QMainWindow):
         return [*parts, around]
 
     def _update_status(self) -> None:
-        store = self.store
-        generating = store.runs[store.generating] if store.generating is not None else None
-        self.status_line.update(window_state(self), generating is not None, self.engine.card,
-                                generating or store.primary())
+        self.status_line.update(window_state(self), self.store.generating is not None, self.engine.card,
+                                window_figures(self))
 
     def update_controls(self) -> None:
         generating = self.store.generating is not None

@@ -10,6 +10,7 @@ from PySide6.QtCore import QObject, Qt, QTimer
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QStatusBar, QToolButton
 
 from kvviz.present import UNKNOWN, mib, number, percent
+from kvviz.qt.controls import EVALUATE
 from kvviz.qt.series import RunSeries
 
 
@@ -58,8 +59,9 @@ class StatusLine(QObject):
     def notice_text(self) -> str:
         return self._notice
 
-    def update(self, state: str, generating: bool, card: dict[str, Any] | None, series: RunSeries | None) -> None:
-        """state: what the window does now; series: the run whose speed and cache are shown, if any."""
+    def update(self, state: str, generating: bool, card: dict[str, Any] | None, figures: Figures) -> None:
+        """state: what the window does now; figures: the speed, its share of the memory-bound limit and the cache
+        of what is in view (`window_figures`)."""
         card = card or {}
         labels = self.labels
         labels["device"].setText(f"device {card.get('device', UNKNOWN)}")
@@ -69,11 +71,10 @@ class StatusLine(QObject):
             self._notice = ""  # a run's pause cannot outlast the run
         self._state = state
         self._show_state()
-        rate = series.tokens_per_s if series is not None else None
-        share = series.share_of_memory_bound if series is not None else None
+        rate, share, cache_bytes = figures
         bound = f" ({percent(share)} of the memory-bound limit)" if share is not None else ""
         labels["rate"].setText(f"{number(rate)} tokens/s{bound}")
-        labels["cache"].setText(f"cache {mib(series.cache_bytes)}" if series is not None else f"cache {UNKNOWN}")
+        labels["cache"].setText(f"cache {mib(cache_bytes)}")
         self._show_rss()
 
     def _show_state(self) -> None:
@@ -96,6 +97,23 @@ class StatusLine(QObject):
 
     def _show_rss(self) -> None:
         self.labels["rss"].setText(f"RSS {mib(self._rss_bytes, 0)}")
+
+
+Figures = tuple[float | None, float | None, int | None]  # tokens/s, share of the memory-bound limit, cache bytes
+
+
+def window_figures(window) -> Figures:
+    """The status bar's figures for what is in view: an evaluation (while it runs, or on its tab) reads as the
+    strategies reading now, a local run as the run generating or else the run in view."""
+    mode = window.eval_mode
+    if mode.running is not None or window.views.currentIndex() == EVALUATE:
+        rate, cache_bytes = mode.figures()
+        return rate, None, cache_bytes
+    store = window.store
+    series: RunSeries | None = store.runs[store.generating] if store.generating is not None else store.primary()
+    if series is None:
+        return None, None, None
+    return series.tokens_per_s, series.share_of_memory_bound, series.cache_bytes
 
 
 def window_state(window) -> str:

@@ -13,7 +13,7 @@ from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
 from PySide6.QtGui import QDropEvent
 
 from kvviz.files import evaluation
-from kvviz.present import MIB, number
+from kvviz.present import MIB, mib, number
 from kvviz.qt.controls import EVALUATE, LOCAL
 from tests.qt.conftest import load, run
 
@@ -148,18 +148,25 @@ def test_stop_stops_every_strategy_and_frees_the_worker(window, qtbot):
     load(qtbot, window, "tiny")
     window.set_mode(EVALUATE)
     mode = window.eval_mode
-    mode.list_panel.set_entries([("sliding", {"window": 16}), ("sink", {"window": 12}), ("sliding", {"window": 32})])
+    # the two that evict read the document together (as kvviz eval does), then dynamic would
+    mode.list_panel.set_entries([("sliding", {"window": 16}), ("sink", {"window": 12}), ("dynamic", {})])
     mode.document_panel.tokens.setValue(4000)
     mode.evaluate_button.click()
     qtbot.waitUntil(lambda: mode.series[0].run is not None and len(mode.series[0].run.records) > 5, timeout=60000)
     assert not window.controls.model_panel.load_button.isEnabled() and mode.stop_button.isEnabled()
+    assert mode.active == [0, 1] and mode.progress().startswith("strategies 1, 2 of 3, read together: ")
+    window.redraw()  # the status bar speaks of the evaluation, not of the last local run
+    rate, cache = mode.figures()
+    assert rate == pytest.approx(sum(s.tokens_per_s() for s in mode.series[:2]))
+    assert cache == sum(s.cache_bytes() for s in mode.series[:2])
+    assert window.status_line.labels["cache"].text() == f"cache {mib(cache)}"
     with qtbot.waitSignal(mode.sigDone, timeout=60000):
         window.menus.stop_action.trigger()  # Esc
-    assert [s.state for s in mode.series] == ["cancelled", "not run", "not run"]
-    assert 5 < mode.series[0].n < 3999 and mode.series[0].run.cancelled
-    assert [row[-1] for row in _table(mode)] == ["cancelled", "not run", "not run"]
+    assert [s.state for s in mode.series] == ["cancelled", "cancelled", "not run"]
+    assert all(5 < s.n < 3999 and s.run.cancelled for s in mode.series[:2])
+    assert [row[-1] for row in _table(mode)] == ["cancelled", "cancelled", "not run"]
     assert "stopped" in mode.view.summary.text()
-    assert [index for index, _ in mode.runs()] == [0]  # what was measured is kept; nothing of the rest
+    assert [index for index, _ in mode.runs()] == [0, 1]  # what was measured is kept; nothing of the rest
     window.set_mode(LOCAL)
     assert window.controls.run_button.isEnabled()
     run(qtbot, window, tokens=4)  # the worker serves a local run again

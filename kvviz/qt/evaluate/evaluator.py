@@ -1,7 +1,8 @@
-"""The Evaluate tab's engine side: teacher-forced evaluations run on the worker's thread, one strategy
-after another.
+"""The Evaluate tab's engine side: teacher-forced evaluations run on the worker's thread, as `kvviz eval`
+runs them: strategies that evict read the document together (one batch row each), the others one after
+another.
 
-`Evaluator` is a child of the `Worker` and lives on its thread: `evaluate` is a queued slot, and every
+`Evaluator` lives on the `Worker`'s thread: `evaluate` is a queued slot, and every
 engine call (tokenizing the document, building each strategy's cache, the forwards) runs there, the one
 thread that runs torch. While an evaluation runs the worker's event loop waits, so loads and runs asked
 meanwhile wait for it (the window does not offer them). Results travel as the engine's own `EvalRun`
@@ -32,13 +33,14 @@ class Evaluator(QObject):
     # eval id, {"tokens", "notice", "document", "runs": [EvalRun or None], "errors": [str or None]}: the
     # document is tokenized and every strategy built (or refused, with its error), before any prediction
     sigStarted = Signal(int, object)
-    sigProgress = Signal(int, int)  # eval id, index of the strategy whose records are arriving
+    sigProgress = Signal(int, object)  # eval id, the indices of the strategies whose records are arriving
     sigNotice = Signal(int, str)  # eval id, what a long one-time pause is doing ("" once it is over)
     sigFinished = Signal(int, object)  # eval id, each strategy's final state: finished, cancelled, failed, not run
     sigFailed = Signal(int, str)  # eval id, why nothing could be evaluated (user-facing)
 
     def __init__(self, worker: Worker):
-        super().__init__(worker)  # moves to the worker's thread with it
+        super().__init__()
+        self.moveToThread(worker.thread())  # its slots run on the worker's thread, after the worker's own
         self.worker = worker
         self._lock = threading.Lock()
         self._cancel: threading.Event | None = None
@@ -132,13 +134,14 @@ class Evaluator(QObject):
             except Exception as exc:  # noqa: BLE001 - this strategy's problem; its evaluation reports it
                 log.debug("warm-up failed: %s", exc)
         self.sigNotice.emit(eval_id, "")
-        shown, last = -1, 0.0
+        shown, last = None, 0.0
         try:
-            for index, _ in evaluate.evaluate_all(runnable):
+            for _ in evaluate.evaluate_all(runnable, together=True):
                 now = time.perf_counter()
-                if index != shown or now - last >= PROGRESS_INTERVAL_S:
-                    shown, last = index, now
-                    self.sigProgress.emit(eval_id, evaluations.index(runnable[index]))
+                active = [i for i, e in enumerate(evaluations) if e is not None and e.started and not e.finished]
+                if active != shown or now - last >= PROGRESS_INTERVAL_S:
+                    shown, last = active, now
+                    self.sigProgress.emit(eval_id, active)
         finally:  # the window always learns that the evaluation is over, whatever happened
             self.sigFinished.emit(eval_id, [_state(e) for e in evaluations])
 

@@ -3,7 +3,8 @@
 `EvalMode` owns the widgets the window places (`document_panel` and `list_panel` around the strategy
 picker in the Controls dock, `buttons` under them, `view` as the central "Evaluate" tab) and the
 evaluation on screen: one `StrategySeries` per strategy. Evaluate sends the request to the `Evaluator`
-on the worker's thread (kvviz.qt.evaluate.evaluator), which runs the strategies one after another; its answers
+on the worker's thread (kvviz.qt.evaluate.evaluator), which runs them as `kvviz eval` does (the strategies
+that evict together, one batch row each, the others one after another); its answers
 arrive as queued signals, and the records themselves are read from the engine's runs when the window
 redraws (on its redraw timer, `sigChanged` asks for one). Stop stops every strategy. Kept evaluations
 (`kvviz-eval` files) open into the same view, and the one on screen saves as those files and the
@@ -25,7 +26,7 @@ from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QPushButton, QWidget
 
 from kvviz.files import documents, evaluation
 from kvviz.files.evaluation import EvalRun
-from kvviz.present import clock
+from kvviz.present import clock, number
 from kvviz.qt.evaluate.evaluator import Evaluator
 from kvviz.qt.evaluate.panel import DocumentPanel, StrategyListPanel
 from kvviz.qt.evaluate.series import CANCELLED, FAILED, FINAL, FINISHED, NOT_RUN, STARTING, StrategySeries
@@ -62,10 +63,11 @@ class EvalMode(QObject):
         self.view = EvalView()
         self.evaluate_button = QPushButton("Evaluate")
         self.evaluate_button.setObjectName("runButton")
-        self.evaluate_button.setToolTip("Evaluate every strategy in the list on the document, one after another")
+        self.evaluate_button.setToolTip("Evaluate every strategy in the list on the document: the ones that evict "
+                                        "read it together (one batch row each, as kvviz eval does)")
         self.stop_button = QPushButton("Stop")
-        self.stop_button.setToolTip("Stop the evaluation: the strategy running keeps what it measured, "
-                                    "the ones after it do not start")
+        self.stop_button.setToolTip("Stop the evaluation: the strategies reading keep what they measured, "
+                                    "the ones after them do not start")
         self.buttons = QWidget()
         row = QHBoxLayout(self.buttons)
         row.setContentsMargins(9, 0, 9, 0)
@@ -86,7 +88,7 @@ class EvalMode(QObject):
 
         self.series: list[StrategySeries] = []
         self.running: int | None = None  # the id of the evaluation in progress
-        self.current = -1  # the strategy whose records arrive
+        self.active: list[int] = []  # the strategies whose records arrive (several when read together)
         self.model: dict = {}  # the card of the model evaluated
         self.document: dict = {}  # the document's record, as the files keep it
         self.notice = ""  # why the document was cut
@@ -154,7 +156,7 @@ class EvalMode(QObject):
         entries = self.list_panel.entries()
         eval_id, self._next_id = self._next_id, self._next_id + 1
         document = self.document_panel.document()
-        self.running, self.current, self.opened = eval_id, -1, False
+        self.running, self.active, self.opened = eval_id, [], False
         self.model = dict(self.window.engine.card or {})
         self.document = document.describe()
         self.notice = self.pause = ""
@@ -188,16 +190,18 @@ class EvalMode(QObject):
                 s.finish(FAILED, error)
         self._changed()
 
-    def _on_progress(self, eval_id: int, index: int) -> None:
+    def _on_progress(self, eval_id: int, active: list[int]) -> None:
         if eval_id != self.running:
             return
-        if index != self.current:
-            for s in self.series[max(self.current, 0) : index]:  # the ones before have ended: draw them all
-                if s.state not in FINAL:
-                    s.sync()
-                    s.finish(FAILED if s.run is not None and s.run.error else FINISHED)
-            self.current = index
-            self.series[index].state = STARTING
+        for index in self.active:
+            s = self.series[index]
+            if index not in active and s.state not in FINAL:  # its reading has ended: drawn whole
+                s.sync()
+                s.finish(FAILED if s.run is not None and s.run.error else FINISHED)
+        for index in active:
+            if self.series[index].state not in FINAL and not self.series[index].n:
+                self.series[index].state = STARTING
+        self.active = list(active)
         self._changed()
 
     def _on_notice(self, eval_id: int, message: str) -> None:
@@ -293,8 +297,8 @@ class EvalMode(QObject):
         if not (self._dirty or live):
             return
         self._dirty = False
-        if live and 0 <= self.current < len(self.series):
-            self.series[self.current].sync()
+        for index in self.active if live else ():
+            self.series[index].sync()
         self.view.redraw(self.series, self.header(), live)
 
     def header(self) -> str:
@@ -305,7 +309,7 @@ class EvalMode(QObject):
         doc = self.document
         title = doc.get("title") or doc.get("name") or "?"
         by = f" by {doc['author']}" if doc.get("author") else ""
-        tokens = f", {doc['tokens']:,} tokens" if doc.get("tokens") else ""
+        tokens = f", {doc['tokens']:,} tokens ({doc['tokens'] - 1:,} predicted)" if doc.get("tokens") else ""
         lines = [f"<b>{escape(self.model.get('name') or '?')}</b> reading <b>{escape(title)}</b>{escape(by)}{tokens}"]
         if self.opened:
             lines.append("opened from files")
@@ -320,27 +324,40 @@ class EvalMode(QObject):
 
     def progress(self) -> str:
         """"strategy 2 of 4, sliding (window=128): 312 of 599 tokens, 21.3 tokens/s, 0:14 left, about 1:02 in
-        all" (the strategies after it at the speed seen so far of their kind: token by token, or chunked)."""
-        if not 0 <= self.current < len(self.series):
+        all" (several read together: "strategies 2, 3 of 4, read together: ..., 21.3 tokens/s each"); times
+        from each prediction's measured time (kvviz.files.evaluation.seconds_left), as `kvviz eval` says them."""
+        active = [self.series[i] for i in self.active if self.series[i].total is not None]
+        if not active:
             return "reading the document and building the caches…"
-        s = self.series[self.current]
-        text = f"strategy {self.current + 1} of {len(self.series)}, {s.short_label()}"
-        total, rate = s.total, s.tokens_per_s()
-        if total is None:
+        first = active[0]
+        if len(active) == 1:
+            text = f"strategy {first.index + 1} of {len(self.series)}, {first.short_label()}"
+        else:
+            numbers = ", ".join(str(s.index + 1) for s in active)
+            text = f"strategies {numbers} of {len(self.series)}, read together"
+        text += f": {first.n:,} of {first.total:,} tokens"
+        ms = evaluation.ms_per_prediction(first.run)
+        if ms is None:
             return text
-        text += f": {s.n:,} of {total:,} tokens"
-        if not rate:
-            return text
-        left = (total - s.n) / rate
-        text += f", {rate:,.1f} tokens/s, {clock(left)} left"
-        rates = {x.run.method.get("mode"): x.tokens_per_s() for x in self.series[: self.current + 1]
-                 if x.run is not None and x.tokens_per_s()}
-        later = [x for x in self.series[self.current + 1 :] if x.run is not None and x.state not in FINAL]
+        left, _ = evaluation.seconds_left([(s.run, s.total) for s in active])
+        text += f", {number(1000.0 / ms)} tokens/s{' each' if len(active) > 1 else ''}, {clock(left)} left"
+        later = [s for s in self.series if s.run is not None and s.state not in FINAL and s not in active]
         if later:
-            known = [x.total / rates[x.run.method.get("mode")] for x in later if x.run.method.get("mode") in rates]
-            more = "+" if len(known) < len(later) else ""
-            text += f", about {clock(left + sum(known))}{more} in all"
+            runs = [(s.run, s.total if s.state not in FINAL else len(s.run.records))
+                    for s in self.series if s.run is not None and s.total is not None]
+            in_all, complete = evaluation.seconds_left(runs)
+            text += f", about {clock(in_all)}{'' if complete else '+'} in all"
         return text
+
+    def figures(self) -> tuple[float | None, int | None]:
+        """For the status bar while an evaluation runs: the strategy tokens read per second by the strategies
+        reading now, and the bytes their caches hold together (None where not measured yet)."""
+        active = [self.series[i] for i in self.active] if self.running is not None else []
+        rates = [s.tokens_per_s() for s in active]
+        caches = [s.cache_bytes() for s in active]
+        rate = sum(rates) if rates and None not in rates else None
+        cache = sum(caches) if caches and None not in caches else None
+        return rate, cache
 
     def status(self) -> str:
         return f"evaluating: {self.progress()}" if self.running is not None else ""

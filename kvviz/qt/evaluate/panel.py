@@ -111,8 +111,11 @@ class DocumentPanel(QGroupBox):
             where = f"by {document.author}, shipped with kvviz"
         else:
             where = "shipped with kvviz"
-        self.about.setText(f"{where}; {len(document.text):,} characters")
+        # the whole title again, wrapped: the combo box elides it when the Controls are narrow (a scroll bar)
+        self.about.setText(f"{document.title or document.name}, {where}; {len(document.text):,} characters")
         self.about.setToolTip(document.source)
+        self.combo.setToolTip(f"{document.title or document.name}: a text shipped with kvviz, or your own UTF-8 "
+                              ".txt or .md file")
 
     def document(self) -> Document:
         return self._documents[self._shown]

@@ -12,7 +12,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 
 from kvviz.qt import theme
-from kvviz.qt.evaluate.series import SMOOTHING, X
+from kvviz.qt.evaluate.series import SETTLING, SMOOTHING, X
 from kvviz.qt.plots.legend import Entry
 from kvviz.qt.plots.series_plots import MemoryPlot, _Curves, _SeriesPlot
 from kvviz.qt.series import nearest_index
@@ -73,10 +73,17 @@ class PerplexityPlot(DocumentSpan, _SeriesPlot):
         curves.items[1].setVisible(first is not None)
 
     def legend_entries(self):
-        if not any(s.first_eviction is not None for s in self._runs):
-            return []
-        return [Entry("first eviction", self.palette_.foreground, style=Qt.PenStyle.DashLine, width=1.0,
-                      tooltip="the position from which the strategy's cache had dropped a token")]
+        entries = []
+        if any(s.first_eviction is not None for s in self._runs):
+            entries.append(Entry("first eviction", self.palette_.foreground, style=Qt.PenStyle.DashLine, width=1.0,
+                                 tooltip="the position from which the strategy's cache had dropped a token"))
+        bounds = self.y_bounds()
+        if bounds is not None and any(s.n > SETTLING and float(s.running_mean()[:SETTLING].max()) > bounds[1]
+                                      for s in self._runs):
+            entries.append(Entry(f"the first {SETTLING} tokens' mean runs above the plot", self.palette_.foreground,
+                                 kind="text", tooltip="a mean over a few tokens at the start of a text runs high; "
+                                 "the y range holds the rest (hover or zoom out to read it)"))
+        return entries
 
     def hover_text(self, x, y):
         parts = [f"position {x:,.0f}"]

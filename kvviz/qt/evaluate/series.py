@@ -68,6 +68,7 @@ class StrategySeries:
         self._settled = (math.inf, -math.inf)  # the running mean's range after its first SETTLING predictions
         self.m = 0  # records with a measured cache (a chunked run measures once per chunk)
         self._mem = np.zeros((capacity, 3))  # x, measured MiB, predicted MiB
+        self._cache_bytes: int | None = None  # after the last measured prediction
         if run is not None:
             self.attach(run)
 
@@ -124,6 +125,7 @@ class StrategySeries:
             rows[:, 2] = [np.nan if r.predicted_cache_bytes is None else r.predicted_cache_bytes / MIB
                           for r in measured]
             self.m += len(measured)
+            self._cache_bytes = measured[-1].cache_bytes
         self.n = b
         if self.state in (WAITING, STARTING):
             self.state = RUNNING
@@ -202,6 +204,10 @@ class StrategySeries:
     def cache_mib(self) -> float | None:
         """The cache after the last measured prediction."""
         return float(self._mem[self.m - 1, 1]) if self.m else None
+
+    def cache_bytes(self) -> int | None:
+        """The cache's bytes after the last measured prediction."""
+        return self._cache_bytes
 
     def tokens_per_s(self) -> float | None:
         return self.n / (self._wall_ms / 1000.0) if self.n and self._wall_ms > 0 else None
