@@ -182,13 +182,16 @@ def summarize(records: list[TokenRecord], first_eviction: int | None = None) -> 
 # -- progress while an evaluation runs -----------------------------------------------------------------
 
 
+RECENT = 256  # predictions: the time of one lately (later ones cost more as a growing cache is read)
+
+
 def ms_per_prediction(run: EvalRun) -> float | None:
-    """The measured time of one prediction so far (a chunk's or a batch's time shared by its predictions), or
-    None before the first. Records of a chunk arrive together: a clock started at the first would read
-    millions of tokens a second."""
+    """The measured time of one prediction lately, over the last RECENT (a chunk's or a batch's time shared by
+    its predictions), or None before the first. Records of a chunk arrive together: a clock started at the
+    first would read millions of tokens a second."""
     if not run.records:
         return None
-    return float(np.mean([r.wall_ms for r in run.records], dtype=np.float64))
+    return float(np.mean([r.wall_ms for r in run.records[-RECENT:]], dtype=np.float64))
 
 
 def seconds_left(runs: list[tuple[EvalRun, int]]) -> tuple[float | None, bool]:

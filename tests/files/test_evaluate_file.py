@@ -198,3 +198,17 @@ def test_a_users_markdown_file_is_read_without_its_byte_order_mark(tmp_path):
     document = documents.from_file(path)
     assert document.text == "# Notes\n\nCafé au lait." and document.name == "Notes.MD"
     assert document.describe() == {"name": "Notes.MD", "source": str(path), "title": None, "author": None}
+
+
+def test_time_left_comes_from_each_prediction_s_measured_time():
+    chunked = sample_run(12)  # 2 ms a prediction, arrived in chunks of 4
+    waiting = sample_run(0)  # the same kind, not started: read at the speed its kind showed
+    batched = sample_run(0, method={"mode": "batched", "chunk": 1, "rows": 2})  # a kind not measured yet
+    assert evaluation.ms_per_prediction(chunked) == 2.0 and evaluation.ms_per_prediction(waiting) is None
+    assert evaluation.seconds_left([(chunked, 100), (waiting, 50)]) == ((88 + 50) * 2.0 / 1000, True)
+    assert evaluation.seconds_left([(chunked, 100), (batched, 50)]) == (88 * 2.0 / 1000, False)  # a lower bound
+    assert evaluation.seconds_left([(waiting, 50)]) == (None, False)  # nothing measured: unknown, not 0
+    slow_lately = sample_run(600)
+    for record in slow_lately.records[-evaluation.RECENT:]:
+        record.wall_ms = 5.0  # a growing cache: later tokens cost more
+    assert evaluation.ms_per_prediction(slow_lately) == 5.0
