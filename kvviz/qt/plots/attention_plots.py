@@ -25,8 +25,8 @@ from PySide6.QtWidgets import QSplitter
 from kvviz.files.trace import ATTENTION_SINK_POSITIONS, SlotState
 from kvviz.qt import theme
 from kvviz.qt.cache_cells import cell_name, quoted, token_at
-from kvviz.qt.plots.base import PlotPanel
 from kvviz.qt.plots.legend import Entry
+from kvviz.qt.plots.note import NotePlot
 from kvviz.qt.series import RunSeries, grown, nearest_index
 
 LOG_FLOOR = -5  # log10 of the smallest share with a colour of its own; smaller shares get the lowest colour
@@ -64,39 +64,7 @@ def _why_empty(series: RunSeries, refusal: str | None) -> str:
             "is shown); run again with it shown")
 
 
-class _NotePlot(PlotPanel):
-    """A plot with a centred note over its data area, for when there is nothing to draw and a reason why."""
-
-    def __init__(self, parent=None):
-        super().__init__(parent)
-        self.note = pg.TextItem("", anchor=(0.5, 0.5))
-        self.note.setParentItem(self.plot.vb)
-        self.note.setTextWidth(360)
-        self.plot.vb.sigResized.connect(self._place_note)
-        self._note = ""
-
-    def set_note(self, text: str) -> None:
-        if text != self._note:
-            self._note = text
-            self.note.setHtml(f'<div style="color:{self.palette_.muted}; text-align:center">{html.escape(text)}</div>'
-                              if text else "")
-            self._place_note()
-
-    def note_text(self) -> str:
-        return self._note
-
-    def _place_note(self, *_):
-        rect = self.plot.vb.boundingRect()
-        self.note.setTextWidth(max(120.0, min(420.0, rect.width() - 20)))
-        self.note.setPos(rect.width() / 2, rect.height() / 2)
-
-    def apply_palette(self, palette):
-        super().apply_palette(palette)
-        note, self._note = self._note, ""
-        self.set_note(note)
-
-
-class AttentionMapPlot(_NotePlot):
+class AttentionMapPlot(NotePlot):
     title = "Attention of the current token: layers x positions (mean over heads)"
     integer_axes = ("left",)
     legend_runs = "none"  # the title names the run shown
@@ -222,7 +190,7 @@ class SinkShares:
         return self.x[: self.n], self.shares[: self.n]
 
 
-class AttentionSinkPlot(_NotePlot):
+class AttentionSinkPlot(NotePlot):
     title = f"Attention sink: share of each layer's attention on the first {ATTENTION_SINK_POSITIONS} positions"
     crosshair_line = True
     legend_runs = "none"

@@ -12,6 +12,7 @@ from kvviz.qt import theme
 from kvviz.qt.cache_cells import RAMP_START, cell_name, heads_at, kv_heads
 from kvviz.qt.plots.base import PlotPanel
 from kvviz.qt.plots.legend import Entry
+from kvviz.qt.plots.note import NotePlot
 
 KEYS_COLOUR = theme.BLUE
 VALUES_COLOUR = theme.ORANGE
@@ -62,7 +63,7 @@ class LayerBytesPlot(PlotPanel):
         return f"layer {i}: keys {keys[i] / scale:.1f} {name}, values {values[i] / scale:.1f} {name}"
 
 
-class LayerTimePlot(PlotPanel):
+class LayerTimePlot(NotePlot):
     title = "Time per layer (mean over decode steps)"
     integer_axes = ("bottom",)
 
@@ -70,13 +71,6 @@ class LayerTimePlot(PlotPanel):
         super().__init__(parent)
         self.set_labels("time (ms)", "layer")
         self._curves: dict[int, tuple[pg.PlotDataItem, int]] = {}
-        self.note = pg.TextItem("", anchor=(0.5, 0.5))
-        self.note.setParentItem(self.plot.vb)
-        self.plot.vb.sigResized.connect(self._place_note)
-
-    def _place_note(self, *_):
-        rect = self.plot.vb.boundingRect()
-        self.note.setPos(rect.width() / 2, rect.height() / 2)
 
     def redraw(self, runs, primary):
         super().redraw(runs, primary)
@@ -101,13 +95,7 @@ class LayerTimePlot(PlotPanel):
                 if drawn != series.n:
                     item.setData(np.arange(len(means)), means)
             self._curves[series.run_id] = (item, series.n)
-        if runs and not measured:
-            self.note.setHtml(
-                f'<div style="color:{self.palette_.muted}">per-layer time is not measured for this run</div>'
-            )
-            self._place_note()
-        else:
-            self.note.setHtml("")
+        self.set_note("" if measured else _why_no_layer_time(runs))
 
     def restyle(self):
         for item, _ in self._curves.values():
@@ -124,6 +112,19 @@ class LayerTimePlot(PlotPanel):
             if means is not None and 0 <= i < len(means):
                 parts.append(self.swatch(theme.run_colour(series.run_id), f"{means[i]:.2f} ms"))
         return (f"layer {i}: " + " &nbsp; ".join(parts)) if parts else ""
+
+
+def _why_no_layer_time(runs) -> str:
+    """Why none of `runs` has a mean per-layer time ("" when there is no run): not yet (no decode step so far: a
+    warm-up or the prefill is running), none to time (a run of one token), or not measured (a compiled run)."""
+    if not runs:
+        return ""
+    if any(series.first_decode_x is not None for series in runs):
+        return "per-layer time is not measured for this run" if len(runs) == 1 else \
+            "per-layer time is not measured for these runs"
+    if all(series.finished for series in runs):
+        return "no decode step to time: the run generated only its first token"
+    return "per-layer time: the mean over decode steps, from the first one on"
 
 
 class CacheMapPlot(PlotPanel):
