@@ -188,6 +188,9 @@ RUN_TABLE: list[tuple[str, Callable[[Mapping[str, Any]], str], bool]] = [
 
 # What a column means, where its title cannot say it all (the Runs table's header tooltips).
 RUN_TABLE_HELP = {
+    "status": f"{STARTING} or {RUNNING} while it generates ({STREAMING} for a server's reply), then {FINISHED}, "
+    f"{CANCELLED} (stopped with Stop or Esc: what it generated is kept) or {FAILED} (hover it for why)",
+    "strategy": "the strategy the run started with; a live switch reads \"-> new strategy @N\": from step N on",
     "strategy": "the strategy the run started with; a live switch reads \"-> new strategy @N\": from step N on",
     "one-time s": "seconds spent once and in no step's time: the strategy's warm-up before the prefill (quanto's "
     "kernels) and torch.compile before the first decode step",

@@ -16,9 +16,12 @@ from PySide6.QtCore import Qt, qVersion
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QMessageBox, QTextBrowser, QVBoxLayout
 
+from kvviz import present
+from kvviz.files.trace import SlotState
+from kvviz.qt import theme
 from kvviz.qt.log_file import log_path
 
-# (title, paragraph): one per view, in the order they appear in the window
+# (title, paragraph): one per view, in the order they appear in the window. {NAME}s are filled in by `words`.
 VIEWS: list[tuple[str, str]] = [
     (
         "Cache memory",
@@ -52,10 +55,12 @@ VIEWS: list[tuple[str, str]] = [
     (
         "Cache map",
         "What each layer (rows) holds at each position (columns, one per token) after the latest step. "
-        "Blue: full precision. Orange: quantized. Green: the quantized cache's residual buffer, the newest "
-        "tokens kept in full precision. Purple: attention sinks, the first tokens a sink cache keeps. "
-        "Muted red: evicted, the token was dropped. Grey: allocated but not written yet (a static cache's "
-        "preallocated slots). Background: not used yet. The title names the run shown.",
+        "{FULL}: full precision. {QUANTIZED}: quantized. {RESIDUAL}: residual buffer, the newest tokens a "
+        "quantized cache keeps in full precision. {SINK}: attention sinks, the first tokens a sink cache keeps. "
+        "{EVICTED}: evicted, the token was dropped. {PREALLOCATED}: allocated but not written yet (a static cache's "
+        "preallocated slots). {UNSEEN}: not yet used. With per-head eviction (H2O, SnapKV, key norm) each KV head "
+        "of a layer keeps its own positions: a position only some of them hold is a fainter {held}, the fainter "
+        "the fewer heads hold it (hover a cell for the count). The title names the run shown.",
     ),
     (
         "Cache bytes per layer, now",
@@ -75,10 +80,12 @@ VIEWS: list[tuple[str, str]] = [
     ),
     (
         "Runs",
-        "One row per run (live, finished, stopped, failed or opened from a file): tokens generated, prefill "
-        "ms, mean and 95th-percentile decode ms, tokens/s, peak cache MiB, peak process RSS MiB, and the "
-        "fidelity columns. Select several rows (Ctrl or Shift + click) to overlay them; their colours are "
-        "the plots' colours.",
+        "One row per run, live, finished or opened from a file: tokens generated, prefill ms, mean and "
+        "95th-percentile decode ms, tokens/s, peak cache MiB, peak process RSS MiB and the fidelity columns. "
+        "Status: <i>{STARTING}</i> or <i>{RUNNING}</i> while it generates "
+        "(<i>{STREAMING}</i> for a server's reply), then <i>{FINISHED}</i>, <i>{CANCELLED}</i> (stopped with Stop or "
+        "Esc; what it generated is kept) or <i>{FAILED}</i> (hover it for why). Select several rows (Ctrl or Shift + "
+        "click) to overlay them; their colours are the plots' colours.",
     ),
     (
         "Evaluate",
@@ -152,8 +159,25 @@ def shortcuts(window) -> list[tuple[str, str]]:
     return sorted(rows, key=lambda row: row[1].lower()) + MOUSE
 
 
-def views_html() -> str:
-    return "".join(f"<h3>{html.escape(title)}</h3><p>{text}</p>" for title, text in VIEWS)
+def words(palette: theme.Palette) -> dict[str, str]:
+    """What the {NAME}s of VIEWS stand for: each cache state's colour in words (theme.STATE_COLOUR_WORDS) after a
+    swatch of it as the theme shown draws it, and the Runs table's statuses as kvviz.present writes them."""
+
+    def swatch(colour: str, word: str) -> str:
+        return f'<span style="color:{colour}">&#9632;</span>&nbsp;{word}'
+
+    named = {state.name: swatch(theme.state_colour(state, palette), theme.STATE_COLOUR_WORDS[state].capitalize())
+             for state in SlotState}
+    named["held"] = swatch(theme.held_share_colour(0.5, palette), theme.STATE_COLOUR_WORDS[SlotState.FULL])
+    statuses = (present.STARTING, present.RUNNING, present.STREAMING, present.FINISHED, present.CANCELLED,
+                present.FAILED)
+    return named | {status.upper(): status for status in statuses}
+
+
+def views_html(palette: theme.Palette | None = None) -> str:
+    """Every view's help in the colours of `palette` (default: the theme shown)."""
+    named = words(palette or theme.current())
+    return "".join(f"<h3>{html.escape(title)}</h3><p>{text.format_map(named)}</p>" for title, text in VIEWS)
 
 
 def table_html(rows: list[tuple[str, str]]) -> str:

@@ -10,6 +10,8 @@ from PySide6.QtCore import QEvent, QPoint, QPointF, Qt
 from PySide6.QtGui import QImage, QKeySequence, QWheelEvent
 from PySide6.QtWidgets import QApplication, QTextBrowser
 
+from kvviz.present import CANCELLED, FAILED, FINISHED, RUNNING, STARTING
+from kvviz.qt import theme
 from kvviz.qt.plots import MemoryPlot
 from kvviz.qt.plots.base import short_forms, unit_forms
 
@@ -199,6 +201,15 @@ def test_help_menu_and_switch_shortcut(qtbot, window):
         assert heading in body
     for unit in ("MiB", "milliseconds", "nats", "KiB"):
         assert unit in body
+    # the cache map's colours in the words theme.py holds true of both themes, the statuses as the Runs table writes
+    cache_map = re.sub("\u25a0\\s", "", body[body.index("Cache map") : body.index("Cache bytes per layer")])  # swatches
+    for state, word in theme.STATE_COLOUR_WORDS.items():
+        assert f"{word.capitalize()}: {theme.STATE_LABELS[state].split(',')[0]}" in cache_map, word
+    assert "fainter blue" in cache_map and "Purple" not in cache_map and "red" not in cache_map
+    runs = body[body.index("Runs") : body.index("Evaluate")]
+    for status in (STARTING, RUNNING, FINISHED, CANCELLED, FAILED):
+        assert status in runs
+    assert "stopped with Stop" in runs and ", stopped," not in runs
     views.close()
 
     shortcuts = window.help.show_shortcuts().findChild(QTextBrowser).toPlainText()
@@ -228,3 +239,4 @@ def test_runs_table_keeps_three_rows_and_gets_its_height_back(qtbot, window):
     assert window.runs_dock.height() >= table.minimumHeight()
     window.resize(1600, 1000)
     qtbot.waitUntil(lambda: abs(window.runs_dock.height() - tall) <= 3, timeout=3000)
+

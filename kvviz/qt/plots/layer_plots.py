@@ -14,6 +14,7 @@ from kvviz.qt.plots.base import PlotPanel
 from kvviz.qt.plots.legend import Entry
 from kvviz.qt.plots.note import NotePlot
 
+HELD_BY_SOME = "held by some KV heads (fainter: fewer)"  # the cache map's legend entry for per-head eviction
 KEYS_COLOUR = theme.BLUE
 VALUES_COLOUR = theme.ORANGE
 
@@ -152,17 +153,18 @@ class CacheMapPlot(PlotPanel):
         self._drawn = (None, -1)
 
     def legend_entries(self):
-        """What each colour of the map means; with per-head eviction, the shades between evicted and full."""
+        """What each colour of the map means; with per-head eviction, the fainter blues of positions some KV heads
+        hold."""
         palette = self.palette_
         entries = [Entry(theme.STATE_LABELS[s], theme.state_colour(s, palette), kind="box") for s in SlotState]
         step = self._primary.latest if self._primary is not None else None
         if step is not None and any(layer.head_spans for layer in step.layers):
-            evicted, full = (theme.state_colour(s, palette) for s in (SlotState.EVICTED, SlotState.FULL))
             entries.insert(
-                SlotState.EVICTED + 1,
-                Entry("share of KV heads holding it", evicted, kind="ramp", to_colour=full,
-                      tooltip="per-head eviction: a position held by some KV heads of the layer, not all, is shaded "
-                      "from evicted (none hold it) to full precision (all do)"),
+                SlotState.FULL + 1,
+                Entry(HELD_BY_SOME, theme.held_share_colour(0.0, palette), kind="ramp",
+                      to_colour=theme.held_share_colour(1.0, palette),
+                      tooltip="per-head eviction: a position that some of the layer's KV heads hold, not all, is "
+                      "full precision's blue, the fainter the fewer heads hold it; hover a cell for the count"),
             )
         return entries
 
