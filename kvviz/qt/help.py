@@ -80,12 +80,13 @@ VIEWS: list[tuple[str, str]] = [
     ),
     (
         "Runs",
-        "One row per run, live, finished or opened from a file: tokens generated, prefill ms, mean and "
-        "95th-percentile decode ms, tokens/s, peak cache MiB, peak process RSS MiB and the fidelity columns. "
-        "Status: <i>{STARTING}</i> or <i>{RUNNING}</i> while it generates "
-        "(<i>{STREAMING}</i> for a server's reply), then <i>{FINISHED}</i>, <i>{CANCELLED}</i> (stopped with Stop or "
-        "Esc; what it generated is kept) or <i>{FAILED}</i> (hover it for why). Select several rows (Ctrl or Shift + "
-        "click) to overlay them; their colours are the plots' colours.",
+        "One row per run, live, finished or opened from a file: tokens generated, tokens/s, mean decode ms, "
+        "peak cache MiB and its status first, then the strategy (hover it for its options), the share of the "
+        "memory-bound limit, 95th-percentile decode ms, prefill ms, one-time pauses, peak process RSS MiB, "
+        "scoring ms, the fidelity columns and the model. Status: <i>{STARTING}</i> or <i>{RUNNING}</i> while it "
+        "generates (<i>{STREAMING}</i> for a server's reply), then <i>{FINISHED}</i>, <i>{CANCELLED}</i> (stopped "
+        "with Stop or Esc; what it generated is kept) or <i>{FAILED}</i> (hover it for why). Select several rows "
+        "(Ctrl or Shift + click) to overlay them; their colours are the plots' colours.",
     ),
     (
         "Evaluate",
