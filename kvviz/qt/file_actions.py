@@ -36,7 +36,7 @@ from kvviz import present
 from kvviz.files import report
 from kvviz.files.formats import read_kept
 from kvviz.files.jsonfile import KeptFileError
-from kvviz.qt.plots.base import DEFAULT_EXPORT_WIDTH
+from kvviz.qt.plots.base import DEFAULT_EXPORT_WIDTH, short_forms
 
 TRACE_FILTER = "kvviz traces, evaluations and server sessions (*.json);;All files (*)"
 PROMPT_SUFFIXES = (".txt", ".md")
@@ -147,13 +147,18 @@ class FileActions(QObject):
     def export_plots(
         self, folder: str | os.PathLike, formats: tuple[str, ...] = ("png", "svg"), width: int = DEFAULT_EXPORT_WIDTH
     ) -> list[Path]:
-        """Each plot of the view on screen (local or server) with its title, axes and legend, as <name>.png
-        `width` pixels wide and <name>.svg in folder. A plot the window hides (the fidelity plot when no run
-        has a reference) is left out; with nothing to draw, nothing is written and a message says so."""
+        """Each plot of the view on screen (local, evaluation or server) with its title, axes and legend, as
+        <name>.png `width` pixels wide and <name>.svg in folder: the plots of the map's tab behind too. A plot with
+        nothing to draw (the fidelity plot when no run has a reference, the attention view of a run recorded
+        without it) is left out, and the status bar names it; with nothing to draw at all, nothing is written and a
+        message says so."""
         if not EXPORT_WIDTHS[0] <= width <= EXPORT_WIDTHS[1]:
             raise ValueError(f"an export is {EXPORT_WIDTHS[0]} to {EXPORT_WIDTHS[1]} pixels wide, not {width}")
-        # not a plot the window hides (the fidelity plot without a reference, the tab behind the cache map's)
-        panels = [p for p in self.window.visible_plots() if p.isVisibleTo(self.window) and p.has_data()]
+        window = self.window
+        if window.views.currentWidget() is window.local_view:
+            window.local_view.draw_every_plot()  # the redraws skip the tab behind and the hidden fidelity plot
+        plots = window.visible_plots()
+        panels = [p for p in plots if p.has_data()]
         if not panels:
             self.show_message("Nothing to export", "The plots are empty: run a prompt or open a trace first.")
             return []
@@ -169,7 +174,9 @@ class FileActions(QObject):
                 written.append(path)
             if "svg" in formats:
                 written.append(panel.export_svg(folder / f"{name}.svg", width))
-        self.window.say_saved(folder, f"{len(written)} files, {width} px wide")
+        empty = [short_forms(p.title_label.title)[-1] for p in plots if p not in panels]
+        self.window.say_saved(folder, f"{len(written)} files, {width} px wide"
+                              + (f"; nothing to draw, left out: {', '.join(empty)}" if empty else ""))
         return written
 
     def save_window_png(self, path: str | os.PathLike) -> Path:

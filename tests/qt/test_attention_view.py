@@ -57,9 +57,11 @@ def test_drawn_matrix_is_the_steps_attention(qtbot, drive, window, tmp_path):
     top = int(np.argmax(shares[-1]))
     readout = plain(view.sink_plot.hover_text(x[-1], shares[-1, top]))
     assert readout == f"{x[-1]:.0f} tokens: ■ layer {top} {shares[-1, top]:.3f}   ■ mean {shares[-1].mean():.3f}"
-    # exported with the other plots on screen
+    # exported with every other plot, the cache map in the tab behind included, drawn with this run
     names = {path.name for path in window.file_actions.export_plots(tmp_path, formats=("png",), width=640)}
-    assert {"attention_map_plot.png", "attention_sink_plot.png"} <= names and "cache_map_plot.png" not in names
+    assert {"attention_map_plot.png", "attention_sink_plot.png", "cache_map_plot.png"} <= names
+    assert view.cache_map.title_label.detail.startswith(f"#{run_id} h2o") and view.cache_map.has_data()
+    assert "left out: Fidelity" in window.statusBar().currentMessage()  # no reference ran
     # scoring time is its own column, known for a policy that scores and unknown for one that does not
     column = [title for title, _, _ in RUN_TABLE].index("scoring ms")
     assert window.runs_table.item(0, column).text() != UNKNOWN
