@@ -9,8 +9,10 @@
 - `AttentionView`: the two side by side; it says when it is shown or hidden, because the engine computes the
   attention only while someone looks (kvviz.engine.attention_view).
 
-Trace files keep the shares, not the matrices (`StepRecord.attention` is live only); the map says why it is
-empty for such a run, and for steps generated while the view was hidden.
+Trace files keep the shares, not the matrices (`StepRecord.attention` is live only). The map draws the newest
+matrix the run recorded (`RunSeries.attention_step`: the latest step's, or the last one's before the view was
+hidden) and says why it is empty where there is none: a file, a run the engine cannot read, or a run generated while
+the view was hidden.
 """
 
 from __future__ import annotations
@@ -51,13 +53,12 @@ def log_image(matrix: np.ndarray) -> np.ndarray:
 
 
 def _why_empty(series: RunSeries, refusal: str | None) -> str:
-    """Why the run shown has no attention matrix at its latest step."""
-    step = series.latest
+    """Why the run shown has no attention matrix to draw."""
     if refusal:
         return f"no attention for this run: {refusal}"
-    if step is not None and step.attention_sink is not None:
-        return ("trace files keep each layer's attention-sink share (right), not the attention itself: "
-                "run it again with this view shown to see where each layer attends")
+    if any(step.attention_sink is not None for step in series.trace.steps[: series.n]):
+        return ("trace files keep each layer's attention-sink share (right), not where the attention goes: that "
+                "shows while a run generates with this view on screen")
     if not series.finished:
         return "the attention is computed from the next step on, while this view is shown"
     return ("not recorded: this view was hidden while the run generated (the attention is computed only while it "
@@ -83,15 +84,14 @@ class AttentionMapPlot(NotePlot):
         self.plot.layout.addItem(self.bar, 2, 5)  # after the right-hand axis, as ColorBarItem places itself
         self.plot.layout.setColumnFixedWidth(4, 5)
         self._lut = self._make_lut(self.palette_)
-        self._drawn: tuple = (None, -1)
+        self._drawn: tuple | None = ()  # what the map was drawn for (run, step drawn, latest step, finished)
         self._matrix: np.ndarray | None = None  # the shares drawn, [layers, positions]
-        self._step = None
         self.refusals: dict[int, str] = {}  # run id -> why the engine cannot compute its attention
 
     def refuse(self, run_id: int, why: str) -> None:
         """The engine cannot compute run `run_id`'s attention: the map says why instead."""
         self.refusals[run_id] = why
-        self._drawn = (None, -1)
+        self._drawn = ()
 
     def _make_lut(self, palette: theme.Palette) -> np.ndarray:
         lut = np.zeros((256, 4), dtype=np.uint8)
@@ -108,7 +108,7 @@ class AttentionMapPlot(NotePlot):
         self.bar.axis.label.setDefaultTextColor(pg.mkColor(palette.foreground))
         self._lut = self._make_lut(palette)
         self.image.setLookupTable(self._lut)
-        self._drawn = (None, -1)
+        self._drawn = ()
 
     def legend_entries(self):
         return [Entry("no attention: not held (evicted)", theme.state_colour(SlotState.EVICTED, self.palette_),
@@ -122,19 +122,20 @@ class AttentionMapPlot(NotePlot):
         return self._matrix
 
     def redraw(self, runs, primary):
-        step = primary.latest if primary else None
-        key = (primary.run_id if primary else None, step.index if step else -1, step.attention is None if step else 1)
+        # the newest step that carries its matrix: the latest one, or the last before the view was hidden
+        step = primary.attention_step if primary else None
+        latest = primary.latest if primary else None
+        key = (primary.run_id, step.index if step else None, latest.index if latest else -1, primary.finished) \
+            if primary else None
+        super().redraw(runs, primary)
         if key == self._drawn:
-            super().redraw(runs, primary)
             return
         self._drawn = key
-        self._step = step
         self._matrix = step.attention if step is not None else None
-        super().redraw(runs, primary)
         if self._matrix is None:
             self.image.clear()
             self.set_title_detail(primary.label() if primary else "")
-            self.set_note(_why_empty(primary, self.refusals.get(primary.run_id)) if step is not None else "")
+            self.set_note(_why_empty(primary, self.refusals.get(primary.run_id)) if latest is not None else "")
             return
         self.set_note("")
         image = log_image(self._matrix)
@@ -143,7 +144,10 @@ class AttentionMapPlot(NotePlot):
         self.plot.setLimits(xMin=0, xMax=max(image.shape[1], 1), yMin=-0.5, yMax=image.shape[0] - 0.5)
         query = image.shape[1] - 1  # the token fed at this step, the one whose attention this is
         token = quoted(token_at(primary.trace, query))
-        self.set_title_detail(f"{primary.label()}, token at position {query}" + (f" {token}" if token else ""))
+        detail = f"{primary.label()}, token at position {query}" + (f" {token}" if token else "")
+        if step is not latest:  # the view was hidden for the steps after it
+            detail += ", the last computed while this view showed"
+        self.set_title_detail(detail)
 
     def hover_text(self, x, y):
         matrix = self._matrix
