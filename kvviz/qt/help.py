@@ -63,6 +63,15 @@ VIEWS: list[tuple[str, str]] = [
         "the fewer heads hold it (hover a cell for the count). The title names the run shown.",
     ),
     (
+        "Attention",
+        "The tab beside the cache map. Left: where the current token's attention goes, per layer (rows) over the "
+        "positions (columns), averaged over the query heads, on a log scale; positions a layer no longer holds "
+        "draw none and keep the evicted colour. Right: each layer's share of that attention on the first four "
+        "positions (the attention sink), at every step, one line per layer and their mean. It is computed only "
+        "while this tab is on screen: the map shows the last step computed, and trace files keep the shares, "
+        "not the map.",
+    ),
+    (
         "Cache bytes per layer, now",
         "Bytes of keys and of values each layer holds after the latest step, in KiB (or MiB for large "
         "caches). Layers that share or skip their cache show it here.",
@@ -70,7 +79,8 @@ VIEWS: list[tuple[str, str]] = [
     (
         "Time per layer",
         "Mean wall time of each decoder layer's forward pass over the decode steps, in milliseconds, one "
-        "line per run; measured with hooks on the layers (not every run measures it).",
+        "line per run; measured with hooks on the layers from the first decode step on (a run under torch.compile "
+        "does not measure it).",
     ),
     (
         "Tokens",

@@ -198,12 +198,12 @@ def test_help_menu_and_switch_shortcut(qtbot, window):
 
     views = window.help.show_views()
     body = views.findChild(QTextBrowser).toPlainText()
-    for heading in ("Cache memory", "Step latency", "Fidelity", "Cache map", "Tokens", "vLLM server"):
+    for heading in ("Cache memory", "Step latency", "Fidelity", "Cache map", "Attention", "Tokens", "vLLM server"):
         assert heading in body
     for unit in ("MiB", "milliseconds", "nats", "KiB"):
         assert unit in body
     # the cache map's colours in the words theme.py holds true of both themes, the statuses as the Runs table writes
-    cache_map = re.sub("\u25a0\\s", "", body[body.index("Cache map") : body.index("Cache bytes per layer")])  # swatches
+    cache_map = re.sub("\u25a0\\s", "", body[body.index("Cache map") : body.index("\nAttention\n")])  # swatches
     for state, word in theme.STATE_COLOUR_WORDS.items():
         assert f"{word.capitalize()}: {theme.STATE_LABELS[state].split(',')[0]}" in cache_map, word
     assert "fainter blue" in cache_map and "Purple" not in cache_map and "red" not in cache_map
