@@ -38,10 +38,9 @@ class RunsTable(QTableWidget):
         self.verticalHeader().hide()
         self.setAlternatingRowColors(True)
         self.setWordWrap(False)  # a long label is cut with "…" on its one line, never wrapped out of sight
-        self.setTextElideMode(Qt.TextElideMode.ElideRight)
         header = self.horizontalHeader()
         header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        header.setSectionResizeMode(STRATEGY, QHeaderView.ResizeMode.Interactive)  # sized by fit_strategy
+        header.setSectionResizeMode(STRATEGY, QHeaderView.ResizeMode.Interactive)  # sized by _fit_strategy
         header.setStretchLastSection(True)
         header.sectionResized.connect(self._column_resized)
         self.setToolTip("Select several runs (Ctrl/Shift+click) to overlay them in the plots")
@@ -72,7 +71,7 @@ class RunsTable(QTableWidget):
                 item.setIcon(QIcon(pixmap))
                 item.setData(Qt.ItemDataRole.UserRole, run_id)
             self.setItem(row, column, item)
-        self.fit_strategy()
+        self._fit_strategy()
 
     def _remove_run(self, run_id: int) -> None:
         row = self._rows.pop(run_id, None)
@@ -103,11 +102,11 @@ class RunsTable(QTableWidget):
                 self.item(row, COLUMNS.index("status")).setToolTip(error)
         self._stale.clear()
         self._refreshed = now
-        self.fit_strategy()
+        self._fit_strategy()
 
     # -- the strategy column's width ----------------------------------------------------------------------
 
-    def fit_strategy(self) -> None:
+    def _fit_strategy(self) -> None:
         """The strategy column as wide as its longest label, at most the room the columns before it leave in view
         (at least STRATEGY_MIN_CHARS wide)."""
         header = self.horizontalHeader()
@@ -121,11 +120,11 @@ class RunsTable(QTableWidget):
 
     def _column_resized(self, column: int, old: int, new: int) -> None:
         if column < STRATEGY:  # a figure grew or shrank: the strategy gets the room left
-            self.fit_strategy()
+            self._fit_strategy()
 
     def resizeEvent(self, event) -> None:  # noqa: N802 - Qt override
         super().resizeEvent(event)
-        self.fit_strategy()
+        self._fit_strategy()
 
     def select_runs(self, run_ids: list[int]) -> None:
         """Select these runs' rows, as a user would (the store's selection follows)."""
