@@ -163,31 +163,35 @@ def _divergence(row: Mapping[str, Any]) -> str:
     return "none" if first is None else f"step {first}"
 
 
-# The window's Runs table: (title, cell text from a run_row, right-aligned).
+# The window's Runs table: (title, cell text from a run_row, right-aligned). The figures a user compares runs by
+# and the status come first, so that they show without scrolling in a narrow window; the strategy follows (the
+# table elides a long option list and shows it whole as the cell's tooltip), then the rest.
 RUN_TABLE: list[tuple[str, Callable[[Mapping[str, Any]], str], bool]] = [
     ("run", lambda r: r["run"], False),
-    ("model", lambda r: r["model"], False),
-    ("strategy", lambda r: r["label"], False),
     ("tokens", lambda r: str(r["new_tokens"]), True),
-    ("one-time s", one_time, True),
-    ("prefill ms", lambda r: number(r["prefill_ms"]), True),
-    ("decode ms (mean)", lambda r: number(r["decode_ms_mean"], 2), True),
-    ("decode ms (p95)", lambda r: number(r["decode_ms_p95"], 2), True),
     ("tokens/s", lambda r: number(r["decode_tokens_per_s"]), True),
-    ("of mem. limit", lambda r: percent(r["share_of_memory_bound"]), True),
+    ("decode ms (mean)", lambda r: number(r["decode_ms_mean"], 2), True),
     ("peak cache MiB", lambda r: number(r["peak_cache_mib"], 3), True),
+    ("status", lambda r: r["status"], False),
+    ("strategy", lambda r: r["label"], False),
+    ("of mem. limit", lambda r: percent(r["share_of_memory_bound"]), True),
+    ("decode ms (p95)", lambda r: number(r["decode_ms_p95"], 2), True),
+    ("prefill ms", lambda r: number(r["prefill_ms"]), True),
+    ("one-time s", one_time, True),
     ("peak RSS MiB", lambda r: number(r["peak_rss_mib"], 0), True),
     # mean per decode step, part of its time: an evicting cache choosing what to keep
     ("scoring ms", lambda r: number(r["scoring_ms_mean"], 2), True),
     ("top-1 agree", lambda r: number(r["top1_agreement"], 3), True),
     ("mean KL", lambda r: number(r["mean_kl"], 4), True),
     ("first diverge", _divergence, True),
-    ("status", lambda r: r["status"], False),
+    ("model", lambda r: r["model"], False),
 ]
 
 
 # What a column means, where its title cannot say it all (the Runs table's header tooltips).
 RUN_TABLE_HELP = {
+    "status": f"{STARTING} or {RUNNING} while it generates ({STREAMING} for a server's reply), then {FINISHED}, "
+    f"{CANCELLED} (stopped with Stop or Esc: what it generated is kept) or {FAILED} (hover it for why)",
     "strategy": "the strategy the run started with; a live switch reads \"-> new strategy @N\": from step N on",
     "one-time s": "seconds spent once and in no step's time: the strategy's warm-up before the prefill (quanto's "
     "kernels) and torch.compile before the first decode step",

@@ -3,8 +3,8 @@ of the layer's KV heads still hold it.
 
 Per-head eviction (H2O, SnapKV, key norm) keeps different positions in different KV heads; a layer's record
 then carries `head_spans`, run-length pairs [KV heads holding the position, count]. The cache map draws a
-position held by some heads but not all with a colour between "evicted" and "full precision": the image
-value `RAMP_START + round(share * RAMP_STEPS)`, which the theme's lookup table maps onto that ramp.
+position held by some heads but not all as the image value `RAMP_START + round(share * RAMP_STEPS)`, which the
+theme's lookup table maps to full precision's colour, fainter the fewer heads hold it (theme.held_share_colour).
 """
 
 from __future__ import annotations

@@ -3,10 +3,10 @@ export the Runs table, the evaluation's summary, plots and window.
 
 Every action is a thin dialog in front of a function that takes an explicit path (`open_trace`,
 `open_prompt_file`, `save_selected_trace`, `save_evaluation`, `export_runs_csv`, `export_evaluation_csv`,
-`export_plots`, `save_window_png`), so tests
-and scripts call the same code the menu does. Every save is confirmed in the status bar with the file's
-full path. `install_file_actions(window)` adds the menu entries and drag and drop of `.json` trace files
-onto the window.
+`export_plots`, `save_window_png`), so tests and scripts call the same code the menu does. The dialogs (these, the
+model chooser's, the server panel's and the recording's) start in the folder last used for their kind of file
+(kvviz.qt.file_dialogs). Every save is confirmed in the status bar with the file's full path.
+`install_file_actions(window)` adds the menu entries and drag and drop of `.json` trace files onto the window.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ from kvviz import present
 from kvviz.files import report
 from kvviz.files.formats import read_kept
 from kvviz.files.jsonfile import KeptFileError
-from kvviz.qt.plots.base import DEFAULT_EXPORT_WIDTH
+from kvviz.qt.file_dialogs import FileDialogs
+from kvviz.qt.plots.base import DEFAULT_EXPORT_WIDTH, short_forms
 
 TRACE_FILTER = "kvviz traces, evaluations and server sessions (*.json);;All files (*)"
 PROMPT_SUFFIXES = (".txt", ".md")
@@ -54,6 +55,7 @@ class FileActions(QObject):
         self.message_box: QMessageBox | None = None
         self.actions: dict[str, QAction] = {}
         self.dialog: QDialog | None = None  # the export dialog while it is open
+        self.dialogs = FileDialogs(window.settings, window)  # each starts in the last folder of its kind
 
     # -- the functions behind the actions ---------------------------------------------------------
 
@@ -147,13 +149,18 @@ class FileActions(QObject):
     def export_plots(
         self, folder: str | os.PathLike, formats: tuple[str, ...] = ("png", "svg"), width: int = DEFAULT_EXPORT_WIDTH
     ) -> list[Path]:
-        """Each plot of the view on screen (local or server) with its title, axes and legend, as <name>.png
-        `width` pixels wide and <name>.svg in folder. A plot the window hides (the fidelity plot when no run
-        has a reference) is left out; with nothing to draw, nothing is written and a message says so."""
+        """Each plot of the view on screen (local, evaluation or server) with its title, axes and legend, as
+        <name>.png `width` pixels wide and <name>.svg in folder: the plots of the map's tab behind too. A plot with
+        nothing to draw (the fidelity plot when no run has a reference, the attention view of a run recorded
+        without it) is left out, and the status bar names it; with nothing to draw at all, nothing is written and a
+        message says so."""
         if not EXPORT_WIDTHS[0] <= width <= EXPORT_WIDTHS[1]:
             raise ValueError(f"an export is {EXPORT_WIDTHS[0]} to {EXPORT_WIDTHS[1]} pixels wide, not {width}")
-        # not a plot the window hides (the fidelity plot without a reference, the tab behind the cache map's)
-        panels = [p for p in self.window.visible_plots() if p.isVisibleTo(self.window) and p.has_data()]
+        window = self.window
+        if window.views.currentWidget() is window.local_view:
+            window.local_view.draw_every_plot()  # the redraws skip the tab behind and the hidden fidelity plot
+        plots = window.visible_plots()
+        panels = [p for p in plots if p.has_data()]
         if not panels:
             self.show_message("Nothing to export", "The plots are empty: run a prompt or open a trace first.")
             return []
@@ -169,7 +176,9 @@ class FileActions(QObject):
                 written.append(path)
             if "svg" in formats:
                 written.append(panel.export_svg(folder / f"{name}.svg", width))
-        self.window.say_saved(folder, f"{len(written)} files, {width} px wide")
+        empty = [short_forms(p.title_label.title)[-1] for p in plots if p not in panels]
+        self.window.say_saved(folder, f"{len(written)} files, {width} px wide"
+                              + (f"; nothing to draw, left out: {', '.join(empty)}" if empty else ""))
         return written
 
     def save_window_png(self, path: str | os.PathLike) -> Path:
@@ -191,8 +200,7 @@ class FileActions(QObject):
     # -- dialogs ------------------------------------------------------------------------------------
 
     def _ask_open(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self.window, "Open trace, evaluation or server session", "",
-                                              TRACE_FILTER)
+        path = self.dialogs.open_file("kept", "Open trace, evaluation or server session", TRACE_FILTER)
         if path:
             self.open_trace(path)
 
@@ -201,40 +209,48 @@ class FileActions(QObject):
         if primary is None:
             self.show_message("Nothing to save", "Select a run in the Runs table first.")
             return
-        path, _ = QFileDialog.getSaveFileName(
-            self.window, "Save trace", f"run-{primary.run_id}.kvviz.json", "kvviz traces (*.json)"
-        )
+        path = self.dialogs.save_file("kept", "Save trace", f"run-{primary.run_id}.kvviz.json", "kvviz traces (*.json)")
         if path:
             self.save_selected_trace(path)
 
     def _ask_session(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(
-            self.window, "Save server session", "server.kvviz-attach.json", "kvviz sessions (*.json)"
-        )
+        path = self.dialogs.save_file("kept", "Save server session", "server.kvviz-attach.json",
+                                      "kvviz sessions (*.json)")
         if path:
             self.save_server_session(path)
 
     def _ask_evaluation(self) -> None:
-        folder = QFileDialog.getExistingDirectory(self.window, "Save evaluation into folder")
+        folder = self.dialogs.folder("evaluations", "Save evaluation into folder")
         if folder:
             self.save_evaluation(folder)
 
     def _ask_eval_csv(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(self.window, "Export evaluation summary", "summary.csv", "CSV (*.csv)")
+        path = self.dialogs.save_file("tables", "Export evaluation summary", "summary.csv", "CSV (*.csv)")
         if path:
             self._guard(self.export_evaluation_csv, path)
 
     def _ask_csv(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(self.window, "Export runs table", "runs.csv", "CSV (*.csv)")
+        path = self.dialogs.save_file("tables", "Export runs table", "runs.csv", "CSV (*.csv)")
         if path:
             self._guard(self.export_runs_csv, path)
 
     def ask_prompt_file(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(
-            self.window, "Open prompt file", "", "Text and Markdown (*.txt *.md);;All files (*)"
-        )
+        path = self.dialogs.open_file("prompts", "Open prompt file", "Text and Markdown (*.txt *.md);;All files (*)")
         if path:
             self.open_prompt_file(path)
+
+    def ask_model(self, folder: bool) -> None:
+        """The model chooser's Folder… (True) or GGUF… (False): the model chosen is loaded."""
+        path = (self.dialogs.folder("models", "Model folder") if folder else
+                self.dialogs.open_file("models", "GGUF model file", "GGUF files (*.gguf);;All files (*)"))
+        if path:
+            self.window.controls.model_panel.choose(path)
+
+    def ask_served_model(self) -> None:
+        """The server panel's folder of the served model (for the bytes per token kvviz predicts)."""
+        path = self.dialogs.folder("models", "The served model's folder")
+        if path:
+            self.window.server.panel.model_dir.setText(path)
 
     def _ask_plots(self) -> None:
         settings = self.window.settings
@@ -251,7 +267,7 @@ class FileActions(QObject):
         self._guard(lambda f: self.export_plots(f, formats, width), folder)
 
     def _ask_window(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(self.window, "Save window", "kvviz-window.png", "PNG (*.png)")
+        path = self.dialogs.save_file("images", "Save window", "kvviz-window.png", "PNG (*.png)")
         if path:
             self._guard(self.save_window_png, path)
 
@@ -410,7 +426,9 @@ def install_file_actions(window: QMainWindow) -> FileActions:
         menu.insertSeparator(before)
     window.setAcceptDrops(True)
     window.installEventFilter(actions)
+    window.controls.model_panel.sigBrowseRequested.connect(actions.ask_model)
+    window.server.panel.sigFolderRequested.connect(actions.ask_served_model)
     from kvviz.qt.recorder import install_recorder
 
-    install_recorder(window)
+    install_recorder(window, actions.dialogs)
     return actions

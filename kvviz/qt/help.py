@@ -16,9 +16,12 @@ from PySide6.QtCore import Qt, qVersion
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QMessageBox, QTextBrowser, QVBoxLayout
 
+from kvviz import present
+from kvviz.files.trace import SlotState
+from kvviz.qt import theme
 from kvviz.qt.log_file import log_path
 
-# (title, paragraph): one per view, in the order they appear in the window
+# (title, paragraph): one per view, in the order they appear in the window. {NAME}s are filled in by `words`.
 VIEWS: list[tuple[str, str]] = [
     (
         "Cache memory",
@@ -52,10 +55,21 @@ VIEWS: list[tuple[str, str]] = [
     (
         "Cache map",
         "What each layer (rows) holds at each position (columns, one per token) after the latest step. "
-        "Blue: full precision. Orange: quantized. Green: the quantized cache's residual buffer, the newest "
-        "tokens kept in full precision. Purple: attention sinks, the first tokens a sink cache keeps. "
-        "Muted red: evicted, the token was dropped. Grey: allocated but not written yet (a static cache's "
-        "preallocated slots). Background: not used yet. The title names the run shown.",
+        "{FULL}: full precision. {QUANTIZED}: quantized. {RESIDUAL}: residual buffer, the newest tokens a "
+        "quantized cache keeps in full precision. {SINK}: attention sinks, the first tokens a sink cache keeps. "
+        "{EVICTED}: evicted, the token was dropped. {PREALLOCATED}: allocated but not written yet (a static cache's "
+        "preallocated slots). {UNSEEN}: not yet used. With per-head eviction (H2O, SnapKV, key norm) each KV head "
+        "of a layer keeps its own positions: a position only some of them hold is a fainter {held}, the fainter "
+        "the fewer heads hold it (hover a cell for the count). The title names the run shown.",
+    ),
+    (
+        "Attention",
+        "The tab beside the cache map. Left: where the current token's attention goes, per layer (rows) over the "
+        "positions (columns), averaged over the query heads, on a log scale; positions a layer no longer holds "
+        "draw none and keep the evicted colour. Right: each layer's share of that attention on the first four "
+        "positions (the attention sink), at every step, one line per layer and their mean. It is computed only "
+        "while this tab is on screen: the map shows the last step computed, and trace files keep the shares, "
+        "not the map.",
     ),
     (
         "Cache bytes per layer, now",
@@ -65,7 +79,8 @@ VIEWS: list[tuple[str, str]] = [
     (
         "Time per layer",
         "Mean wall time of each decoder layer's forward pass over the decode steps, in milliseconds, one "
-        "line per run; measured with hooks on the layers (not every run measures it).",
+        "line per run; measured with hooks on the layers from the first decode step on (a run under torch.compile "
+        "does not measure it).",
     ),
     (
         "Tokens",
@@ -75,10 +90,13 @@ VIEWS: list[tuple[str, str]] = [
     ),
     (
         "Runs",
-        "One row per run (live, finished, stopped, failed or opened from a file): tokens generated, prefill "
-        "ms, mean and 95th-percentile decode ms, tokens/s, peak cache MiB, peak process RSS MiB, and the "
-        "fidelity columns. Select several rows (Ctrl or Shift + click) to overlay them; their colours are "
-        "the plots' colours.",
+        "One row per run, live, finished or opened from a file: tokens generated, tokens/s, mean decode ms, "
+        "peak cache MiB and its status first, then the strategy (hover it for its options), the share of the "
+        "memory-bound limit, 95th-percentile decode ms, prefill ms, one-time pauses, peak process RSS MiB, "
+        "scoring ms, the fidelity columns and the model. Status: <i>{STARTING}</i> or <i>{RUNNING}</i> while it "
+        "generates (<i>{STREAMING}</i> for a server's reply), then <i>{FINISHED}</i>, <i>{CANCELLED}</i> (stopped "
+        "with Stop or Esc; what it generated is kept) or <i>{FAILED}</i> (hover it for why). Select several rows "
+        "(Ctrl or Shift + click) to overlay them; their colours are the plots' colours.",
     ),
     (
         "Evaluate",
@@ -152,8 +170,25 @@ def shortcuts(window) -> list[tuple[str, str]]:
     return sorted(rows, key=lambda row: row[1].lower()) + MOUSE
 
 
-def views_html() -> str:
-    return "".join(f"<h3>{html.escape(title)}</h3><p>{text}</p>" for title, text in VIEWS)
+def words(palette: theme.Palette) -> dict[str, str]:
+    """What the {NAME}s of VIEWS stand for: each cache state's colour in words (theme.STATE_COLOUR_WORDS) after a
+    swatch of it as the theme shown draws it, and the Runs table's statuses as kvviz.present writes them."""
+
+    def swatch(colour: str, word: str) -> str:
+        return f'<span style="color:{colour}">&#9632;</span>&nbsp;{word}'
+
+    named = {state.name: swatch(theme.state_colour(state, palette), theme.STATE_COLOUR_WORDS[state].capitalize())
+             for state in SlotState}
+    named["held"] = swatch(theme.held_share_colour(0.5, palette), theme.STATE_COLOUR_WORDS[SlotState.FULL])
+    statuses = (present.STARTING, present.RUNNING, present.STREAMING, present.FINISHED, present.CANCELLED,
+                present.FAILED)
+    return named | {status.upper(): status for status in statuses}
+
+
+def views_html(palette: theme.Palette | None = None) -> str:
+    """Every view's help in the colours of `palette` (default: the theme shown)."""
+    named = words(palette or theme.current())
+    return "".join(f"<h3>{html.escape(title)}</h3><p>{text.format_map(named)}</p>" for title, text in VIEWS)
 
 
 def table_html(rows: list[tuple[str, str]]) -> str:

@@ -29,7 +29,9 @@ from pathlib import Path
 import numpy as np
 from PySide6.QtCore import QObject, QRect, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QImage, QKeySequence
-from PySide6.QtWidgets import QFileDialog, QMainWindow, QWidget
+from PySide6.QtWidgets import QMainWindow, QWidget
+
+from kvviz.qt.file_dialogs import FileDialogs
 
 GIF_MAX_WIDTH = 960  # GIF frames are kept in memory: halve big windows
 QUEUE_FRAMES = 3  # frames waiting for the encoder at most; beyond that the capture repeats the last one
@@ -276,9 +278,10 @@ class RecordControl(QObject):
     """The Record menu (Ctrl+R toggles) and the REC clock in the window's title; kept on the window as
     `window.recorder`."""
 
-    def __init__(self, window: QMainWindow, fps: float = 10.0):
+    def __init__(self, window: QMainWindow, dialogs: FileDialogs, fps: float = 10.0):
         super().__init__(window)
         self.window = window
+        self.dialogs = dialogs
         self.fps = fps
         self.recorder = Recorder(window, self)
         self._title = window.windowTitle()
@@ -333,15 +336,14 @@ class RecordControl(QObject):
             self.stop()
             return
         suffix = "mp4" if have_ffmpeg() else "gif"
-        path, _ = QFileDialog.getSaveFileName(self.window, "Record window to", f"kvviz.{suffix}",
-                                              "Video (*.mp4 *.gif)")
+        path = self.dialogs.save_file("recordings", "Record window to", f"kvviz.{suffix}", "Video (*.mp4 *.gif)")
         if path:
             self.start(path)
         else:
             self.action.setChecked(False)
 
 
-def install_recorder(window: QMainWindow, fps: float = 10.0) -> RecordControl:
-    control = RecordControl(window, fps)
+def install_recorder(window: QMainWindow, dialogs: FileDialogs, fps: float = 10.0) -> RecordControl:
+    control = RecordControl(window, dialogs, fps)
     window.recorder = control
     return control

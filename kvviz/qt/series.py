@@ -64,6 +64,7 @@ class RunSeries:
         self._map_width = 0
         self._map_step = -1
         self.switches: list[tuple[float, str]] = []  # (x, strategy switched to) of trace.switches drawn
+        self.attention_step: StepRecord | None = None  # the newest step drawn that carries its attention matrix
         self.has_reference = False
 
     @classmethod
@@ -126,10 +127,8 @@ class RunSeries:
                         self._layer_ms_count = 0
                     self._layer_ms_sum += arr
                     self._layer_ms_count += 1
-        # the attention view draws the latest step's matrix only; older ones are let go (a run of 2,000 tokens
-        # would otherwise keep about 500 MB of them on the default model)
-        for step in self.trace.steps[max(self.n - 1, 0) : need - 1]:
-            step.attention = None
+            if step.attention is not None:
+                self._keep_attention(step)
         self.n = need
         # a switch is drawn with the first step it applied to (the engine notes it just before that step)
         for switch in self.trace.switches[len(self.switches) :]:
@@ -137,6 +136,14 @@ class RunSeries:
                 break
             self.switches.append((base + switch.step, switch.to_strategy))
         return True
+
+    def _keep_attention(self, step: StepRecord) -> None:
+        """The attention view draws the newest matrix the run recorded, even when the view was hidden for the steps
+        after it; older ones are let go (a run of 2,000 tokens would otherwise keep about 500 MB of them on the
+        default model)."""
+        if self.attention_step is not None:
+            self.attention_step.attention = None
+        self.attention_step = step
 
     # -- columns ------------------------------------------------------------------------------------
 

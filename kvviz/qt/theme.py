@@ -82,7 +82,7 @@ PALETTES = {
         muted="#6b7280",
         unseen="#eef0f3",
         preallocated="#b3bac5",
-        evicted="#eab3a0",
+        evicted="#c49a80",  # a light brown: "brown" in both themes (it was a peach that Help called muted red)
         predicted_alpha=220,
         shade=(240, 140, 40),
         run_colours=LIGHT_RUN_COLOURS,
@@ -103,6 +103,22 @@ _STATE_COLOURS = {
     SlotState.RESIDUAL: GREEN,
     SlotState.SINK: PURPLE,
 }
+
+# Each state's colour in a word that is true in both themes (Help says these; a test checks them against the hues).
+# Okabe-Ito's "reddish purple" reads as pink in a cell.
+STATE_COLOUR_WORDS = {
+    SlotState.UNSEEN: "background",
+    SlotState.PREALLOCATED: "grey",
+    SlotState.FULL: "blue",
+    SlotState.QUANTIZED: "orange",
+    SlotState.RESIDUAL: "green",
+    SlotState.EVICTED: "brown",
+    SlotState.SINK: "pink",
+}
+# A position held by some of a layer's KV heads, not all: the full-precision blue, fainter (nearer the plot's
+# background) the fewer heads hold it; the fewest heads still get this much of the blue, so that the shade never
+# reads as the grey of "allocated, empty" or the background of "not yet used".
+HELD_SHARE_FLOOR = 0.35
 
 STATE_LABELS = {
     SlotState.UNSEEN: "not yet used",
@@ -144,7 +160,7 @@ def readable(colour: str, palette: Palette | None = None, contrast: float = 3.0)
     c = pg.mkColor(colour)
     hue, saturation, lightness, alpha = c.getHslF()
     for _ in range(60):
-        if _contrast(c, background) >= contrast:
+        if contrast_ratio(c, background) >= contrast:
             break
         lightness = lightness * 0.95 if darker else lightness + (1.0 - lightness) * 0.08
         c.setHslF(hue, saturation, lightness, alpha)
@@ -167,7 +183,8 @@ def _luminance(c) -> float:
     return 0.2126 * linear(c.redF()) + 0.7152 * linear(c.greenF()) + 0.0722 * linear(c.blueF())
 
 
-def _contrast(a, b) -> float:
+def contrast_ratio(a, b) -> float:
+    """WCAG contrast ratio of two QColors (1: the same luminance, 21: black on white)."""
     la, lb = sorted((_luminance(a), _luminance(b)), reverse=True)
     return (la + 0.05) / (lb + 0.05)
 
@@ -182,16 +199,22 @@ def state_colour(state: SlotState, palette: Palette) -> str:
     return _STATE_COLOURS[SlotState(state)]
 
 
+def held_share_colour(share: float, palette: Palette) -> str:
+    """The colour of a position that a `share` (0..1) of its layer's KV heads hold: full precision's blue, mixed
+    toward the plot's background the fewer heads hold it (never less than HELD_SHARE_FLOOR of the blue)."""
+    strength = HELD_SHARE_FLOOR + (1 - HELD_SHARE_FLOOR) * share
+    return mix(palette.background, state_colour(SlotState.FULL, palette), strength)
+
+
 def state_lut(palette: Palette) -> np.ndarray:
     """A 256-entry RGBA lookup table: index = SlotState value (levels 0..255 map one to one); from RAMP_START on,
-    the share of KV heads that hold a position (kvviz.qt.cache_cells), from "evicted" to "full precision"."""
+    the share of KV heads that hold a position (kvviz.qt.cache_cells), `held_share_colour`."""
     lut = np.zeros((256, 4), dtype=np.uint8)
     lut[:] = _rgba(palette.unseen)
     for state in SlotState:
         lut[int(state)] = _rgba(state_colour(state, palette))
-    evicted, full = state_colour(SlotState.EVICTED, palette), state_colour(SlotState.FULL, palette)
     for step in range(RAMP_STEPS + 1):
-        lut[RAMP_START + step] = _rgba(mix(evicted, full, step / RAMP_STEPS))
+        lut[RAMP_START + step] = _rgba(held_share_colour(step / RAMP_STEPS, palette))
     return lut
 
 

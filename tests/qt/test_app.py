@@ -120,7 +120,7 @@ def test_open_trace_file_adds_a_run(qtbot, window, tmp_path):
                  steps=steps).save(tmp_path / "t.json")
     run_id = window.show_kept(load_trace(path))
     window.redraw()
-    assert window.runs_table.row_text(run_id)[3] == "3"
+    assert window.runs_table.cell(run_id, "tokens") == "3"
     (x, _), _ = window.local_view.memory_plot.curve_data(run_id)
     assert list(x) == [4, 5, 6]
 

@@ -11,7 +11,7 @@ import numpy as np
 from kvviz.files import trace as trace_format
 from kvviz.files.trace import ATTENTION_SINK_POSITIONS
 from kvviz.present import RUN_TABLE, UNKNOWN
-from kvviz.qt.cache_cells import quoted
+from kvviz.qt.cache_cells import quoted, token_at
 from kvviz.qt.plots.attention_plots import log_image
 from tests.qt.test_cache_cells import trace_of
 
@@ -57,9 +57,11 @@ def test_drawn_matrix_is_the_steps_attention(qtbot, drive, window, tmp_path):
     top = int(np.argmax(shares[-1]))
     readout = plain(view.sink_plot.hover_text(x[-1], shares[-1, top]))
     assert readout == f"{x[-1]:.0f} tokens: ■ layer {top} {shares[-1, top]:.3f}   ■ mean {shares[-1].mean():.3f}"
-    # exported with the other plots on screen
+    # exported with every other plot, the cache map in the tab behind included, drawn with this run
     names = {path.name for path in window.file_actions.export_plots(tmp_path, formats=("png",), width=640)}
-    assert {"attention_map_plot.png", "attention_sink_plot.png"} <= names and "cache_map_plot.png" not in names
+    assert {"attention_map_plot.png", "attention_sink_plot.png", "cache_map_plot.png"} <= names
+    assert view.cache_map.title_label.detail.startswith(f"#{run_id} h2o") and view.cache_map.has_data()
+    assert "left out: Fidelity" in window.statusBar().currentMessage()  # no reference ran
     # scoring time is its own column, known for a policy that scores and unknown for one that does not
     column = [title for title, _, _ in RUN_TABLE].index("scoring ms")
     assert window.runs_table.item(0, column).text() != UNKNOWN
@@ -120,3 +122,60 @@ def test_the_map_says_why_a_run_has_no_matrix(qtbot, window):
     assert view.attention_map.note_text() == (
         "no attention for this run: runs under torch.compile cannot show their attention"
     )
+
+
+def test_shown_for_the_last_steps_the_map_has_the_last_matrix(qtbot, drive, window, tmp_path):
+    """Issue 24: after a run the view was on screen for some 30 steps of, the map said "not recorded: this view was
+    hidden while the run generated", for the live run and for its trace opened again, when the view was hidden
+    for the run's last few steps (the map drew the latest step's matrix only, and the file's latest step had no
+    shares)."""
+    drive.load(window, "tiny")
+    view, plot = window.local_view, window.local_view.attention_map
+    window.controls.prompt_panel.editor.setPlainText(PROMPT)
+    window.controls.settings_panel.max_new_tokens.setValue(40)
+
+    def generate(show_at: int, hide_at: int | None = None) -> int:
+        with qtbot.waitSignal(window.sigRunDone, timeout=120000):
+            run_id = window.start_run({"stop_at_eos": False})
+            # the producer's trace replaces the request's when the run starts, and grows with every step
+            qtbot.waitUntil(lambda: len(window.store.runs[run_id].trace.steps) >= show_at, timeout=60000)
+            view.show_attention(True)
+            if hide_at is not None:
+                qtbot.waitUntil(lambda: len(window.store.runs[run_id].trace.steps) >= hide_at, timeout=60000)
+                view.show_attention(False)
+        return run_id
+
+    # on screen for the last steps: the last step's matrix
+    run_id = generate(show_at=10)
+    series = window.store.runs[run_id]
+    assert series.trace.steps[-1].attention_sink is not None
+    assert plot.matrix() is series.latest.attention and plot.note_text() == ""
+    last = series.trace.prompt_tokens + series.latest.index - 1  # the position of the token fed last
+    assert plot.title_label.detail.endswith(f"token at position {last} {quoted(token_at(series.trace, last))}")
+    view.show_attention(False)
+    view.show_attention(True)  # back from the cache map: the same matrix
+    assert plot.matrix() is series.latest.attention
+    # the same run opened from its file: files keep the sink shares, not the matrix, and the map says so
+    opened = window.file_actions.open_trace(series.trace.save(tmp_path / "run.json"))
+    window.redraw()
+    assert window.store.primary().run_id == opened and plot.matrix() is None
+    assert plot.note_text().startswith("trace files keep each layer's attention-sink share") and \
+        "hidden" not in plot.note_text()
+    assert view.sink_plot.has_data()
+
+    # hidden again before the run ended: the last matrix it computed, named as such; never "hidden while it ran"
+    view.show_attention(False)
+    run_id = generate(show_at=10, hide_at=25)
+    view.show_attention(True)
+    window.redraw()
+    assert plot.has_data() and plot.note_text() == "", plot.note_text()
+    series = window.store.runs[run_id]
+    kept = series.attention_step
+    assert kept is not None and kept is not series.latest and series.latest.attention_sink is None
+    assert plot.matrix() is kept.attention and plot.note_text() == ""
+    assert plot.title_label.detail.endswith("the last computed while this view showed")
+    assert sum(step.attention is not None for step in series.trace.steps) == 1  # one matrix kept, not one a step
+    # its file: the shares of the steps the view showed, and the same words as any file
+    window.file_actions.open_trace(series.trace.save(tmp_path / "hidden-at-the-end.json"))
+    window.redraw()
+    assert plot.note_text().startswith("trace files keep each layer's attention-sink share")

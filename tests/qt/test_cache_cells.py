@@ -6,9 +6,13 @@ from __future__ import annotations
 import html
 
 import numpy as np
+import pytest
+from PySide6.QtGui import QColor
 
 from kvviz.files.trace import LayerRecord, SlotState, StepRecord, Trace
+from kvviz.qt import theme
 from kvviz.qt.cache_cells import RAMP_START, RAMP_STEPS, head_counts, heads_at, quoted, token_at
+from kvviz.qt.plots.layer_plots import HELD_BY_SOME
 from kvviz.qt.series import RunSeries
 
 PIECES = ["<s>", "The", " cat", " sat", "\n", " on"]
@@ -76,10 +80,10 @@ def test_cache_map_shades_positions_some_heads_hold_and_says_so(qtbot):
     assert shown(plot, 0.5, 0) == "layer 0, position 0 '<s>': full precision, held by all 3 KV heads"
     assert shown(plot, 4.5, 1) == "layer 1, position 4 '\\n': full precision"
     assert shown(plot, 7.2, 1) == "layer 1, position 7 ' w1': full precision"
-    assert "share of KV heads holding it" in plot.legend_bar.texts()
-    # the lookup table shades from the evicted colour (no head) to the full colour (every head)
+    texts = plot.legend_bar.texts()
+    assert texts.index(HELD_BY_SOME) == texts.index("full precision") + 1  # the shades follow the colour they fade
+    # the lookup table shades full precision's colour, fainter the fewer heads; every head: full precision itself
     lut = plot._lut
-    assert (lut[RAMP_START] == lut[SlotState.EVICTED]).all()
     assert (lut[RAMP_START + RAMP_STEPS] == lut[SlotState.FULL]).all()
     assert len({tuple(lut[v]) for v in image[0]}) == 4  # full, two shades, evicted
 
@@ -95,5 +99,57 @@ def test_cache_map_of_a_layer_choice_has_no_share_legend(qtbot):
     qtbot.addWidget(plot)
     plot.redraw([series], series)
     assert np.isin(series.cache_map(), [SlotState.FULL, SlotState.EVICTED]).all()
-    assert "share of KV heads holding it" not in plot.legend_bar.texts()
+    assert HELD_BY_SOME not in plot.legend_bar.texts()
     assert shown(plot, 3.5, 0) == "layer 0, position 3 ' sat': evicted"
+
+
+def hls(colour) -> tuple[float, float, float]:
+    """Hue (degrees), lightness and saturation (0..1) of a colour name or an RGBA row of a lookup table."""
+    c = QColor(colour) if isinstance(colour, str) else QColor(*(int(v) for v in colour[:3]))
+    hue, saturation, lightness, _ = c.getHslF()
+    return hue * 360, lightness, saturation
+
+
+# What a colour word may mean: hue range (degrees) and the least and most saturation.
+WORDS = {
+    "blue": ((185, 235), 0.4, 1.0),
+    "orange": ((25, 50), 0.6, 1.0),
+    "green": ((140, 180), 0.4, 1.0),
+    "pink": ((300, 345), 0.3, 1.0),
+    "brown": ((5, 35), 0.25, 0.6),  # a dull red-orange, darker or lighter
+    "grey": ((0, 360), 0.0, 0.15),
+}
+
+
+@pytest.mark.parametrize("name", theme.THEMES)
+def test_each_states_colour_word_is_true_in_both_themes(name):
+    palette = theme.PALETTES[name]
+    for state, word in theme.STATE_COLOUR_WORDS.items():
+        colour = theme.state_colour(state, palette)
+        if word == "background":  # next to the plot's background, nearly the same
+            assert theme.contrast_ratio(QColor(colour), QColor(palette.background)) < 1.2, (state, colour)
+            continue
+        hue, lightness, saturation = hls(colour)
+        (low, high), least, most = WORDS[word]
+        assert low <= hue <= high and least <= saturation <= most, (state, word, colour, hue, saturation)
+        assert word == "grey" or 0.25 <= lightness <= 0.7, (state, word, colour, lightness)  # not near white or black
+
+
+@pytest.mark.parametrize("name", theme.THEMES)
+def test_positions_some_heads_hold_are_a_fainter_blue_never_a_grey(name):
+    """Held by 1 of 8 heads up to 7 of 8: full precision's hue, saturated, apart from "allocated, empty" (grey) and
+    "not yet used" (the background); the fewer heads, the nearer the plot's background."""
+    palette = theme.PALETTES[name]
+    lut = theme.state_lut(palette)
+    full_hue = hls(theme.state_colour(SlotState.FULL, palette))[0]
+    background = QColor(palette.background)
+    nearness = []
+    for heads in range(1, 8):
+        value = RAMP_START + round(heads / 8 * RAMP_STEPS)
+        hue, _, saturation = hls(lut[value])
+        # saturated, where the words test holds "grey" (allocated, empty) to 0.15 at most
+        assert abs(hue - full_hue) < 12 and saturation > 0.3, (heads, hue, saturation)
+        colour = QColor(*(int(v) for v in lut[value][:3]))
+        nearness.append(theme.contrast_ratio(colour, background))
+    assert nearness == sorted(nearness)  # more heads: further from the background
+    assert nearness[0] > 1.3 > theme.contrast_ratio(QColor(palette.unseen), background)  # and never "not yet used"

@@ -42,6 +42,6 @@ def test_default_model_sink_run(qtbot, drive, window):
     assert image.shape[0] == 30
     assert (image[:, :4] == SlotState.SINK).all()
     assert (image == SlotState.EVICTED).any()
-    row = window.runs_table.row_text(run_id)
-    assert row[1] == card["name"] and row[3] == str(len(steps))
+    table = window.runs_table
+    assert table.cell(run_id, "model") == card["name"] and table.cell(run_id, "tokens") == str(len(steps))
     assert window.token_view.toPlainText().endswith(steps[-1].token.replace("\n", "\u21b5\n"))

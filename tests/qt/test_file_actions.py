@@ -38,7 +38,7 @@ def test_save_open_drop_and_exports(window, drive, qtbot, tmp_path):
     assert opened is not None and opened in window.store.runs
     assert len(window.store.runs[opened].trace.steps) == len(original.steps)
     assert window.runs_table.rowCount() == 2
-    assert window.runs_table.row_text(opened)[2:] == window.runs_table.row_text(run_id)[2:]
+    assert window.runs_table.row_text(opened)[1:] == window.runs_table.row_text(run_id)[1:]  # all but the run
 
     # a malformed file and a foreign JSON file: a message, nothing in the window changes
     before = _rows(window)
@@ -69,20 +69,99 @@ def test_save_open_drop_and_exports(window, drive, qtbot, tmp_path):
     csv_path = actions.export_runs_csv(tmp_path / "runs.csv")
     with csv_path.open(encoding="utf-8") as f:
         lines = list(csv.DictReader(f))
-    table = _rows(window)
-    assert [line["run"] for line in lines] == [row[0] for row in table]
-    assert [line["new tokens"] for line in lines] == [row[3] for row in table]
-    assert [line["model"] for line in lines] == [row[1] for row in table]
-    assert [line["status"] for line in lines] == [row[-1] for row in table]
+    table = window.runs_table
+    for line, run in zip(lines, table.run_ids(), strict=True):
+        assert line["run"] == table.cell(run, "run") and line["new tokens"] == table.cell(run, "tokens")
+        assert line["model"] == table.cell(run, "model") and line["status"] == table.cell(run, "status")
 
     files = actions.export_plots(tmp_path / "plots")
-    # no reference: no fidelity plot; the attention view's two plots are in the tab behind the cache map
-    shown = [p for p in window.local_view.plots if p.isVisibleTo(window)]
-    assert len(files) == 2 * len(shown) == 2 * (len(window.local_view.plots) - 3)
-    assert not (tmp_path / "plots" / "fidelity_plot.svg").exists()
+    # no reference: no fidelity plot; the run generated while the attention view was hidden: none of its plots
+    plotted = {"memory_plot", "latency_plot", "cache_map_plot", "layer_bytes_plot", "layer_time_plot"}
+    assert {path.name for path in files} == {f"{name}.{kind}" for name in plotted for kind in ("png", "svg")}
+    assert window.statusBar().currentMessage().endswith(
+        "nothing to draw, left out: Fidelity, Attention of the current token, Attention sink)")
     for path in files:
         assert path.exists() and path.stat().st_size > 200, path
     assert (tmp_path / "plots" / "memory_plot.svg").read_text(encoding="utf-8").lstrip().startswith("<?xml")
 
     png = actions.save_window_png(tmp_path / "window.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+class FakeDialogs:
+    """QFileDialog's static functions as kvviz.qt.file_dialogs calls them: each call is noted with the folder it
+    starts in, and answers the next path queued (a user choosing it; "" cancels)."""
+
+    def __init__(self):
+        self.asked: list[tuple[str, str]] = []  # (caption, where the dialog starts)
+        self.answers: list[str] = []
+
+    def _answer(self, caption: str, start: str) -> str:
+        self.asked.append((caption, start))
+        return self.answers.pop(0) if self.answers else ""
+
+    def getOpenFileName(self, parent, caption, start, filters):  # noqa: N802 - Qt's name
+        return self._answer(caption, start), filters
+
+    def getSaveFileName(self, parent, caption, start, filters):  # noqa: N802
+        return self._answer(caption, start), filters
+
+    def getExistingDirectory(self, parent, caption, start):  # noqa: N802
+        return self._answer(caption, start)
+
+
+def test_dialogs_start_in_the_last_folder_of_their_kind_also_in_the_next_session(window, settings, tmp_path,
+                                                                                  monkeypatch):
+    from PySide6.QtCore import QSettings
+
+    from kvviz.files.trace import Trace
+    from kvviz.qt import file_dialogs
+    from kvviz.qt.recorder import have_ffmpeg
+    from tests.qt.test_layer_plots import step
+
+    fake = FakeDialogs()
+    monkeypatch.setattr(file_dialogs, "QFileDialog", fake)
+    traces, prompts, models = tmp_path / "traces", tmp_path / "prompts", tmp_path / "models"
+    for folder in (traces, prompts, models):
+        folder.mkdir()
+    trace = Trace(model={"name": "m"}, strategy={"name": "dynamic", "options": {}}, prompt="p", prompt_tokens=4,
+                  steps=[step(0, 1.0), step(1, 1.0)]).save(traces / "run.json")
+    (prompts / "story.txt").write_text("Once upon a time.", encoding="utf-8")
+    actions = window.file_actions.actions
+
+    fake.answers = [str(trace)]
+    actions["open"].trigger()
+    fake.answers = [str(prompts / "story.txt")]
+    actions["prompt"].trigger()
+    assert window.controls.prompt_panel.text() == "Once upon a time." and window.runs_table.rowCount() == 1
+    actions["open"].trigger()  # cancelled
+    actions["save"].trigger()
+    actions["prompt"].trigger()
+    actions["csv"].trigger()
+    assert [start for _, start in fake.asked] == [
+        "",  # nothing of this kind chosen yet: where Qt starts
+        "",  # a prompt is another kind of file
+        str(traces),
+        str(traces / "run-1.kvviz.json"),  # a save starts there with its name
+        str(prompts),
+        "runs.csv",
+    ]
+    # the model chooser's dialogs keep the folder beside the last model chosen
+    fake.asked.clear()
+    window.controls.model_panel.file_button.click()
+    window.settings.setValue("folders/models", str(models))
+    window.controls.model_panel.folder_button.click()
+    window.server.panel.sigFolderRequested.emit()
+    window.recorder.action.trigger()  # cancelled: nothing is recorded
+    recording = f"kvviz.{'mp4' if have_ffmpeg() else 'gif'}"
+    assert fake.asked == [("GGUF model file", ""), ("Model folder", str(models)),
+                          ("The served model's folder", str(models)), ("Record window to", recording)]
+    assert not window.recorder.action.isChecked()
+
+    # the next session starts where this one left off; a folder since removed is forgotten
+    settings.sync()
+    later = file_dialogs.FileDialogs(QSettings(settings.fileName(), QSettings.Format.IniFormat), window)
+    assert later.start("kept") == str(traces) and later.start("prompts") == str(prompts)
+    (prompts / "story.txt").unlink()
+    prompts.rmdir()
+    assert later.start("prompts") == ""

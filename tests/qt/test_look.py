@@ -10,6 +10,9 @@ from PySide6.QtCore import QEvent, QPoint, QPointF, Qt
 from PySide6.QtGui import QImage, QKeySequence, QWheelEvent
 from PySide6.QtWidgets import QApplication, QTextBrowser
 
+from kvviz.present import CANCELLED, FAILED, FINISHED, RUNNING, STARTING
+from kvviz.qt import theme
+from kvviz.qt.panels.runs import COLUMNS
 from kvviz.qt.plots import MemoryPlot
 from kvviz.qt.plots.base import short_forms, unit_forms
 
@@ -195,10 +198,19 @@ def test_help_menu_and_switch_shortcut(qtbot, window):
 
     views = window.help.show_views()
     body = views.findChild(QTextBrowser).toPlainText()
-    for heading in ("Cache memory", "Step latency", "Fidelity", "Cache map", "Tokens", "vLLM server"):
+    for heading in ("Cache memory", "Step latency", "Fidelity", "Cache map", "Attention", "Tokens", "vLLM server"):
         assert heading in body
     for unit in ("MiB", "milliseconds", "nats", "KiB"):
         assert unit in body
+    # the cache map's colours in the words theme.py holds true of both themes, the statuses as the Runs table writes
+    cache_map = re.sub("\u25a0\\s", "", body[body.index("Cache map") : body.index("\nAttention\n")])  # swatches
+    for state, word in theme.STATE_COLOUR_WORDS.items():
+        assert f"{word.capitalize()}: {theme.STATE_LABELS[state].split(',')[0]}" in cache_map, word
+    assert "fainter blue" in cache_map and "Purple" not in cache_map and "red" not in cache_map
+    runs = body[body.index("Runs") : body.index("Evaluate")]
+    for status in (STARTING, RUNNING, FINISHED, CANCELLED, FAILED):
+        assert status in runs
+    assert "stopped with Stop" in runs and ", stopped," not in runs
     views.close()
 
     shortcuts = window.help.show_shortcuts().findChild(QTextBrowser).toPlainText()
@@ -228,3 +240,30 @@ def test_runs_table_keeps_three_rows_and_gets_its_height_back(qtbot, window):
     assert window.runs_dock.height() >= table.minimumHeight()
     window.resize(1600, 1000)
     qtbot.waitUntil(lambda: abs(window.runs_dock.height() - tall) <= 3, timeout=3000)
+
+
+def test_runs_table_shows_its_figures_and_status_without_scrolling_at_1280x720(qtbot, drive, window):
+    """A quantized run's six options made the strategy column about 690 px wide: the figures and the status went
+    past the table's right edge. They come first now, and a long strategy is cut with its whole text as tooltip."""
+    window.resize(1280, 720)
+    window.reset_layout()
+    drive.load(window, "tiny")
+    run_id = drive.run(window, "quantized", {"nbits": 2}, tokens=3)
+    window.redraw()
+    QApplication.processEvents()
+    table, header = window.runs_table, window.runs_table.horizontalHeader()
+    assert table.horizontalScrollBar().value() == 0
+    for title in ("run", "tokens", "tokens/s", "decode ms (mean)", "peak cache MiB", "status", "strategy"):
+        column = COLUMNS.index(title)
+        right = header.sectionViewportPosition(column) + header.sectionSize(column)
+        assert 0 <= header.sectionViewportPosition(column) and right <= table.viewport().width(), title
+    label = table.cell(run_id, "strategy")
+    assert label.startswith("quantized (backend=quanto, nbits=2") and label.endswith(")")
+    strategy = COLUMNS.index("strategy")
+    assert header.sectionSize(strategy) < table.sizeHintForColumn(strategy)  # cut, "…" at its end
+    assert table.item(0, strategy).toolTip() == label
+    # with room to spare the whole label shows
+    window.resize(1920, 1080)
+    window.reset_layout()
+    QApplication.processEvents()
+    assert header.sectionSize(strategy) >= table.sizeHintForColumn(strategy)

@@ -70,8 +70,7 @@ def test_attach_plots_scrapes_and_own_request_joins_the_runs(qtbot, window, repl
     assert window.store.status(run_id) == "finished"
     assert series.trace.strategy["name"] == STRATEGY and series.n == 12
     assert series.trace.prompt_tokens == 0  # the replay has no /tokenize: positions count from 0
-    row = window.runs_table.row_text(run_id)
-    assert row[2] == STRATEGY and row[3] == "12"
+    assert window.runs_table.cell(run_id, "strategy") == STRATEGY and window.runs_table.cell(run_id, "tokens") == "12"
     assert window.runs_table.cell(run_id, "peak cache MiB") == "–"  # no cache numbers for a served run
     assert window.runs_table.cell(run_id, "of mem. limit") == "–"  # nor a memory-bound floor
     window.redraw()
@@ -86,7 +85,7 @@ def test_attach_plots_scrapes_and_own_request_joins_the_runs(qtbot, window, repl
     assert {(s.cache_bytes, s.predicted_cache_bytes, s.rss_bytes, s.token_id) for s in series.trace.steps} == {
         (None, None, None, None)
     }
-    assert row[9] == "–"
+    assert window.runs_table.cell(run_id, "peak RSS MiB") == "–"
     saved = json.loads(window.file_actions.save_selected_trace(tmp_path / "served.json").read_text())
     keys = ("cache_bytes", "predicted_cache_bytes", "rss_bytes", "token_id")
     assert all(step[key] is None for step in saved["steps"] for key in keys)

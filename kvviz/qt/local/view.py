@@ -21,6 +21,7 @@ from kvviz.qt.plots.series_plots import share_x_zoom
 from kvviz.qt.series import RunSeries
 
 LAYER_VIEWS_INTERVAL_S = 0.25  # the per-layer views while generating: 4 redraws a second are enough
+Drawn = tuple[list[RunSeries], list[RunSeries], RunSeries | None]  # a redraw's runs shown, the local ones, primary
 
 
 class LocalView(QWidget):
@@ -82,7 +83,7 @@ class LocalView(QWidget):
         self.splitters = {"main": self.splitter, "top": top, "bottom": bottom, "right": right,
                           "attention": self.attention}
         self._last_layer_redraw = 0.0
-        self._last_draw: tuple[list[RunSeries], RunSeries | None] = ([], None)  # the runs of the last redraw
+        self._last_draw: Drawn = ([], [], None)  # the runs of the last redraw
 
     def show_attention(self, shown: bool = True) -> None:
         """Bring the attention view to the front (or the cache map)."""
@@ -95,9 +96,19 @@ class LocalView(QWidget):
 
     def _tab_changed(self, *_) -> None:
         """The tab that came to the front draws what the other drew meanwhile."""
-        shown, primary = self._last_draw
         for plot in self._tab_plots():
-            plot.draw_frame(shown, primary)
+            plot.draw_frame(*self._runs_for(plot, self._last_draw))
+
+    def draw_every_plot(self) -> None:
+        """Every plot drawn with the last redraw's runs, the map's tab behind and a hidden plot too (redraws skip
+        them): File ▸ Export plots writes each one that has something to draw."""
+        for plot in self.plots:
+            plot.draw_frame(*self._runs_for(plot, self._last_draw))
+
+    def _runs_for(self, plot, drawn: Drawn) -> tuple[list[RunSeries], RunSeries | None]:
+        """What `plot` draws of a redraw's runs: the latency plot every run shown, the others the local runs."""
+        shown, local, primary = drawn
+        return (shown if plot is self.latency_plot else local), primary
 
     def _tab_plots(self) -> list:
         """The plots of the map's tab in front: only those are drawn (the one behind costs nothing)."""
@@ -118,7 +129,7 @@ class LocalView(QWidget):
             self._last_layer_redraw = now
         self.fidelity_plot.setVisible(any(r.has_reference for r in local))
         self.run_legend.set_entries(self.memory_plot.run_entries(shown))
-        self._last_draw = (local, local_primary)
+        self._last_draw = drawn = (shown, local, local_primary)
         behind = {self.cache_map, self.attention_map, self.sink_plot} - set(self._tab_plots())
-        return [functools.partial(plot.draw_frame, shown if plot is self.latency_plot else local, local_primary)
+        return [functools.partial(plot.draw_frame, *self._runs_for(plot, drawn))
                 for plot in (self.plots if full else self.plots[:3]) if plot not in behind and not plot.isHidden()]

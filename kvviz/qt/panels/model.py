@@ -8,7 +8,6 @@ from typing import Any
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QComboBox,
-    QFileDialog,
     QGroupBox,
     QHBoxLayout,
     QLabel,
@@ -27,6 +26,7 @@ BUILTIN = ("default", "tiny")
 class ModelPanel(QGroupBox):
     sigLoadRequested = Signal(str)
     sigServerRequested = Signal(str)  # a server's URL ("" when none was typed): the window's server mode
+    sigBrowseRequested = Signal(bool)  # choose a model folder (True) or a .gguf file (False): File's dialogs ask
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__("Model", parent)
@@ -44,10 +44,10 @@ class ModelPanel(QGroupBox):
         self.spec.setMinimumContentsLength(12)  # a long model path must not widen the Controls
         self.folder_button = QPushButton("Folder…")
         self.folder_button.setToolTip("Choose a Hugging Face model folder")
-        self.folder_button.clicked.connect(self._choose_folder)
+        self.folder_button.clicked.connect(lambda *_: self.sigBrowseRequested.emit(True))
         self.file_button = QPushButton("GGUF…")
         self.file_button.setToolTip("Choose a .gguf file")
-        self.file_button.clicked.connect(self._choose_file)
+        self.file_button.clicked.connect(lambda *_: self.sigBrowseRequested.emit(False))
         self.server_button = QPushButton("Server…")
         self.server_button.setToolTip("Connect to a vLLM server and watch its KV cache, requests and latency")
         self.server_button.clicked.connect(lambda *_: self.sigServerRequested.emit(""))
@@ -104,17 +104,10 @@ class ModelPanel(QGroupBox):
         else:
             self.sigLoadRequested.emit(spec)
 
-    def _choose_folder(self) -> None:
-        path = QFileDialog.getExistingDirectory(self, "Model folder")
-        if path:
-            self.set_spec(path)
-            self._request()
-
-    def _choose_file(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "GGUF model file", "", "GGUF files (*.gguf);;All files (*)")
-        if path:
-            self.set_spec(path)
-            self._request()
+    def choose(self, path: str) -> None:
+        """A model folder or .gguf file chosen: shown in the chooser and loaded."""
+        self.set_spec(path)
+        self._request()
 
     # -- state shown ---------------------------------------------------------------------------------
 

@@ -1,5 +1,10 @@
 """The Runs table: one row per run in the run store (live, finished, failed or opened); its selection is
-the store's selection of runs to overlay."""
+the store's selection of runs to overlay.
+
+The figures and the status come first (kvviz.present.RUN_TABLE): in a narrow window they show without scrolling.
+The strategy column takes the room they leave in view, at least STRATEGY_MIN_CHARS wide: a longer label (a
+quantized run's six options) is cut with "…" and shown whole as the cell's tooltip; the columns after it scroll.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +19,8 @@ from kvviz.qt import theme
 from kvviz.qt.run_store import RunStore
 
 COLUMNS = tuple(title for title, _, _ in RUN_TABLE)
+STRATEGY = COLUMNS.index("strategy")
+STRATEGY_MIN_CHARS = 24  # the strategy column is never cut narrower than this many average characters
 LIVE_REFRESH_S = 0.5  # a row's numbers come from Trace.summary() (linear in the steps): twice a second is enough
 
 
@@ -30,9 +37,12 @@ class RunsTable(QTableWidget):
         self.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.verticalHeader().hide()
         self.setAlternatingRowColors(True)
+        self.setWordWrap(False)  # a long label is cut with "…" on its one line, never wrapped out of sight
         header = self.horizontalHeader()
         header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        header.setStretchLastSection(True)  # the strategy is never squeezed to "…": a narrow table scrolls
+        header.setSectionResizeMode(STRATEGY, QHeaderView.ResizeMode.Interactive)  # sized by _fit_strategy
+        header.setStretchLastSection(True)
+        header.sectionResized.connect(self._column_resized)
         self.setToolTip("Select several runs (Ctrl/Shift+click) to overlay them in the plots")
         self._rows: dict[int, int] = {}
         self._stale: set[int] = set()  # rows whose numbers are older than the store's
@@ -61,6 +71,7 @@ class RunsTable(QTableWidget):
                 item.setIcon(QIcon(pixmap))
                 item.setData(Qt.ItemDataRole.UserRole, run_id)
             self.setItem(row, column, item)
+        self._fit_strategy()
 
     def _remove_run(self, run_id: int) -> None:
         row = self._rows.pop(run_id, None)
@@ -88,9 +99,32 @@ class RunsTable(QTableWidget):
                         item.setToolTip(text)
             error = self.store.runs[run_id].trace.error
             if error:
-                self.item(row, len(COLUMNS) - 1).setToolTip(error)
+                self.item(row, COLUMNS.index("status")).setToolTip(error)
         self._stale.clear()
         self._refreshed = now
+        self._fit_strategy()
+
+    # -- the strategy column's width ----------------------------------------------------------------------
+
+    def _fit_strategy(self) -> None:
+        """The strategy column as wide as its longest label, at most the room the columns before it leave in view
+        (at least STRATEGY_MIN_CHARS wide)."""
+        header = self.horizontalHeader()
+        before = sum(header.sectionSize(column) for column in range(STRATEGY))
+        room = self.viewport().width() - before
+        least = self.fontMetrics().averageCharWidth() * STRATEGY_MIN_CHARS
+        longest = max(self.sizeHintForColumn(STRATEGY), header.sectionSizeHint(STRATEGY))
+        width = min(longest, max(room, least))
+        if header.sectionSize(STRATEGY) != width:
+            header.resizeSection(STRATEGY, width)
+
+    def _column_resized(self, column: int, old: int, new: int) -> None:
+        if column < STRATEGY:  # a figure grew or shrank: the strategy gets the room left
+            self._fit_strategy()
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt override
+        super().resizeEvent(event)
+        self._fit_strategy()
 
     def select_runs(self, run_ids: list[int]) -> None:
         """Select these runs' rows, as a user would (the store's selection follows)."""

@@ -9,8 +9,10 @@
 - `AttentionView`: the two side by side; it says when it is shown or hidden, because the engine computes the
   attention only while someone looks (kvviz.engine.attention_view).
 
-Trace files keep the shares, not the matrices (`StepRecord.attention` is live only); the map says why it is
-empty for such a run, and for steps generated while the view was hidden.
+Trace files keep the shares, not the matrices (`StepRecord.attention` is live only). The map draws the newest
+matrix the run recorded (`RunSeries.attention_step`: the latest step's, or the last one's before the view was
+hidden) and says why it is empty where there is none: a file, a run the engine cannot read, or a run generated while
+the view was hidden.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from PySide6.QtWidgets import QSplitter
 from kvviz.files.trace import ATTENTION_SINK_POSITIONS, SlotState
 from kvviz.qt import theme
 from kvviz.qt.cache_cells import cell_name, quoted, token_at
-from kvviz.qt.plots.base import PlotPanel
 from kvviz.qt.plots.legend import Entry
+from kvviz.qt.plots.note import NotePlot
 from kvviz.qt.series import RunSeries, grown, nearest_index
 
 LOG_FLOOR = -5  # log10 of the smallest share with a colour of its own; smaller shares get the lowest colour
@@ -51,52 +53,19 @@ def log_image(matrix: np.ndarray) -> np.ndarray:
 
 
 def _why_empty(series: RunSeries, refusal: str | None) -> str:
-    """Why the run shown has no attention matrix at its latest step."""
-    step = series.latest
+    """Why the run shown has no attention matrix to draw."""
     if refusal:
         return f"no attention for this run: {refusal}"
-    if step is not None and step.attention_sink is not None:
-        return ("trace files keep each layer's attention-sink share (right), not the attention itself: "
-                "run it again with this view shown to see where each layer attends")
+    if any(step.attention_sink is not None for step in series.trace.steps[: series.n]):
+        return ("trace files keep each layer's attention-sink share (right), not where the attention goes: that "
+                "shows while a run generates with this view on screen")
     if not series.finished:
         return "the attention is computed from the next step on, while this view is shown"
     return ("not recorded: this view was hidden while the run generated (the attention is computed only while it "
             "is shown); run again with it shown")
 
 
-class _NotePlot(PlotPanel):
-    """A plot with a centred note over its data area, for when there is nothing to draw and a reason why."""
-
-    def __init__(self, parent=None):
-        super().__init__(parent)
-        self.note = pg.TextItem("", anchor=(0.5, 0.5))
-        self.note.setParentItem(self.plot.vb)
-        self.note.setTextWidth(360)
-        self.plot.vb.sigResized.connect(self._place_note)
-        self._note = ""
-
-    def set_note(self, text: str) -> None:
-        if text != self._note:
-            self._note = text
-            self.note.setHtml(f'<div style="color:{self.palette_.muted}; text-align:center">{html.escape(text)}</div>'
-                              if text else "")
-            self._place_note()
-
-    def note_text(self) -> str:
-        return self._note
-
-    def _place_note(self, *_):
-        rect = self.plot.vb.boundingRect()
-        self.note.setTextWidth(max(120.0, min(420.0, rect.width() - 20)))
-        self.note.setPos(rect.width() / 2, rect.height() / 2)
-
-    def apply_palette(self, palette):
-        super().apply_palette(palette)
-        note, self._note = self._note, ""
-        self.set_note(note)
-
-
-class AttentionMapPlot(_NotePlot):
+class AttentionMapPlot(NotePlot):
     title = "Attention of the current token: layers x positions (mean over heads)"
     integer_axes = ("left",)
     legend_runs = "none"  # the title names the run shown
@@ -115,15 +84,14 @@ class AttentionMapPlot(_NotePlot):
         self.plot.layout.addItem(self.bar, 2, 5)  # after the right-hand axis, as ColorBarItem places itself
         self.plot.layout.setColumnFixedWidth(4, 5)
         self._lut = self._make_lut(self.palette_)
-        self._drawn: tuple = (None, -1)
+        self._drawn: tuple | None = ()  # what the map was drawn for (run, step drawn, latest step, finished)
         self._matrix: np.ndarray | None = None  # the shares drawn, [layers, positions]
-        self._step = None
         self.refusals: dict[int, str] = {}  # run id -> why the engine cannot compute its attention
 
     def refuse(self, run_id: int, why: str) -> None:
         """The engine cannot compute run `run_id`'s attention: the map says why instead."""
         self.refusals[run_id] = why
-        self._drawn = (None, -1)
+        self._drawn = ()
 
     def _make_lut(self, palette: theme.Palette) -> np.ndarray:
         lut = np.zeros((256, 4), dtype=np.uint8)
@@ -140,7 +108,7 @@ class AttentionMapPlot(_NotePlot):
         self.bar.axis.label.setDefaultTextColor(pg.mkColor(palette.foreground))
         self._lut = self._make_lut(palette)
         self.image.setLookupTable(self._lut)
-        self._drawn = (None, -1)
+        self._drawn = ()
 
     def legend_entries(self):
         return [Entry("no attention: not held (evicted)", theme.state_colour(SlotState.EVICTED, self.palette_),
@@ -154,19 +122,20 @@ class AttentionMapPlot(_NotePlot):
         return self._matrix
 
     def redraw(self, runs, primary):
-        step = primary.latest if primary else None
-        key = (primary.run_id if primary else None, step.index if step else -1, step.attention is None if step else 1)
+        # the newest step that carries its matrix: the latest one, or the last before the view was hidden
+        step = primary.attention_step if primary else None
+        latest = primary.latest if primary else None
+        key = (primary.run_id, step.index if step else None, latest.index if latest else -1, primary.finished) \
+            if primary else None
+        super().redraw(runs, primary)
         if key == self._drawn:
-            super().redraw(runs, primary)
             return
         self._drawn = key
-        self._step = step
         self._matrix = step.attention if step is not None else None
-        super().redraw(runs, primary)
         if self._matrix is None:
             self.image.clear()
             self.set_title_detail(primary.label() if primary else "")
-            self.set_note(_why_empty(primary, self.refusals.get(primary.run_id)) if step is not None else "")
+            self.set_note(_why_empty(primary, self.refusals.get(primary.run_id)) if latest is not None else "")
             return
         self.set_note("")
         image = log_image(self._matrix)
@@ -175,7 +144,10 @@ class AttentionMapPlot(_NotePlot):
         self.plot.setLimits(xMin=0, xMax=max(image.shape[1], 1), yMin=-0.5, yMax=image.shape[0] - 0.5)
         query = image.shape[1] - 1  # the token fed at this step, the one whose attention this is
         token = quoted(token_at(primary.trace, query))
-        self.set_title_detail(f"{primary.label()}, token at position {query}" + (f" {token}" if token else ""))
+        detail = f"{primary.label()}, token at position {query}" + (f" {token}" if token else "")
+        if step is not latest:  # the view was hidden for the steps after it
+            detail += ", the last computed while this view showed"
+        self.set_title_detail(detail)
 
     def hover_text(self, x, y):
         matrix = self._matrix
@@ -222,7 +194,7 @@ class SinkShares:
         return self.x[: self.n], self.shares[: self.n]
 
 
-class AttentionSinkPlot(_NotePlot):
+class AttentionSinkPlot(NotePlot):
     title = f"Attention sink: share of each layer's attention on the first {ATTENTION_SINK_POSITIONS} positions"
     crosshair_line = True
     legend_runs = "none"

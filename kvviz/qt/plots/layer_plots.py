@@ -12,7 +12,9 @@ from kvviz.qt import theme
 from kvviz.qt.cache_cells import RAMP_START, cell_name, heads_at, kv_heads
 from kvviz.qt.plots.base import PlotPanel
 from kvviz.qt.plots.legend import Entry
+from kvviz.qt.plots.note import NotePlot
 
+HELD_BY_SOME = "held by some KV heads (fainter: fewer)"  # the cache map's legend entry for per-head eviction
 KEYS_COLOUR = theme.BLUE
 VALUES_COLOUR = theme.ORANGE
 
@@ -62,7 +64,7 @@ class LayerBytesPlot(PlotPanel):
         return f"layer {i}: keys {keys[i] / scale:.1f} {name}, values {values[i] / scale:.1f} {name}"
 
 
-class LayerTimePlot(PlotPanel):
+class LayerTimePlot(NotePlot):
     title = "Time per layer (mean over decode steps)"
     integer_axes = ("bottom",)
 
@@ -70,13 +72,6 @@ class LayerTimePlot(PlotPanel):
         super().__init__(parent)
         self.set_labels("time (ms)", "layer")
         self._curves: dict[int, tuple[pg.PlotDataItem, int]] = {}
-        self.note = pg.TextItem("", anchor=(0.5, 0.5))
-        self.note.setParentItem(self.plot.vb)
-        self.plot.vb.sigResized.connect(self._place_note)
-
-    def _place_note(self, *_):
-        rect = self.plot.vb.boundingRect()
-        self.note.setPos(rect.width() / 2, rect.height() / 2)
 
     def redraw(self, runs, primary):
         super().redraw(runs, primary)
@@ -101,13 +96,7 @@ class LayerTimePlot(PlotPanel):
                 if drawn != series.n:
                     item.setData(np.arange(len(means)), means)
             self._curves[series.run_id] = (item, series.n)
-        if runs and not measured:
-            self.note.setHtml(
-                f'<div style="color:{self.palette_.muted}">per-layer time is not measured for this run</div>'
-            )
-            self._place_note()
-        else:
-            self.note.setHtml("")
+        self.set_note("" if measured else _why_no_layer_time(runs))
 
     def restyle(self):
         for item, _ in self._curves.values():
@@ -124,6 +113,19 @@ class LayerTimePlot(PlotPanel):
             if means is not None and 0 <= i < len(means):
                 parts.append(self.swatch(theme.run_colour(series.run_id), f"{means[i]:.2f} ms"))
         return (f"layer {i}: " + " &nbsp; ".join(parts)) if parts else ""
+
+
+def _why_no_layer_time(runs) -> str:
+    """Why none of `runs` has a mean per-layer time ("" when there is no run): not yet (no decode step so far: a
+    warm-up or the prefill is running), none to time (a run of one token), or not measured (a compiled run)."""
+    if not runs:
+        return ""
+    if any(series.first_decode_x is not None for series in runs):
+        return "per-layer time is not measured for this run" if len(runs) == 1 else \
+            "per-layer time is not measured for these runs"
+    if all(series.finished for series in runs):
+        return "no decode step to time: the run generated only its first token"
+    return "per-layer time: the mean over decode steps, from the first one on"
 
 
 class CacheMapPlot(PlotPanel):
@@ -151,17 +153,18 @@ class CacheMapPlot(PlotPanel):
         self._drawn = (None, -1)
 
     def legend_entries(self):
-        """What each colour of the map means; with per-head eviction, the shades between evicted and full."""
+        """What each colour of the map means; with per-head eviction, the fainter blues of positions some KV heads
+        hold."""
         palette = self.palette_
         entries = [Entry(theme.STATE_LABELS[s], theme.state_colour(s, palette), kind="box") for s in SlotState]
         step = self._primary.latest if self._primary is not None else None
         if step is not None and any(layer.head_spans for layer in step.layers):
-            evicted, full = (theme.state_colour(s, palette) for s in (SlotState.EVICTED, SlotState.FULL))
             entries.insert(
-                SlotState.EVICTED + 1,
-                Entry("share of KV heads holding it", evicted, kind="ramp", to_colour=full,
-                      tooltip="per-head eviction: a position held by some KV heads of the layer, not all, is shaded "
-                      "from evicted (none hold it) to full precision (all do)"),
+                SlotState.FULL + 1,
+                Entry(HELD_BY_SOME, theme.held_share_colour(0.0, palette), kind="ramp",
+                      to_colour=theme.held_share_colour(1.0, palette),
+                      tooltip="per-head eviction: a position that some of the layer's KV heads hold, not all, is "
+                      "full precision's blue, the fainter the fewer heads hold it; hover a cell for the count"),
             )
         return entries
 

@@ -377,6 +377,9 @@ class FidelityPlot(_SeriesPlot):
     def marks(self, series):
         return series.has_reference
 
+    def has_data(self) -> bool:
+        return any(series.has_reference for series in self._runs)
+
     def make_curves(self, series):
         curve = pg.PlotDataItem(pen=pg.mkPen(theme.run_colour(series.run_id), width=1), connect="finite")
         curves = _Curves()

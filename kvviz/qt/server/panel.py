@@ -9,7 +9,6 @@ from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
     QDoubleSpinBox,
-    QFileDialog,
     QFormLayout,
     QGroupBox,
     QHBoxLayout,
@@ -35,6 +34,7 @@ class ServerPanel(QGroupBox):
 
     sigConnectRequested = Signal(str, float)  # url, interval
     sigDisconnectRequested = Signal()
+    sigFolderRequested = Signal()  # choose the served model's folder: File's dialogs ask
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__("vLLM server", parent)
@@ -59,7 +59,7 @@ class ServerPanel(QGroupBox):
         )
         browse = QPushButton("…")
         browse.setToolTip("Choose the served model's folder")
-        browse.clicked.connect(self._choose_folder)
+        browse.clicked.connect(lambda *_: self.sigFolderRequested.emit())
         self.dtype = QComboBox()
         self.dtype.addItems(DTYPES)
         self.dtype.setToolTip("The server's --dtype, for the prediction (auto: the checkpoint's)")
@@ -110,11 +110,6 @@ class ServerPanel(QGroupBox):
             self.sigDisconnectRequested.emit()
         else:
             self.sigConnectRequested.emit(self.current_url(), self.interval.value())
-
-    def _choose_folder(self) -> None:
-        path = QFileDialog.getExistingDirectory(self, "The served model's folder")
-        if path:
-            self.model_dir.setText(path)
 
     # -- state shown ---------------------------------------------------------------------------------
 
