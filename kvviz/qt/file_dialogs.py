@@ -16,6 +16,7 @@ from PySide6.QtWidgets import QFileDialog, QWidget
 KINDS = {
     "kept": "kvviz files: traces, evaluations and server sessions (opened and saved)",
     "prompts": "prompt text files",
+    "documents": "documents to evaluate on (.txt, .md)",
     "tables": "CSV exports",
     "evaluations": "folders evaluations are saved into",
     "images": "window pictures",

@@ -22,7 +22,7 @@ from html import escape as html_escape
 from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal
-from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QPushButton, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QPushButton, QWidget
 
 from kvviz.files import documents, evaluation
 from kvviz.files.evaluation import EvalRun
@@ -121,8 +121,8 @@ class EvalMode(QObject):
             self.list_panel.add(picker.current(), picker.values())
 
     def _ask_document(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self.window, "Open a document to evaluate on", "",
-                                              "Text and Markdown (*.txt *.md);;All files (*)")
+        path = self.window.file_actions.dialogs.open_file("documents", "Open a document to evaluate on",
+                                                         "Text and Markdown (*.txt *.md);;All files (*)")
         if path:
             self.open_document(path)
 
@@ -317,7 +317,7 @@ class EvalMode(QObject):
             lines.append(escape(self.pause or self.progress()))
         else:
             states = [s.state for s in self.series]
-            lines.append("stopped" if CANCELLED in states or NOT_RUN in states else "done")
+            lines.append("cancelled" if CANCELLED in states or NOT_RUN in states else "done")
         if self.notice:
             lines.append(f"<i>{escape(self.notice)}</i>")
         return "<br>".join(lines)
