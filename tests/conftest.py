@@ -22,6 +22,20 @@ def tiny_model():
     return models.load_model("tiny")
 
 
+@pytest.fixture(scope="session")
+def short_context_model(tiny_model, tmp_path_factory):
+    """The tiny model saved as a folder that says its context is 256 positions: what a document longer than the
+    context does, without reading tiny's 4,096."""
+    import copy
+
+    folder = tmp_path_factory.mktemp("short-context")
+    model = copy.deepcopy(tiny_model.model)
+    model.config.max_position_embeddings = 256
+    model.save_pretrained(folder)
+    tiny_model.tokenizer.save_pretrained(folder)
+    return folder
+
+
 # Threads of other libraries that live for the process and sleep: tqdm's monitor of progress bars.
 IDLE_LIBRARY_THREADS = ("tqdm_monitor",)
 

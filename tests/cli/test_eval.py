@@ -70,19 +70,6 @@ def test_eval_prints_a_table_and_trace_opens_its_files(tmp_path):
     assert as_json["summary"]["tokens"] == 39 and as_json["strategy"]["options"]["nbits"] == 4
 
 
-@pytest.fixture(scope="module")
-def short_context_model(tiny_model, tmp_path_factory):
-    """The tiny model saved as a folder that says its context is 256 positions (reading 4,096 takes a minute)."""
-    import copy
-
-    folder = tmp_path_factory.mktemp("short-context")
-    model = copy.deepcopy(tiny_model.model)
-    model.config.max_position_embeddings = 256
-    model.save_pretrained(folder)
-    tiny_model.tokenizer.save_pretrained(folder)
-    return folder
-
-
 def test_a_document_longer_than_the_context_is_cut_with_a_message(short_context_model):
     result = kvviz("eval", "--model", short_context_model, "--builtin", "alice", "--strategies", "dynamic", "--json")
     assert result.returncode == 0, result.stderr

@@ -136,12 +136,12 @@ def test_two_strategies_end_to_end_rows_and_curves(window, qtbot, monkeypatch):
     assert legend[:2] == ["dynamic", "sliding (window=8)"] and "first eviction" in legend
 
 
-def test_a_document_longer_than_the_context_is_cut_with_a_notice(window, qtbot):
-    load(qtbot, window, "tiny")
-    evaluate(qtbot, window, [("dynamic", {})], 0)  # the whole of Alice: far more than tiny's 4,096 positions
+def test_a_document_longer_than_the_context_is_cut_with_a_notice(window, qtbot, short_context_model):
+    load(qtbot, window, str(short_context_model))
+    evaluate(qtbot, window, [("dynamic", {})], 0)  # the whole of Alice: far more than its 256 positions
     mode = window.eval_mode
-    assert mode.series[0].run.document["tokens"] == 4096 and mode.series[0].n == 4095
-    assert "longer than the model's context of 4,096 tokens" in mode.view.summary.text()
+    assert mode.series[0].run.document["tokens"] == 256 and mode.series[0].n == 255
+    assert "longer than the model's context of 256 tokens" in mode.view.summary.text()
 
 
 def test_stop_stops_every_strategy_and_frees_the_worker(window, qtbot):
