@@ -1,5 +1,9 @@
 """Importance-based eviction (h2o, tova, snapkv, knorm): budgets held, bytes exact, models refused with the reason."""
 
+import gc
+import itertools
+import weakref
+
 import pytest
 import torch
 
@@ -7,6 +11,7 @@ from kvviz.compare import parse_strategy_list
 from kvviz.engine import decode, strategies
 from kvviz.engine.cache_run import CacheRun
 from kvviz.engine.strategies import OptionError
+from kvviz.engine.strategies.knorm import KeyNormLayer
 from kvviz.trace import SlotState
 
 from .families import CONFIGS, tiny_family
@@ -179,3 +184,37 @@ def test_listed_with_descriptions_and_accepted_by_compare():
     choices = parse_strategy_list(["h2o:budget=64:recent=16", "tova:budget=64", "snapkv:budget=64", "knorm"])
     assert [c.name for c in choices] == ["h2o", "tova", "snapkv", "knorm"]
     assert choices[0].options == {"budget": 64, "recent": 16}
+
+
+def test_keep_selects_per_batch_row_and_head():
+    """Rows of a batch keep their own tokens, whether the policy chose per KV head or once per layer."""
+    layer = KeyNormLayer(0, budget=3)
+    keys, values = torch.randn(2, 2, 5, 4), torch.randn(2, 2, 5, 4)
+    layer.update(keys, values)  # over budget: the three lowest-norm keys of each row and head stay
+    for b, h in itertools.product(range(2), range(2)):
+        expected = sorted(keys[b, h].norm(dim=-1).topk(3, largest=False).indices.tolist())
+        assert layer.positions[b, h].tolist() == expected
+        torch.testing.assert_close(layer.values[b, h], values[b, h, expected])
+    before = layer.positions.clone()
+    layer.keep(torch.tensor([[[0, 2]], [[1, 2]]]))  # one index row per batch row: the same slots in every head
+    assert layer.positions.tolist() == [[row[[0, 2]].tolist() for row in before[0]],
+                                        [row[[1, 2]].tolist() for row in before[1]]]
+
+
+def test_an_unanswered_attention_request_ends_with_its_forward(tiny_model):
+    """A request lives for one forward: it keeps no keys alive after it, and the policy says attention never came."""
+    model = tiny_model.model
+    cache_run = CacheRun(model, strategies.choose("h2o", {"budget": 8}), 32)
+    ids = torch.tensor([tiny_model.tokenizer(PROMPT)["input_ids"][:12]])
+    try:
+        with torch.inference_mode():
+            cache_run.forward(ids[:, :4])
+            model.set_attn_implementation("sdpa")  # attention no longer goes through kvviz: nobody answers
+            cache_run.forward(ids[:, 4:5])
+            asked_about = weakref.ref(cache_run.cache.layers[0].keys)  # what the unanswered request named
+            with pytest.raises(RuntimeError, match="an attention-scored cache got no attention scores"):
+                cache_run.forward(ids[:, 5:6])  # the layer replaces its keys, then finds its request unanswered
+        gc.collect()
+        assert asked_about() is None  # no request outlived its forward to keep them
+    finally:
+        model.set_attn_implementation("kvviz_sdpa")

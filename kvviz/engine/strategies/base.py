@@ -175,9 +175,15 @@ class Strategy:
         """The positions a run of `tokens` tokens numbers its tokens with (checked against the model's context)."""
         return tokens
 
-    def has_evicted(self, options: dict, seen: int) -> bool:
-        """Whether the cache has dropped tokens once `seen` tokens went through it."""
-        return False
+    def prompt_capacity(self, options: dict) -> int | None:
+        """The most tokens a prompt may have for this cache to keep it whole (None: any prompt): a prediction from
+        the options alone, to warn before a run (a run measures what its cache really dropped: `CacheRun.evicted`)."""
+        return None
+
+    def prompt_overflows(self, options: dict, tokens: int) -> bool:
+        """Whether part of a prompt of `tokens` tokens is gone before the first new token (`prompt_capacity`)."""
+        capacity = self.prompt_capacity(options)
+        return capacity is not None and tokens > capacity
 
     def to_dict(self) -> dict[str, Any]:
         ok, reason = self.available()

@@ -1,13 +1,14 @@
 """What the importance-based eviction strategies share: a token budget per layer, full-attention models only,
-kvviz's attention function installed when a policy reads attention, and the size rule.
+kvviz's attention function installed when a policy reads attention, and the size rule of keys, values and the
+policy's own bookkeeping.
 
 Each policy (h2o, tova, snapkv, knorm) is a module of its own with its layer (an `EvictionLayer`) and its
 strategy (an `EvictionStrategy`).
 
-At a live switch the held tokens are fed through the new layers' `update()` without a forward, so there is
-no attention to score them with: key norm chooses at once, and the attention policies choose at the first
-step after the switch, from that step's attention (H2O's sums start there; SnapKV takes that step's queries
-as its observation window). The step's record shows the budget either way.
+At a live switch the held tokens are handed to the new layers (`EvictionLayer.receive`) without a forward, so
+there is no attention to score them with: every policy chooses at the first step after the switch, from that
+step's attention (H2O's sums start there; SnapKV takes that step's queries as its observation window; key norm
+needs none). That step's record shows the budget.
 """
 
 from __future__ import annotations
@@ -22,20 +23,50 @@ from kvviz.engine.geometry import Geometry
 from kvviz.engine.predict import CachePredictor
 from kvviz.engine.strategies.base import Option, Strategy, only_full_attention
 
+POSITION_BYTES = 8  # an int64 position, what an EvictionLayer keeps per token and KV head
+
 
 def budget_option(minimum: int = 1) -> Option:
     return Option("budget", "int", 256, "tokens each layer keeps", minimum=minimum)
 
 
 class BudgetPredictor(CachePredictor):
-    """Each layer holds everything it has seen up to `budget` tokens, then exactly `budget`."""
+    """Each layer holds what it was fed up to `budget` tokens, then exactly `budget`. Beside keys and values its
+    policy keeps the position of every token it holds and of every key the latest feed returned (one tensor when the
+    policy chose nothing in that feed; `EvictionLayer`), and `score_bytes` per token held and KV head (H2O's
+    accumulated attention)."""
 
-    def __init__(self, geometry, budget: int):
+    def __init__(self, geometry, budget: int, score_bytes: int = 0):
         super().__init__(geometry)
         self.budget = budget
+        self.score_bytes = score_bytes
+        n = geometry.num_layers
+        self.held = [0] * n  # per layer: tokens held
+        self.returned = [0] * n  # per layer: tokens the latest feed returned to attention (held before it, and new)
+        self.chose = [False] * n  # per layer: whether the policy gathered what it keeps in the latest feed
+        self.scored = [0] * n  # per layer: tokens with a score
 
-    def layer_bytes(self, i, window, new) -> int:
-        return min(self.seen + new, self.budget) * self.geometry.token_bytes
+    def advance(self, i, new, received) -> None:
+        if received:  # kept as given, unscored, until the next feed chooses
+            self.held[i], self.returned[i], self.chose[i], self.scored[i] = new, new, False, 0
+            return
+        self.returned[i] = self.held[i] + new
+        self.held[i], self.chose[i] = self.kept(i, new)
+        self.scored[i] = self.held[i]
+
+    def kept(self, i: int, new: int) -> tuple[int, bool]:
+        """Tokens layer i holds after a feed of `new` tokens returned `returned[i]`, and whether its policy chose."""
+        return min(self.returned[i], self.budget), self.returned[i] > self.budget
+
+    def layer_bytes(self, i, window) -> int:
+        return self.held[i] * self.geometry.token_bytes
+
+    def policy_bytes(self) -> int:
+        total = 0
+        for i in range(self.geometry.num_layers):
+            positions = self.returned[i] + (self.held[i] if self.chose[i] else 0)
+            total += POSITION_BYTES * positions + self.score_bytes * self.scored[i]
+        return total * self.geometry.batch * self.geometry.kv_heads
 
 
 class EvictionStrategy(Strategy):
@@ -60,5 +91,5 @@ class EvictionStrategy(Strategy):
     def predictor(self, options, geometry, capacity):
         return BudgetPredictor(geometry, options["budget"])
 
-    def has_evicted(self, options, seen) -> bool:
-        return seen > options["budget"]
+    def prompt_capacity(self, options) -> int:
+        return options["budget"]

@@ -5,7 +5,8 @@ paid it since it entered the cache (at the prefill, all prompt queries, causally
 than `budget`, each KV head keeps the `recent` newest tokens plus the `budget - recent` older ones with the
 highest sums (the heavy hitters), and the sums of what is dropped are forgotten. As in the paper's
 implementation the choice is per head; with grouped-query attention a KV head's sums add up the attention of
-the query heads that share it.
+the query heads that share it. The sums are float32, one per token held and
+KV head: the policy's state beside the positions every `EvictionLayer` keeps.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import torch.nn.functional as F
 from kvviz.engine.attention_scores import attention_received
 from kvviz.engine.eviction_layers import EvictionLayer, top_indices
 from kvviz.engine.strategies.base import Option
-from kvviz.engine.strategies.eviction import EvictionStrategy, budget_option
+from kvviz.engine.strategies.eviction import BudgetPredictor, EvictionStrategy, budget_option
+
+SCORE_BYTES = 4  # a float32 sum per token held and KV head
 
 
 class H2OLayer(EvictionLayer):
@@ -71,3 +74,6 @@ class H2O(EvictionStrategy):
     def make_layer(self, index, options):
         recent = options["recent"] or options["budget"] // 2
         return H2OLayer(index, options["budget"], recent)
+
+    def predictor(self, options, geometry, capacity):
+        return BudgetPredictor(geometry, options["budget"], score_bytes=SCORE_BYTES)

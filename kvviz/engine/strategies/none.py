@@ -5,7 +5,7 @@ from kvviz.engine.strategies.base import Strategy
 
 
 class NoCachePredictor(CachePredictor):
-    def layer_bytes(self, i, window, new) -> int:
+    def layer_bytes(self, i, window) -> int:
         return 0
 
 

@@ -22,8 +22,8 @@ class SinkPredictor(CachePredictor):
         super().__init__(geometry)
         self.kept = kept
 
-    def layer_bytes(self, i, window, new) -> int:
-        return min(self.seen + new, self.kept) * self.geometry.token_bytes
+    def layer_bytes(self, i, window) -> int:
+        return min(self.seen[i], self.kept) * self.geometry.token_bytes
 
 
 class Sink(Strategy):
@@ -54,5 +54,5 @@ class Sink(Strategy):
         # kept keys are re-rotated down after each eviction: positions never pass what is kept
         return min(tokens, options["sink_tokens"] + options["window"] + 1)
 
-    def has_evicted(self, options, seen) -> bool:
-        return seen > options["sink_tokens"] + options["window"]
+    def prompt_capacity(self, options) -> int:
+        return options["sink_tokens"] + options["window"]

@@ -13,9 +13,9 @@ class SlidingPredictor(CachePredictor):
         super().__init__(geometry)
         self.window = window
 
-    def layer_bytes(self, i, native, new) -> int:
+    def layer_bytes(self, i, native) -> int:
         window = self.window if native is None else min(native, self.window)
-        return self.growing_tokens(window, new) * self.geometry.token_bytes
+        return self.growing_tokens(i, window) * self.geometry.token_bytes
 
 
 class Sliding(Strategy):
@@ -37,6 +37,6 @@ class Sliding(Strategy):
     def predictor(self, options, geometry, capacity):
         return SlidingPredictor(geometry, options["window"])
 
-    def has_evicted(self, options, seen) -> bool:
+    def prompt_capacity(self, options) -> int:
         # the window counts the token being decoded, so a layer holds window - 1 between steps
-        return seen >= options["window"]
+        return options["window"] - 1

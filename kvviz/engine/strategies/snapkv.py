@@ -18,9 +18,8 @@ import torch.nn.functional as F
 
 from kvviz.engine.attention_scores import attention_received
 from kvviz.engine.eviction_layers import EvictionLayer, top_indices
-from kvviz.engine.predict import CachePredictor
 from kvviz.engine.strategies.base import Option
-from kvviz.engine.strategies.eviction import EvictionStrategy, budget_option
+from kvviz.engine.strategies.eviction import BudgetPredictor, EvictionStrategy, budget_option
 
 
 class SnapKVLayer(EvictionLayer):
@@ -58,22 +57,23 @@ class SnapKVLayer(EvictionLayer):
         self.compressed = False
 
 
-class SnapKVPredictor(CachePredictor):
-    """The first feed (the prompt, or what a live switch moved in) is cut to `budget`; later feeds are added."""
+class SnapKVPredictor(BudgetPredictor):
+    """The first feed (the prompt, or what a live switch moved in, with the first step's tokens) is cut to `budget`
+    when longer; later feeds are added."""
 
     def __init__(self, geometry, budget: int):
-        super().__init__(geometry)
-        self.budget = budget
-        self.first_feed: int | None = None
+        super().__init__(geometry, budget)
+        self.compressed = [False] * geometry.num_layers
 
-    def after_step(self, new_tokens: int) -> int:
-        if self.first_feed is None:
-            self.first_feed = new_tokens
-        return super().after_step(new_tokens)
-
-    def layer_bytes(self, i, window, new) -> int:
-        appended = self.seen + new - self.first_feed
-        return (min(self.first_feed, self.budget) + appended) * self.geometry.token_bytes
+    def kept(self, i, new):
+        returned = self.returned[i]
+        if self.compressed[i]:
+            return returned, False
+        self.compressed[i] = True
+        if returned <= self.budget:
+            return returned, False
+        prompt = returned if returned == new else returned - new
+        return self.budget + returned - prompt, True
 
 
 class SnapKV(EvictionStrategy):
@@ -101,7 +101,3 @@ class SnapKV(EvictionStrategy):
 
     def predictor(self, options, geometry, capacity):
         return SnapKVPredictor(geometry, options["budget"])
-
-    def has_evicted(self, options, seen) -> bool:
-        # from the tokens seen alone it cannot tell whether the prompt was longer than the budget: say it may have
-        return seen > options["budget"]

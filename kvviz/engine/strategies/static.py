@@ -14,7 +14,7 @@ class StaticPredictor(CachePredictor):
         super().__init__(geometry)
         self.capacity = capacity
 
-    def layer_bytes(self, i, window, new) -> int:
+    def layer_bytes(self, i, window) -> int:
         slots = self.capacity if window is None else min(window, self.capacity)
         return slots * self.geometry.token_bytes
 
