@@ -74,6 +74,13 @@ def test_strategies_json():
     assert {o["name"]: o["default"] for o in sink["options"]} == {"sink_tokens": 4, "window": 252}
 
 
+def test_strategies_say_what_they_follow():
+    result = kvviz("strategies")
+    assert result.returncode == 0, result.stderr
+    assert "follows SnapKV (Li et al., NeurIPS 2024) and its reference code" in result.stdout
+    assert "pooling=average" in result.stdout and "skip_layers=2" in result.stdout and "recent=-1" in result.stdout
+
+
 def test_model_card_command():
     result = kvviz("model", "--model", "default")
     assert result.returncode == 0, result.stderr

@@ -21,7 +21,7 @@ POLICIES = {
     "h2o": {"budget": 32, "recent": 8},
     "tova": {"budget": 32},
     "snapkv": {"budget": 32, "window": 8},
-    "knorm": {"budget": 32},
+    "knorm": {"budget": 32, "skip_layers": 0},  # every layer compressed (its own default leaves two whole: below)
 }
 
 
@@ -180,7 +180,9 @@ def test_listed_with_descriptions_and_accepted_by_compare():
     for name in POLICIES:
         listing = strategies.get(name).to_dict()
         assert listing["available"] and listing["description"]
-    assert strategies.choose("h2o").options == {"budget": 256, "recent": 0}
+    assert strategies.choose("h2o").options == {"budget": 256, "recent": -1}
+    assert strategies.choose("snapkv").options == {"budget": 256, "window": 32, "kernel": 5, "pooling": "average"}
+    assert strategies.choose("knorm").options == {"budget": 256, "skip_layers": 2}
     choices = parse_strategy_list(["h2o:budget=64:recent=16", "tova:budget=64", "snapkv:budget=64", "knorm"])
     assert [c.name for c in choices] == ["h2o", "tova", "snapkv", "knorm"]
     assert choices[0].options == {"budget": 64, "recent": 16}

@@ -18,8 +18,9 @@ def run(loaded, name, options, new_tokens=12):
     return list(decoder), decoder
 
 
-@pytest.mark.parametrize("name,options", [("h2o", {"budget": 12}), ("tova", {"budget": 12}),
-                                          ("snapkv", {"budget": 12, "window": 4}), ("knorm", {"budget": 12})])
+@pytest.mark.parametrize("name,options", [("h2o", {"budget": 12, "recent": 0}), ("tova", {"budget": 12}),
+                                          ("snapkv", {"budget": 12, "window": 4, "pooling": "max"}),
+                                          ("knorm", {"budget": 12, "skip_layers": 1})])
 def test_policy_bytes_measured_as_predicted_and_kept_in_the_trace(tiny_model, tmp_path, name, options):
     steps, decoder = run(tiny_model, name, options)
     assert all(s.policy_bytes == s.predicted_policy_bytes > 0 for s in steps)
@@ -49,6 +50,13 @@ def test_older_traces_without_policy_bytes_read_as_unknown(tiny_model, tmp_path)
     assert old.summary()["peak_policy_bytes"] is None and old.summary()["final_policy_bytes"] is None
 
 
+def test_key_norm_leaves_its_first_layers_whole(tiny_model):
+    steps, decoder = run(tiny_model, "knorm", {"budget": 12})  # skip_layers=2 by default, as the authors do
+    seen = decoder.prompt_tokens + len(steps) - 1
+    assert [layer.seq_len for layer in steps[-1].layers] == [seen, seen, 12, 12]
+    assert steps[-1].cache_bytes == steps[-1].predicted_cache_bytes
+
+
 def test_predictors_answer_without_changing_state(tiny_model):
     """Asked any number of times, a prediction is the same, and it is what the cache holds."""
     geometry = Geometry.of(tiny_model.model.config, tiny_model.model.dtype)
@@ -68,3 +76,15 @@ def test_predictors_answer_without_changing_state(tiny_model):
                 measured = sum(r.total_bytes for r in cache_run.measure(slots=False)), cache_run.policy_bytes()
                 assert answers == {measured}, (name, i)
 
+
+def test_options_follow_the_papers(tiny_model):
+    """Defaults as the references use them, and the choices they leave open."""
+    assert strategies.choose("snapkv").options["pooling"] == "average"
+    assert strategies.choose("knorm").options["skip_layers"] == 2
+    h2o = strategies.choose("h2o", {"budget": 8, "recent": 0})  # heavy hitters only
+    layer = strategies.get("h2o").make_layer(0, h2o.options)
+    assert layer.recent == 0
+    assert strategies.get("h2o").make_layer(0, strategies.choose("h2o", {"budget": 8}).options).recent == 4
+    listing = {s["name"]: s for s in (strategy.to_dict() for strategy in strategies.all_strategies())}
+    assert "SnapKV (Li et al., NeurIPS 2024)" in listing["snapkv"]["reference"]
+    assert all(s["reference"] for s in listing.values())

@@ -30,7 +30,7 @@ OPTIONS = {
     "h2o": {"budget": "12"},
     "tova": {"budget": "12"},
     "snapkv": {"budget": "12", "window": "4", "kernel": "3"},
-    "knorm": {"budget": "12"},
+    "knorm": {"budget": "12"},  # its default skip_layers=2: layers 0 and 1 of 4 stay whole
 }
 EVICTING = {"sliding", "sink", "h2o", "tova", "snapkv", "knorm"}
 CUT_AT_SWITCH = {"sliding", "sink"}  # targets that drop part of what they are given as they take it

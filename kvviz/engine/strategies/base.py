@@ -105,7 +105,8 @@ class Strategy:
     """One cache strategy. Subclasses set the class attributes and override what differs."""
 
     name: ClassVar[str]
-    description: ClassVar[str]
+    description: ClassVar[str]  # what it keeps, in one line
+    reference: ClassVar[str] = ""  # the paper or code it follows, and where kvviz departs from it
     options: ClassVar[tuple[Option, ...]] = ()
     needs_cuda: ClassVar[bool] = False
     has_cache: ClassVar[bool] = True  # False: every step recomputes the whole sequence
@@ -190,6 +191,7 @@ class Strategy:
         return {
             "name": self.name,
             "description": self.description,
+            "reference": self.reference,
             "available": ok,
             "reason": reason,
             "options": [o.to_dict() for o in self.options],

@@ -3,7 +3,8 @@ kvviz's attention function installed when a policy reads attention, and the size
 policy's own bookkeeping.
 
 Each policy (h2o, tova, snapkv, knorm) is a module of its own with its layer (an `EvictionLayer`) and its
-strategy (an `EvictionStrategy`).
+strategy (an `EvictionStrategy`). A policy may leave its first layers whole, as plain DynamicLayers (key norm,
+as its authors do).
 
 At a live switch the held tokens are handed to the new layers (`EvictionLayer.receive`) without a forward, so
 there is no attention to score them with: every policy chooses at the first step after the switch, from that
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from transformers.cache_utils import Cache
+from transformers.cache_utils import Cache, DynamicLayer
 
 from kvviz.engine import attention_scores
 from kvviz.engine.eviction_layers import EvictionLayer
@@ -31,15 +32,16 @@ def budget_option(minimum: int = 1) -> Option:
 
 
 class BudgetPredictor(CachePredictor):
-    """Each layer holds what it was fed up to `budget` tokens, then exactly `budget`. Beside keys and values its
-    policy keeps the position of every token it holds and of every key the latest feed returned (one tensor when the
-    policy chose nothing in that feed; `EvictionLayer`), and `score_bytes` per token held and KV head (H2O's
-    accumulated attention)."""
+    """Each compressed layer holds what it was fed up to `budget` tokens, then exactly `budget`; the first `whole`
+    layers keep everything (DynamicLayer). Beside keys and values a compressed layer's policy keeps the position of
+    every token it holds and of every key the latest feed returned (one tensor when the policy chose nothing in that
+    feed; `EvictionLayer`), and `score_bytes` per token held and KV head (H2O's accumulated attention)."""
 
-    def __init__(self, geometry, budget: int, score_bytes: int = 0):
+    def __init__(self, geometry, budget: int, score_bytes: int = 0, whole: int = 0):
         super().__init__(geometry)
         self.budget = budget
         self.score_bytes = score_bytes
+        self.whole = whole
         n = geometry.num_layers
         self.held = [0] * n  # per layer: tokens held
         self.returned = [0] * n  # per layer: tokens the latest feed returned to attention (held before it, and new)
@@ -59,11 +61,12 @@ class BudgetPredictor(CachePredictor):
         return min(self.returned[i], self.budget), self.returned[i] > self.budget
 
     def layer_bytes(self, i, window) -> int:
-        return self.held[i] * self.geometry.token_bytes
+        tokens = self.seen[i] if i < self.whole else self.held[i]
+        return tokens * self.geometry.token_bytes
 
     def policy_bytes(self) -> int:
         total = 0
-        for i in range(self.geometry.num_layers):
+        for i in range(self.whole, self.geometry.num_layers):
             positions = self.returned[i] + (self.held[i] if self.chose[i] else 0)
             total += POSITION_BYTES * positions + self.score_bytes * self.scored[i]
         return total * self.geometry.batch * self.geometry.kv_heads
@@ -76,6 +79,10 @@ class EvictionStrategy(Strategy):
     def make_layer(self, index: int, options: dict) -> EvictionLayer:
         raise NotImplementedError
 
+    def whole_layers(self, options: dict) -> int:
+        """The first layers the policy leaves whole (plain DynamicLayers)."""
+        return 0
+
     def model_problem(self, model, geometry, options):
         problem = only_full_attention(geometry)
         if problem is None and self.reads_attention:
@@ -86,10 +93,11 @@ class EvictionStrategy(Strategy):
         if self.reads_attention:
             attention_scores.install(model)
         n_layers = Geometry.of(model.config, model.dtype).num_layers
-        return Cache(layers=[self.make_layer(i, options) for i in range(n_layers)])
+        whole = self.whole_layers(options)
+        return Cache(layers=[DynamicLayer() if i < whole else self.make_layer(i, options) for i in range(n_layers)])
 
     def predictor(self, options, geometry, capacity):
-        return BudgetPredictor(geometry, options["budget"])
+        return BudgetPredictor(geometry, options["budget"], whole=self.whole_layers(options))
 
     def prompt_capacity(self, options) -> int:
         return options["budget"]

@@ -12,6 +12,7 @@ class NoCachePredictor(CachePredictor):
 class NoCache(Strategy):
     name = "none"
     description = "no cache: the whole sequence is recomputed at every step"
+    reference = "transformers with use_cache=False"
     has_cache = False
     exact = True
 

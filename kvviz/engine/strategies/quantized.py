@@ -66,6 +66,10 @@ class QuantizedPredictor(CachePredictor):
 class Quantized(Strategy):
     name = "quantized"
     description = "QuantizedCache (KIVI-style): old tokens quantized, the newest kept in a full-precision residual"
+    reference = (
+        "KIVI (Liu et al., ICML 2024) as transformers' QuantizedCache implements it: keys and values grouped alike "
+        "(KIVI groups keys per channel, values per token)"
+    )
     quantizes = True
     options = (
         Option("backend", "choice", "quanto", "quantization library", choices=("quanto", "hqq", "fp8")),

@@ -29,6 +29,10 @@ class SinkPredictor(CachePredictor):
 class Sink(Strategy):
     name = "sink"
     description = "StreamingLLM attention sinks: the first tokens plus a recent window, keys re-rotated"
+    reference = (
+        "StreamingLLM (Xiao et al., ICLR 2024): kept keys re-rotated to consecutive positions, as in the paper and "
+        "transformers' former SinkCache"
+    )
     options = (
         Option("sink_tokens", "int", 4, "first tokens kept forever", minimum=0),
         Option("window", "int", 252, "most recent tokens kept", minimum=1),

@@ -21,6 +21,7 @@ class SlidingPredictor(CachePredictor):
 class Sliding(Strategy):
     name = "sliding"
     description = "sliding window: attend to and keep only the most recent `window` tokens"
+    reference = "transformers' DynamicSlidingWindowLayer (the window of Longformer and Mistral)"
     options = (Option("window", "int", 256, "tokens each step attends to, the current one included", minimum=2),)
     evicts = True
 

@@ -22,6 +22,7 @@ class StaticPredictor(CachePredictor):
 class Static(Strategy):
     name = "static"
     description = "StaticCache: all token slots preallocated up front, written in place"
+    reference = "transformers' StaticCache"
     options = (
         max_cache_len_option(),
         Option("compile", "bool", False, "run decode steps under torch.compile (compile time reported apart)"),
