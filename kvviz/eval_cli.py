@@ -25,7 +25,8 @@ SEGMENTS_NOTE = (
     "Q1-Q4: perplexity over each quarter of the predicted tokens (the same positions for every strategy); "
     "2nd half: over the last half.\n"
     "full / evicted: over the predictions made while the cache still held every earlier token, and after it had "
-    "first dropped one."
+    "first dropped one (measured: the cache held fewer tokens than it had seen).\n"
+    "policy MiB: what an evicting policy kept beside keys and values at the end (positions, H2O's attention sums)."
 )
 
 
@@ -223,8 +224,9 @@ def _number(value: float | None, width: int, fixed: int | None = None) -> str:
 class Table:
     """The per-strategy table: perplexity overall and by segment, cache size and speed, then the strategy."""
 
-    COLUMNS = ("perplexity", "2nd half", "Q1", "Q2", "Q3", "Q4", "full", "evicted", "cache MiB", "tokens/s")
-    WIDTHS = (10, 8, 7, 7, 7, 7, 7, 7, 9, 8)
+    COLUMNS = ("perplexity", "2nd half", "Q1", "Q2", "Q3", "Q4", "full", "evicted", "cache MiB", "policy MiB",
+               "tokens/s")
+    WIDTHS = (10, 8, 7, 7, 7, 7, 7, 7, 9, 10, 8)
 
     def header(self) -> str:
         return " ".join(f"{c:>{w}}" for c, w in zip(self.COLUMNS, self.WIDTHS, strict=True)) + "  strategy"
@@ -232,12 +234,15 @@ class Table:
     def row(self, run) -> str:
         s = run.summary()
         quarters = [q["perplexity"] for q in s["quarters"]] + [None] * 4
-        cache = None if s["final_cache_bytes"] is None else s["final_cache_bytes"] / 2**20
+        cache, policy = (None if s[key] is None else s[key] / 2**20 for key in ("final_cache_bytes",
+                                                                                  "final_policy_bytes"))
         values = [s["perplexity"], s["second_half_perplexity"], *quarters[:4], s["before_eviction_perplexity"],
-                  s["after_eviction_perplexity"], cache, s["tokens_per_s"]]
-        fixed = {"cache MiB": 2, "tokens/s": 1}
+                  s["after_eviction_perplexity"], cache, policy, s["tokens_per_s"]]
+        fixed = {"cache MiB": 2, "policy MiB": 3, "tokens/s": 1}
         cells = [_number(v, w, fixed.get(c)) for v, c, w in zip(values, self.COLUMNS, self.WIDTHS, strict=True)]
         notes = [run.status]
+        if run.method.get("prompt"):
+            notes.append(f"the first {run.method['prompt']:,} tokens fed as one prompt")
         if s["first_eviction"] is not None:
             notes.append(f"evicting from token {s['first_eviction']:,}")
         if run.method["mode"] == "chunked":

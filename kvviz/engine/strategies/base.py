@@ -119,6 +119,9 @@ class Strategy:
     # True: predictions equal a full-precision cache's, whatever the length (nothing dropped, nothing
     # quantized), so an evaluation may feed many tokens per forward
     exact: ClassVar[bool] = False
+    # True: evicts only from a prompt fed in one forward (SnapKV): fed one token at a time it never evicts, so an
+    # evaluation gives it a prompt
+    compresses_prompt: ClassVar[bool] = False
     # True: rounds what it keeps to a few bits, so a difference in float rounding (a batched forward's) can
     # move a value to the neighbouring level; an evaluation feeds it alone
     quantizes: ClassVar[bool] = False

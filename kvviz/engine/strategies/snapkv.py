@@ -7,9 +7,9 @@ over neighbouring positions (`kernel` wide, averaged by default as in the refere
 kept tokens come with their context. Tokens fed after the prefill are all kept, so the cache grows again from
 `budget`.
 
-The prompt is whatever the cache holds at its first forward: fed one token at a time from the start (a
-teacher-forced evaluation), it never compresses. After a live switch the held tokens are the prompt and the
-first step's own queries are the observation window.
+The prompt is whatever the cache holds at its first forward: fed one token at a time from the start, it never
+compresses (an evaluation gives it a prompt: `kvviz.engine.evaluate`). After a live switch the held tokens are the
+prompt and the first step's own queries are the observation window.
 """
 
 from __future__ import annotations
@@ -88,6 +88,7 @@ class SnapKV(EvictionStrategy):
         "grouped-query attention a KV head averages its query heads' attention (as kvpress), where the reference "
         "repeats the keys per query head"
     )
+    compresses_prompt = True
     options = (
         budget_option(minimum=2),
         Option("window", "int", 32, "last prompt tokens whose queries choose (the observation window), all kept",
