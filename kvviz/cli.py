@@ -271,6 +271,7 @@ def _print_summary(trace, summary, trace_path) -> None:
         ("speed", f"{number(summary['decode_tokens_per_s'])} tokens/s"),
         ("limit", _memory_bound(summary)),
         ("cache", f"{mib(summary['final_cache_bytes'])} at the end, {mib(summary['peak_cache_bytes'])} peak"),
+        ("policy", f"{mib(summary['final_policy_bytes'], 3)} at the end, {mib(summary['peak_policy_bytes'], 3)} peak"),
         ("RSS", f"{mib(summary['peak_rss_bytes'])} peak"),
     ]
     if "mean_kl" in summary:

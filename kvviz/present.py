@@ -118,6 +118,7 @@ def run_row(label: str, trace, status: str | None = None) -> dict[str, Any]:
         "share_of_memory_bound": s["share_of_memory_bound"],
         "final_cache_mib": in_mib(s["final_cache_bytes"]),
         "peak_cache_mib": in_mib(s["peak_cache_bytes"]),
+        "peak_policy_mib": in_mib(s["peak_policy_bytes"]),
         "peak_rss_mib": in_mib(s["peak_rss_bytes"]),
         "top1_agreement": s.get("top1_agreement"),
         "mean_kl": s.get("mean_kl"),
@@ -155,6 +156,7 @@ RUN_TABLE: list[tuple[str, Callable[[Mapping[str, Any]], str], bool]] = [
     ("tokens/s", lambda r: number(r["decode_tokens_per_s"]), True),
     ("of mem. limit", lambda r: percent(r["share_of_memory_bound"]), True),
     ("peak cache MiB", lambda r: number(r["peak_cache_mib"], 3), True),
+    ("policy state MiB", lambda r: number(r["peak_policy_mib"], 3), True),
     ("peak RSS MiB", lambda r: number(r["peak_rss_mib"], 0), True),
     # mean per decode step, part of its time: an evicting cache choosing what to keep
     ("scoring ms", lambda r: number(r["scoring_ms_mean"], 2), True),
@@ -170,6 +172,8 @@ RUN_TABLE_HELP = {
     "strategy": "the strategy the run started with; a live switch reads \"-> new strategy @N\": from step N on",
     "one-time s": "seconds spent once and in no step's time: the strategy's warm-up before the prefill (quanto's "
     "kernels) and torch.compile before the first decode step",
+    "policy state MiB": "the most an evicting policy kept beside keys and values (the position of each token held, "
+    "H2O's attention sums), measured like the cache: with it, the policy's real cost",
     "tokens/s": "decode steps per second (the prefill, a warm-up and a compile are not counted)",
     "of mem. limit": "the share of the memory-bound speed the decode steps reached: the time to read the weights "
     "and the KV cache once at this machine's memory bandwidth, over the steps' real time",
