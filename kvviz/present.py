@@ -139,6 +139,7 @@ def run_row(label: str, trace, status: str | None = None) -> dict[str, Any]:
         "share_of_memory_bound": s["share_of_memory_bound"],
         "final_cache_mib": in_mib(s["final_cache_bytes"]),
         "peak_cache_mib": in_mib(s["peak_cache_bytes"]),
+        "peak_policy_mib": in_mib(s["peak_policy_bytes"]),
         "peak_rss_mib": in_mib(s["peak_rss_bytes"]),
         "top1_agreement": s.get("top1_agreement"),
         "mean_kl": s.get("mean_kl"),
@@ -178,6 +179,7 @@ RUN_TABLE: list[tuple[str, Callable[[Mapping[str, Any]], str], bool]] = [
     ("decode ms (p95)", lambda r: number(r["decode_ms_p95"], 2), True),
     ("prefill ms", lambda r: number(r["prefill_ms"]), True),
     ("one-time s", one_time, True),
+    ("policy state MiB", lambda r: number(r["peak_policy_mib"], 3), True),
     ("peak RSS MiB", lambda r: number(r["peak_rss_mib"], 0), True),
     # mean per decode step, part of its time: an evicting cache choosing what to keep
     ("scoring ms", lambda r: number(r["scoring_ms_mean"], 2), True),
@@ -195,6 +197,8 @@ RUN_TABLE_HELP = {
     "strategy": "the strategy the run started with; a live switch reads \"-> new strategy @N\": from step N on",
     "one-time s": "seconds spent once and in no step's time: the strategy's warm-up before the prefill (quanto's "
     "kernels) and torch.compile before the first decode step",
+    "policy state MiB": "the most an evicting policy kept beside keys and values (the position of each token held, "
+    "H2O's attention sums), measured like the cache: with it, the policy's real cost",
     "tokens/s": "decode steps per second (the prefill, a warm-up and a compile are not counted)",
     "of mem. limit": "the share of the memory-bound speed the decode steps reached: the time to read the weights "
     "and the KV cache once at this machine's memory bandwidth, over the steps' real time",

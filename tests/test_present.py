@@ -61,6 +61,12 @@ def test_run_row_names_switches_pauses_and_the_memory_bound_share(tmp_path):
     cells = dict(zip([title for title, _, _ in present.RUN_TABLE], present.run_cells(row), strict=True))
     assert cells["one-time s"] == "compile 38.2" and cells["of mem. limit"] == "50%"
     assert cells["strategy"] == row["label"]
+    assert cells["policy state MiB"] == present.UNKNOWN  # steps that did not measure it
+    for i, s in enumerate(trace.steps):
+        s.policy_bytes = i * 2**19
+    cells = dict(zip([title for title, _, _ in present.RUN_TABLE], present.run_cells(present.run_row("#1", trace)),
+                     strict=True))
+    assert cells["policy state MiB"] == "2.000"  # the peak
     path = report.write_csv([row], tmp_path / "runs.csv")
     header, values = path.read_text().splitlines()
     csv = dict(zip(header.split(","), values.split(","), strict=True))

@@ -27,7 +27,8 @@ SEGMENTS_NOTE = (
     "Q1-Q4: perplexity over each quarter of the predicted tokens (the same positions for every strategy); "
     "2nd half: over the last half.\n"
     "full / evicted: over the predictions made while the cache still held every earlier token, and after it had "
-    "first dropped one."
+    "first dropped one (measured: the cache held fewer tokens than it had seen).\n"
+    "policy MiB: what an evicting policy kept beside keys and values at the end (positions, H2O's attention sums)."
 )
 
 
@@ -211,8 +212,9 @@ def _json_result(run, file: str | None) -> dict:
 class Table:
     """The per-strategy table: perplexity overall and by segment, cache size and speed, then the strategy."""
 
-    COLUMNS = ("perplexity", "2nd half", "Q1", "Q2", "Q3", "Q4", "full", "evicted", "cache MiB", "tokens/s")
-    WIDTHS = (10, 8, 7, 7, 7, 7, 7, 7, 9, 8)
+    COLUMNS = ("perplexity", "2nd half", "Q1", "Q2", "Q3", "Q4", "full", "evicted", "cache MiB", "policy MiB",
+               "tokens/s")
+    WIDTHS = (10, 8, 7, 7, 7, 7, 7, 7, 9, 10, 8)
 
     def header(self) -> str:
         return " ".join(f"{c:>{w}}" for c, w in zip(self.COLUMNS, self.WIDTHS, strict=True)) + "  strategy"
@@ -222,9 +224,12 @@ class Table:
         quarters = [q["perplexity"] for q in s["quarters"]] + [None] * 4
         texts = [perplexity(value) for value in (s["perplexity"], s["second_half_perplexity"], *quarters[:4],
                                                   s["before_eviction_perplexity"], s["after_eviction_perplexity"])]
-        texts += [mib(s["final_cache_bytes"], unit=False), number(s["tokens_per_s"])]
+        texts += [mib(s["final_cache_bytes"], unit=False), mib(s["final_policy_bytes"], 3, unit=False),
+                  number(s["tokens_per_s"])]
         cells = [f"{text:>{width}}" for text, width in zip(texts, self.WIDTHS, strict=True)]
         notes = [run.status]
+        if run.method.get("prompt"):
+            notes.append(f"the first {run.method['prompt']:,} tokens fed as one prompt")
         if s["first_eviction"] is not None:
             notes.append(f"evicting from token {s['first_eviction']:,}")
         if run.method["mode"] == "chunked":

@@ -64,14 +64,12 @@ def _strategy(args):
 
 
 def _check_switch_order(first, switches, model) -> None:
-    """Refuse, before the run, a switch that cannot convert (assuming evicting strategies evict)."""
+    """Refuse, before the run, a switch that cannot convert whatever the cache holds (the rest: at the switch)."""
     from kvviz.engine.convert import refusal
-    from kvviz.engine.strategies import get
 
-    current, evicted = first, False
+    current = first
     for step, choice in switches.items():
-        evicted = evicted or get(current.name).evicts
-        problem = refusal(current.name, choice, model, evicted)
+        problem = refusal(current.name, choice, model, evicted=None)
         if problem:
             raise OptionError(f"--switch-at {step}: cannot switch from {current.name!r} to {choice.name!r}: {problem}")
         current = choice
@@ -106,18 +104,23 @@ def command(args) -> int:
     stream = not (args.json or args.quiet)
     if not args.json:
         print(f"kvviz: {loaded.card['name']}, {choice.label()}, prompt {decoder.prompt_tokens} tokens", file=sys.stderr)
-    interrupted = None
+    interrupted = refused = None
     last_progress = time.monotonic()
     try:
         for step in decoder:
-            if step.index + 1 in switches:
-                decoder.request_switch(switches[step.index + 1])
             if stream:
                 sys.stdout.write(step.token)
                 sys.stdout.flush()
             elif sys.stderr.isatty() and time.monotonic() - last_progress > 0.5:
                 last_progress = time.monotonic()
                 print(f"\rkvviz: {step.index + 1}/{settings.max_new_tokens} tokens", end="", file=sys.stderr)
+            if step.index + 1 in switches:
+                try:
+                    decoder.request_switch(switches[step.index + 1])
+                except OptionError as exc:  # refused by what the cache holds by now: the run stops, its trace kept
+                    refused = OptionError(f"--switch-at {step.index + 1}: {exc}")
+                    decoder.trace.error = str(refused)
+                    break
     except KeyboardInterrupt as exc:
         decoder.trace.cancelled = True
         interrupted = exc
@@ -137,6 +140,8 @@ def command(args) -> int:
         print(json.dumps(out, indent=2))
     else:
         print_summary(decoder.trace, summary, trace_path)
+    if refused:
+        raise refused
     return interrupts.exit_status(interrupted) if interrupted else 0
 
 
@@ -153,6 +158,7 @@ def print_summary(trace, summary, trace_path) -> None:
         ("speed", f"{number(summary['decode_tokens_per_s'])} tokens/s"),
         ("limit", _memory_bound(summary)),
         ("cache", f"{mib(summary['final_cache_bytes'])} at the end, {mib(summary['peak_cache_bytes'])} peak"),
+        ("policy", f"{mib(summary['final_policy_bytes'], 3)} at the end, {mib(summary['peak_policy_bytes'], 3)} peak"),
         ("RSS", f"{mib(summary['peak_rss_bytes'], 0)} peak"),
     ]
     if "mean_kl" in summary:

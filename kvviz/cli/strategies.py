@@ -19,7 +19,7 @@ def command(args) -> int:
         return 0
     for s in listing:
         state = "" if s["available"] else f"  [unavailable: {s['reason']}]"
-        print(f"{s['name']:<17} {s['description']}{state}")
+        print(f"{s['name']:<17} {s['description']}{state}\n{'':<19}follows {s['reference']}")
         for o in s["options"]:
             print(f"{'':<19}{o['name']}={o['default']}  {o['help']}")
     return 0

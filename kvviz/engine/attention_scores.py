@@ -12,7 +12,8 @@ Two kinds of consumers ask:
 - the attention view: `watching(view)` around a forward hands every layer's attention to `view` first.
 
 Requests live in thread-local storage: a forward runs on one thread, and runs on other threads (another
-decoder, a reference) never see them.
+decoder, a reference) never see them. A request stands for one forward: `one_forward()` around it drops what
+was left unanswered, so that no request keeps a cache's keys alive after the forward that made it.
 """
 
 from __future__ import annotations
@@ -54,6 +55,17 @@ def expect(layer_index: int, keys: torch.Tensor, consumer: AttentionConsumer) ->
     """Ask for the attention that layer `layer_index` pays to `keys` (the tensor its cache just returned); a
     consumer's newer request replaces its older one."""
     _requests().setdefault(layer_index, {})[id(consumer)] = (keys, consumer)
+
+
+@contextmanager
+def one_forward() -> Iterator[None]:
+    """Around one forward: the requests made inside and still unanswered at its end are dropped."""
+    try:
+        yield
+    finally:
+        pending = getattr(_local, "pending", None)
+        if pending:
+            pending.clear()
 
 
 @contextmanager

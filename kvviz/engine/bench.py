@@ -54,6 +54,7 @@ def run_bench(
     import torch
 
     from kvviz.engine import machine, strategies
+    from kvviz.engine.models import resolve_device
 
     results = {}
     for choice in choices:
@@ -77,7 +78,8 @@ def run_bench(
             "threads": sorted(threads),
         }
     log("measuring the memory read bandwidth", None)
-    bandwidth = machine.memory_bandwidth(torch.device("cuda" if device.startswith("cuda") else "cpu"), force=True)
+    # the device the runs used: --device auto is CUDA where there is one
+    bandwidth = machine.memory_bandwidth(torch.device(resolve_device(device)), force=True)
     return {
         "model": model_spec,
         "new_tokens": new_tokens,

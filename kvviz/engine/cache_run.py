@@ -2,9 +2,11 @@
 
 `CacheRun` is shared by everything that feeds a model through a cache token by token (generation in
 `decode.py`, teacher-forced evaluation): it builds the strategy's cache and size predictor, numbers
-fed tokens with explicit position ids (a strategy that renumbers after eviction, such as attention
-sinks, restarts from the tokens it holds), converts the cache to another strategy between feeds,
-and measures it. Strategy-specific behaviour comes from the strategy object, never from its name.
+fed tokens with explicit position ids (state: they advance by the tokens fed, and only a strategy that
+renumbers after eviction, attention sinks, rewrites them), converts the cache to another strategy between
+feeds, and measures it: its bytes, its policy's own bytes, and whether (and when) it has evicted a token,
+read from the cache itself (tokens held against tokens seen). Strategy-specific behaviour comes from the
+strategy object, never from its name.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from kvviz.engine import attention_scores, measure
 from kvviz.engine.attention_view import AttentionView
 from kvviz.engine.convert import convert, refusal
 from kvviz.engine.geometry import Geometry
+from kvviz.engine.held_positions import Carried
 from kvviz.engine.strategies import StrategyChoice, get
 from kvviz.errors import OptionError
 from kvviz.files.trace import LayerRecord
@@ -49,7 +52,8 @@ def model_forward(model, input_ids: torch.Tensor, cache, position_ids: torch.Ten
         kwargs["use_cache"] = False
     else:
         kwargs.update(use_cache=True, position_ids=position_ids, **{_cache_keyword(model): cache})
-    logits = (forward or model)(input_ids=input_ids, **kwargs).logits
+    with attention_scores.one_forward():
+        logits = (forward or model)(input_ids=input_ids, **kwargs).logits
     return logits if _keeps_logits(model) or not logits_to_keep else logits[:, -logits_to_keep:]
 
 
@@ -64,14 +68,14 @@ class CacheRun:
         self.model = model
         self.geometry = Geometry.of(model.config, model.dtype)
         self.capacity = capacity
-        self.position = 0  # the position the model numbers the next fed token with
+        self.position = 0  # the position id the model numbers the next fed token with
         self.seen = 0  # tokens the model has processed
-        self.evicted = False  # whether any token seen has been dropped
-        self.predicted_bytes = 0  # what the cache should hold after the last feed
+        self.evicted_at: int | None = None  # tokens seen when the cache was first found holding fewer (None: never)
         self.scoring_ms: float | None = None  # of the last feed: time an evicting cache spent choosing what to keep
         self.attention: AttentionView | None = None  # of the last feed, when watching attention
         self._watch_attention = False
         self.choice, self.strategy, self.cache, self.predictor = self._build(choice)
+        self.carried: list[Carried | None] = [None] * self.geometry.num_layers  # what live switches put in
 
     def _build(self, choice: StrategyChoice):
         strategy = get(choice.name)
@@ -83,6 +87,21 @@ class CacheRun:
             raise OptionError(f"strategy {choice.name!r} {problem}")
         cache = strategy.make_cache(self.model, choice.options, self.capacity)
         return choice, strategy, cache, strategy.predictor(choice.options, self.geometry, self.capacity)
+
+    @property
+    def evicted(self) -> bool:
+        """Whether the cache has dropped any token seen, as measured (`measure.tokens_dropped`)."""
+        return self.evicted_at is not None
+
+    @property
+    def predicted_bytes(self) -> int:
+        """Keys and values the cache should hold after the last feed (the strategy's size rule)."""
+        return self.predictor.cache_bytes()
+
+    @property
+    def predicted_policy_bytes(self) -> int:
+        """What the strategy's policy should keep beside keys and values after the last feed."""
+        return self.predictor.policy_bytes()
 
     def check_memory(self) -> None:
         """Refuse a cache that cannot fit: every slot of the run in full precision (evicting caches hold less)."""
@@ -117,7 +136,9 @@ class CacheRun:
         of the last `logits_to_keep` positions ``[1, kept, vocab]`` (0: every position)."""
         n = input_ids.shape[-1]
         total = n if self.cache is None else self.seen + n
-        view = AttentionView(self.cache, self.geometry.num_layers, total) if self._watch_attention else None
+        view = None
+        if self._watch_attention:
+            view = AttentionView(self.cache, self.carried, self.geometry.num_layers, total)
         with attention_scores.watching(view):
             logits = self.call(input_ids, forward, logits_to_keep)
         self.attention = view
@@ -125,12 +146,20 @@ class CacheRun:
         return logits
 
     def fed(self, n: int) -> None:
-        """The bookkeeping after `n` tokens went through the cache (by `forward`, or in a batch of runs)."""
+        """The bookkeeping after `n` tokens went through the cache (by `forward`, or in a batch of runs): positions
+        advance by the tokens fed, unless the strategy renumbers what it keeps (then they go on from there)."""
         self.scoring_ms = measure.scoring_ms(self.cache)
-        self.seen = n if self.cache is None else self.seen + n
-        self.position = self.cache.get_seq_length() if self.strategy.renumbers_positions else self.seen
-        self.evicted = self.evicted or self.strategy.has_evicted(self.choice.options, self.seen)
-        self.predicted_bytes = self.predictor.after_step(n)
+        if self.cache is None:  # the whole sequence is fed every time
+            self.seen = self.position = n
+        else:
+            self.seen += n
+            self.position = self.cache.get_seq_length() if self.strategy.renumbers_positions else self.position + n
+        self.predictor.feed(n)
+        self._note_eviction()
+
+    def _note_eviction(self) -> None:
+        if self.evicted_at is None and measure.tokens_dropped(self.cache, self.seen, self.geometry.windows) > 0:
+            self.evicted_at = self.seen
 
     def positions(self, n: int, device) -> torch.Tensor:
         """The position ids ``[1, n]`` of the next `n` tokens fed."""
@@ -153,22 +182,33 @@ class CacheRun:
     # -- switching ---------------------------------------------------------------------------------
 
     def switch_refusal(self, choice: StrategyChoice) -> str | None:
-        """Why this cache cannot become `choice` now, or None."""
+        """Why this cache cannot become `choice` now, or None (the model's context is `positions_after`'s to check)."""
         return refusal(self.choice.name, choice, self.model, self.evicted)
 
+    def positions_after(self, choice: StrategyChoice, tokens: int) -> int:
+        """The positions a run switched to `choice` now numbers its tokens with, once `tokens` more are fed."""
+        return get(choice.name).positions_needed(choice.options, self.position + tokens)
+
     def switch(self, choice: StrategyChoice) -> None:
-        """Convert the live cache to `choice` (checked with `switch_refusal` first); evicted tokens stay gone."""
+        """Convert the live cache to `choice` (checked with `switch_refusal` first); evicted tokens stay gone, and
+        what is kept keeps its positions (the tokens it belongs to, and the position ids the model numbered them
+        with: the next token goes on from there, unless the new strategy renumbers)."""
         new_choice, strategy, cache, predictor = self._build(choice)
-        moved = convert(self.cache, cache, self.position, self.seen)
-        self.predicted_bytes = predictor.after_step(moved)
+        moved, self.carried = convert(self.cache, cache, self.carried, self.position, self.seen)
+        predictor.receive(moved)
         self.choice, self.strategy, self.cache, self.predictor = new_choice, strategy, cache, predictor
         if strategy.renumbers_positions:
             self.position = cache.get_seq_length()
+        self._note_eviction()
 
     # -- measuring ---------------------------------------------------------------------------------
 
     def measure(self, slots: bool = True) -> list[LayerRecord]:
         """The cache as really allocated, one record per layer (empty records when there is no cache); `slots`
         False leaves out which positions an evicting layer holds (only sizes are wanted)."""
-        records = measure.measure_cache(self.cache, self.seen, slots)
+        records = measure.measure_cache(self.cache, self.seen, slots, self.carried)
         return records or [LayerRecord(0, 0, 0, 0) for _ in range(self.geometry.num_layers)]
+
+    def policy_bytes(self) -> int:
+        """What the cache's policy keeps beside keys and values, as allocated (its state)."""
+        return measure.policy_bytes(self.cache)

@@ -1,8 +1,9 @@
 """Live strategy switching: turn the cache of one strategy into the cache of another.
 
 Besides `measure.py`, this is the only code that reads cache internals: it takes out what each
-layer holds in full precision (dequantizing a quantized layer) and feeds it, layer by layer,
-through the new cache's own `update()`. Evicted tokens stay gone.
+layer holds in full precision (dequantizing a quantized layer), with the position of each key's token,
+and feeds it, layer by layer, through the new cache's own `update()` (kvviz's own layers `receive()` it
+with its positions). Evicted tokens stay gone, and the positions of what is kept travel with it.
 """
 
 from __future__ import annotations
@@ -10,15 +11,19 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import BaseQuantizedLayer, DynamicSlidingWindowLayer, StaticLayer
 
+from kvviz.engine import held_positions
 from kvviz.engine.geometry import Geometry
+from kvviz.engine.held_positions import Carried, fed_positions
 from kvviz.engine.layers import KvvizLayer
+from kvviz.engine.measure import held_tokens
 from kvviz.engine.strategies import StrategyChoice, get
 
 
-def refusal(current: str, target: StrategyChoice, model, evicted: bool) -> str | None:
+def refusal(current: str, target: StrategyChoice, model, evicted: bool | None) -> str | None:
     """Why the live cache of strategy `current` cannot become `target` now, or None if it can.
 
-    `evicted` says whether the current cache has dropped any token already.
+    `evicted` says whether the current cache has dropped any token already, as measured (`CacheRun.evicted`);
+    None before a run, when it is not known yet: what depends on it is then left to the switch itself.
     """
     source, strategy = get(current), get(target.name)
     ok, reason = strategy.available()
@@ -53,27 +58,40 @@ def held_states(layer) -> tuple[torch.Tensor, torch.Tensor]:
             parts_v.append(layer.values)
         return torch.cat(parts_k, dim=-2), torch.cat(parts_v, dim=-2)
     if isinstance(layer, StaticLayer):
-        seen = int(layer.get_seq_length())
-        held = min(seen, layer.max_cache_len)
+        held = held_tokens(layer)
         return layer.keys[:, :, :held], layer.values[:, :, :held]
     return layer.keys, layer.values
 
 
-def convert(cache, new_cache, position: int, seen: int) -> int:
-    """Fill `new_cache` with what `cache` holds; returns the number of tokens moved per layer.
+def positions_of(layer, carried_in: Carried | None, seen: int, held: int) -> torch.Tensor:
+    """Positions of the `held` keys `held_states` returns, ``[kv_heads or 1, held]`` (`kvviz.engine.held_positions`)."""
+    if isinstance(layer, KvvizLayer):
+        return layer.held_positions()
+    fed = fed_positions(carried_in, seen)
+    return fed[:, fed.shape[-1] - held :]
 
-    `position` is the next position the model will number a token with (after attention sinks
-    re-rotated the cache, fewer than `seen`, the tokens processed so far). Sliding-window layers
-    derive their mask offsets from the tokens they have seen, so theirs is set to `position`.
+
+def convert(cache, new_cache, carried: list[Carried | None], position: int, seen: int) -> tuple[list[int], list]:
+    """Fill `new_cache` with what `cache` holds, each key with the position of its token; returns, per layer, the
+    tokens moved and what the new layer carries (`held_positions.Carried`, None for kvviz's layers,
+    which keep their positions, and where the moved keys are every token seen).
+
+    `carried` says the same of the old cache. `position` is the next position id the model will number a token
+    with (fewer than `seen`, the tokens processed so far, after attention sinks re-rotated the cache). Sliding-window
+    layers derive their mask offsets from the tokens they have seen, so theirs is set to `position`.
     """
-    moved = 0
+    moved, carries = [], []
     for index, layer in enumerate(cache.layers):
         keys, values = held_states(layer)
-        moved = keys.shape[-2]
+        moved.append(keys.shape[-2])
+        positions = positions_of(layer, carried[index], seen, keys.shape[-2])
         target = new_cache.layers[index]
+        if isinstance(target, KvvizLayer):
+            target.receive(keys.contiguous(), values.contiguous(), positions, seen)
+            carries.append(None)
+            continue
         target.update(keys.contiguous(), values.contiguous())
         if isinstance(target, DynamicSlidingWindowLayer):
             target.cumulative_length = position
-        if isinstance(target, KvvizLayer):
-            target.took_over(seen - moved)
-    return moved
+        carries.append(held_positions.carried(positions, seen))
+    return moved, carries

@@ -234,14 +234,31 @@ class Decoder:
         return self._cancel.is_set()
 
     def request_switch(self, choice: StrategyChoice) -> None:
-        """Switch to `choice` at the next step boundary; raises OptionError if it cannot convert."""
+        """Switch to `choice` at the next step boundary; raises OptionError if it cannot convert, or if the positions
+        the run would number with it pass the model's context. Asked between steps (the window and `kvviz run` ask
+        right after a step's record), so that the cache it is checked against is the one it converts."""
         if self._compile or choice.options.get("compile"):
             raise OptionError("runs under torch.compile cannot switch strategy live; start a new run instead")
         with self._lock:
-            problem = self.run.switch_refusal(choice)
+            problem = self.run.switch_refusal(choice) or self._context_refusal(choice)
             if problem:
                 raise OptionError(f"cannot switch from {self.run.choice.name!r} to {choice.name!r}: {problem}")
             self._pending = choice
+
+    def _context_refusal(self, choice: StrategyChoice) -> str | None:
+        """Why the rest of the run, switched to `choice` now, would pass the model's context, or None."""
+        context = self.run.geometry.context
+        done = len(self.trace.steps)
+        left = self.settings.max_new_tokens - done
+        needed = self.run.positions_after(choice, left)
+        if not context or needed <= context:
+            return None
+        return (
+            f"the run has numbered {self.run.position:,} positions and has up to {left:,} tokens left to generate, "
+            f"{needed:,} positions with {choice.name!r}, more than the model's context of {context:,}; switch within "
+            f"runs of at most {done + max(context - self.run.position, 0):,} new tokens, or to a strategy that "
+            "renumbers what it keeps (sink)"
+        )
 
     def watch_attention(self, on: bool) -> None:
         """From the next step on, record where the current token's attention goes (the attention view), or stop.
@@ -367,6 +384,8 @@ class Decoder:
             wall_ms=wall_ms,
             cache_bytes=sum(layer.total_bytes for layer in layers),
             predicted_cache_bytes=self.run.predicted_bytes,
+            policy_bytes=self.run.policy_bytes(),
+            predicted_policy_bytes=self.run.predicted_policy_bytes,
             rss_bytes=measure.rss_bytes(),
             strategy=self.run.choice.name,
             layers=layers,

@@ -6,6 +6,11 @@ with eviction, quantization and re-rotation all acting. Each prediction becomes 
 negative log-likelihood of the true next token (natural log, from a float32 log-softmax), the cache's
 measured and predicted bytes, the tokens it holds, and the time it took.
 
+A strategy that evicts only from a prompt (`Strategy.compresses_prompt`: SnapKV) would never evict fed one
+token at a time, so it reads the document's first half as its prompt, in one forward (those predictions are a
+full cache's, and the prompt is then compressed as on a real one), and the second half token by token from what
+it kept; a document whose first half fits its budget is refused, since it would never compress.
+
 A strategy whose predictions equal the full cache's (`Strategy.exact`: it keeps every token in full
 precision) is fed `CHUNK` tokens per forward instead, each forward scoring all of them; the NLL is
 the same to within 1e-3 nats (tested), and the cache is then measured once per chunk. The other
@@ -83,6 +88,24 @@ def usable_tokens(model, choices: list[StrategyChoice], available: int) -> int:
     return low
 
 
+def prompt_tokens(choice: StrategyChoice, tokens: int) -> int:
+    """The document tokens an evaluation of `tokens` tokens feeds `choice` in one forward, as its prompt: the first
+    half for a strategy that evicts only from a prompt, else none. Raises OptionError if that prompt would fit the
+    strategy's cache (it would never evict: a full cache's evaluation under its name)."""
+    strategy = get(choice.name)
+    if not strategy.compresses_prompt:
+        return 0
+    prompt = tokens // 2
+    capacity = strategy.prompt_capacity(choice.options)
+    if not strategy.prompt_overflows(choice.options, prompt):
+        raise OptionError(
+            f"{choice.label()} evicts only from a prompt longer than the {capacity:,} tokens it keeps, and an "
+            f"evaluation gives it the document's first half as its prompt ({prompt:,} of {tokens:,} tokens), so it "
+            f"would never evict; evaluate at least {2 * (capacity + 1):,} tokens, or keep fewer than {prompt:,}"
+        )
+    return prompt
+
+
 def prepare(loaded: LoadedModel, document: Document, choices: list[StrategyChoice],
             tokens: int | None = None) -> tuple[list[int], dict, str | None]:
     """The token ids to evaluate, the document's record for the files, and a notice for the user (or None).
@@ -132,13 +155,17 @@ class Evaluation:
         self.run = CacheRun(self.model, choice, capacity_for(choice, len(token_ids)))
         self.run.check_memory()
         self.chunk = max(1, chunk) if self.run.strategy.exact else 1
+        self.prompt = prompt_tokens(choice, len(token_ids))
         self._cancel = cancel or threading.Event()
         self.started = False
+        method = {"mode": "token-by-token" if self.chunk == 1 else "chunked", "chunk": self.chunk}
+        if self.prompt:
+            method["prompt"] = self.prompt
         self.result = EvalRun(
             model=dict(loaded.card),
             strategy={"name": choice.name, "options": dict(choice.options)},
             document=dict(document),
-            method={"mode": "token-by-token" if self.chunk == 1 else "chunked", "chunk": self.chunk},
+            method=method,
         )
 
     def cancel(self) -> None:
@@ -162,20 +189,28 @@ class Evaluation:
     def batchable(self) -> bool:
         """Whether this evaluation can share forwards with others (`feed_together`) and predict as it would
         alone: token by token, through a cache that does not quantize, on a model that allows it."""
-        return (self.chunk == 1 and self.run.cache is not None and not self.run.strategy.quantizes
-                and cache_rows.unsupported(self.model) is None)
+        return (self.chunk == 1 and not self.prompt and self.run.cache is not None
+                and not self.run.strategy.quantizes and cache_rows.unsupported(self.model) is None)
 
     def start(self) -> None:
         self.started = True
         self.run.warm_up(lambda message: None)  # kernel builds before the first token, not in its time
 
+    def feeds(self) -> Iterator[tuple[int, int]]:
+        """The [start, end) of the document tokens each forward feeds: the prompt first if there is one, then
+        `chunk` at a time."""
+        start = 0
+        while start < self.predictions:
+            end = min(start + (self.prompt if start == 0 and self.prompt else self.chunk), self.predictions)
+            yield start, end
+            start = end
+
     def __iter__(self) -> Iterator[TokenRecord]:
         self.start()
-        for start in range(0, self.predictions, self.chunk):
+        for start, end in self.feeds():
             if self._cancel.is_set():
                 self.result.cancelled = True
                 return
-            end = min(start + self.chunk, self.predictions)
             self.note_eviction(start)
             started = time.perf_counter()
             fed = self.ids[:, :end] if self.run.cache is None else self.ids[:, start:end]
@@ -184,7 +219,8 @@ class Evaluation:
             yield from self.take(start, logits, (time.perf_counter() - started) * 1000.0 / (end - start))
 
     def note_eviction(self, position: int) -> None:
-        """Before the forward that predicts from `position`: mark it as the first eviction if the cache has evicted."""
+        """Before the forward that predicts from `position`: mark it as the first eviction if the cache has evicted
+        (as measured: it holds fewer tokens than it has seen)."""
         if self.run.evicted and self.result.first_eviction is None:
             self.result.first_eviction = position
 
@@ -222,6 +258,7 @@ class Evaluation:
                 predicted_cache_bytes=self.run.predicted_bytes if last else None,
                 tokens_held=max((layer.seq_len for layer in layers), default=0) if last else None,
                 wall_ms=wall_ms,
+                policy_bytes=self.run.policy_bytes() if last else None,
             )
             records.append(record)
         self.result.records.extend(records)

@@ -3,14 +3,17 @@
 An `EvictionLayer` holds keys and values ``[batch, kv_heads, held, head_dim]`` and, beside them, the
 absolute position of every token each KV head holds (``positions``, ``[batch, kv_heads, held]``). Policies
 that choose per KV head keep different positions in different heads, the same number in each, so the
-tensors stay rectangular; kept tokens are gathered into new, smaller tensors (real memory reduction).
+tensors stay rectangular; kept tokens are gathered into new, smaller tensors (real memory reduction). The
+positions, those of the keys the latest `update()` returned and a policy's own per-token scores are its
+bookkeeping (`policy_tensors`): measured apart from keys and values, as the policy's state.
 
 Each feed goes like this: `update()` appends the new tokens and returns everything held plus them, so this
-step attends to all of them; then the policy chooses what to keep. A policy that needs no attention
-(key norm) chooses at once in `appended()`. One that needs it asks `attention_scores.expect()` and chooses in
-`attended()`, called by kvviz's attention function right after the layer's attention ran. Kept keys keep their
-RoPE rotation: nothing is renumbered, so the model numbers new tokens by the tokens seen (the caller passes
-position ids), and `get_seq_length()` is the number held, which makes transformers' causal mask right for the
+step attends to all of them; then the policy chooses what to keep. A policy that needs no attention (key norm)
+chooses at once in `appended()`. One that needs it asks `attention_scores.expect()` and chooses in `attended()`,
+called by kvviz's attention function right after the layer's attention ran. A live switch fills a layer with
+`receive()`, which keeps what it is given at the positions it is given; the choice comes with the next feed, from
+that feed's attention. Kept keys keep their RoPE rotation: nothing is renumbered, so the caller numbers new tokens
+(position ids), and `get_seq_length()` is the number held, which makes transformers' causal mask right for the
 new tokens (offset 0: every held token is older than every new one).
 
 Time spent scoring and choosing is added up per layer and read with `take_scoring_ms()`.
@@ -25,7 +28,6 @@ import torch
 
 from kvviz.engine import attention_scores
 from kvviz.engine.layers import KvvizLayer
-from kvviz.files.trace import SlotState
 
 
 class EvictionLayer(KvvizLayer):
@@ -34,7 +36,6 @@ class EvictionLayer(KvvizLayer):
     is_sliding = False
     is_compileable = False
     is_croppable = False
-    per_head = True  # False: every KV head keeps the same positions
     token_state: tuple[str, ...] = ()  # attributes [batch, kv_heads, held, ...] that follow the kept tokens
 
     def __init__(self, index: int, budget: int):
@@ -86,6 +87,13 @@ class EvictionLayer(KvvizLayer):
         self.seen = self.unscored = 0
         self.scoring_ms = 0.0
 
+    def receive(self, key_states, value_states, positions, seen) -> None:
+        self.lazy_initialization(key_states, value_states)
+        batch, kv_heads, n = key_states.shape[:3]
+        self.keys, self.values = key_states, value_states
+        self.positions = positions.to(self.device).expand(batch, kv_heads, n).contiguous()
+        self.seen = seen
+
     # -- what policies use -------------------------------------------------------------------------
 
     def appended(self, new: int) -> None:
@@ -103,9 +111,9 @@ class EvictionLayer(KvvizLayer):
             self.choose(query, key, mask, scaling)
 
     def ask_for_attention(self) -> None:
-        # a live switch feeds held tokens without a forward, so one feed in a row may go unscored; two mean that
-        # attention never arrives
-        if self.unscored >= 2:
+        # a request stands for one forward (`attention_scores.one_forward`): one still unanswered at the next feed
+        # means that attention never arrives
+        if self.unscored:
             raise RuntimeError(
                 "an attention-scored cache got no attention scores: the model's attention does not run through "
                 f"kvviz's {attention_scores.NAME!r} function (use the strategy's make_cache, which installs it)"
@@ -124,17 +132,18 @@ class EvictionLayer(KvvizLayer):
     def keep(self, index: torch.Tensor) -> None:
         """Keep only the held tokens at `index` ``[batch, kv_heads or 1, kept]`` in each KV head.
 
-        One index row (a per-layer choice) selects along the token axis; per-head rows select from the heads
-        laid end to end, which copies only what is kept (faster than `gather` with an expanded index). Every
-        per-token tensor named in `token_state` goes along.
+        One index row (a per-layer choice) selects along the token axis; per-head rows, or one row per batch
+        row, select from the heads laid end to end, which copies only what is kept (faster than `gather` with an
+        expanded index). Every per-token tensor named in `token_state` goes along.
         """
         names = ("keys", "values", "positions", *self.token_state)
-        if index.shape[:2] == (1, 1):
+        batch, kv_heads, held = self.positions.shape
+        if index.shape[:2] == (1, 1) and batch == 1:
             row = index[0, 0]
             for name in names:
                 setattr(self, name, getattr(self, name).index_select(2, row))
             return
-        batch, kv_heads, held = self.positions.shape
+        index = index.expand(batch, kv_heads, index.shape[-1])  # one row per layer: the same in every head
         heads = torch.arange(batch * kv_heads, device=index.device).view(batch, kv_heads, 1)
         flat = (index + heads * held).view(-1)
         for name in names:
@@ -160,33 +169,14 @@ class EvictionLayer(KvvizLayer):
         spent, self.scoring_ms = self.scoring_ms, 0.0
         return spent
 
-    def holders(self) -> torch.Tensor:
-        """Per position 0 .. seen-1: how many KV heads hold it (batch 0), on the CPU."""
-        counts = torch.zeros(self.seen, dtype=torch.long)
-        if self.positions is not None and self.positions.numel():
-            held = self.positions[0].reshape(-1).cpu()
-            counts.index_add_(0, held, torch.ones_like(held))
-        return counts
-
-    def slot_spans(self) -> list[tuple[SlotState, int]]:
-        held, runs = torch.unique_consecutive(self.holders() > 0, return_counts=True)
-        # lists first: reading a scattered choice's hundreds of runs element by element from tensors cost ~1 ms
-        return [(SlotState.FULL if h else SlotState.EVICTED, n) for h, n in zip(held.tolist(), runs.tolist(),
-                                                                                   strict=True)]
-
-    def head_spans(self) -> list[list[int]] | None:
-        if not self.per_head:
-            return None
-        heads, runs = torch.unique_consecutive(self.holders(), return_counts=True)
-        return [list(pair) for pair in zip(heads.tolist(), runs.tolist(), strict=True)]
+    def held_positions(self) -> torch.Tensor:
+        return self.positions[0]
 
     def attended_positions(self, n_keys: int, total: int) -> torch.Tensor:
         return self.fed_positions[0]
 
-    def took_over(self, dropped: int) -> None:
-        """A live switch fed this layer what another cache held, after `dropped` older tokens were gone."""
-        self.positions += dropped
-        self.seen += dropped
+    def policy_tensors(self) -> tuple[torch.Tensor | None, ...]:
+        return (self.positions, self.fed_positions, *(getattr(self, name) for name in self.token_state))
 
 
 def top_indices(scores: torch.Tensor, k: int) -> torch.Tensor:

@@ -9,25 +9,33 @@ from kvviz.files.trace import SlotState
 
 
 class KvvizLayer(CacheLayerMixin):
-    """A cache layer of kvviz's own: `keys` and `values` hold what it keeps, and it says what each
-    position seen so far became, so that `measure.py` can draw it without knowing the class."""
+    """A cache layer of kvviz's own: `keys` and `values` hold what it keeps, and it knows the position of the token
+    behind each kept key (`kvviz.engine.held_positions`), so that `measure.py` can draw it without knowing the class
+    and a live switch can hand those positions on."""
 
-    def slot_spans(self) -> list[tuple[SlotState, int]]:
-        """Run-length pairs (state, count) covering positions 0, 1, ... seen so far."""
+    def held_positions(self) -> torch.Tensor:
+        """Positions of the held keys, ``[kv_heads or 1, held]`` (batch row 0; one row stands for every KV head), in
+        key order."""
         raise NotImplementedError
 
-    def head_spans(self) -> list[list[int]] | None:
-        """Run-length pairs [KV heads holding it, count] over the positions seen, when heads hold different
-        positions; None when every KV head holds the same ones."""
-        return None
+    def held_slots(self) -> list[tuple[SlotState, int]]:
+        """Run-length pairs (state, count) giving what each held key is on the cache map, in key order."""
+        return [(SlotState.FULL, self.get_seq_length())]
 
     def attended_positions(self, n_keys: int, total: int) -> torch.Tensor:
         """Absolute positions of the `n_keys` keys the last `update()` returned, ``[kv_heads or 1, n_keys]``,
         once `total` positions are numbered (what the attention view draws them at)."""
         raise NotImplementedError
 
-    def took_over(self, dropped: int) -> None:
-        """A live switch fed this layer what another cache held; `dropped` older tokens were already gone."""
+    def receive(self, key_states: torch.Tensor, value_states: torch.Tensor, positions: torch.Tensor,
+                seen: int) -> None:
+        """A live switch fills this empty layer with what another cache held: keys and values ``[batch, kv_heads,
+        n, head_dim]`` of the tokens at `positions` ``[kv_heads or 1, n]``, once `seen` tokens were processed."""
+        raise NotImplementedError
+
+    def policy_tensors(self) -> tuple[torch.Tensor | None, ...]:
+        """What the layer's policy keeps beside keys and values (its bookkeeping), measured as its own bytes."""
+        return ()
 
     def take_scoring_ms(self) -> float | None:
         """Milliseconds spent choosing what to keep since the last call; None for layers that choose nothing."""
@@ -101,17 +109,25 @@ class SinkLayer(KvvizLayer):
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.get_seq_length() + query_length, 0
 
-    def slot_spans(self) -> list[tuple[SlotState, int]]:
+    def held_positions(self) -> torch.Tensor:
         held = self.get_seq_length()
         sinks = min(self.sink_tokens, held)
-        return [(SlotState.SINK, sinks), (SlotState.EVICTED, self.evicted), (SlotState.FULL, held - sinks)]
+        seen = self.evicted + held
+        return torch.cat([torch.arange(sinks), torch.arange(seen - (held - sinks), seen)])[None]
+
+    def held_slots(self) -> list[tuple[SlotState, int]]:
+        held = self.get_seq_length()
+        sinks = min(self.sink_tokens, held)
+        return [(SlotState.SINK, sinks), (SlotState.FULL, held - sinks)]
 
     def attended_positions(self, n_keys: int, total: int) -> torch.Tensor:
         sinks = min(self.sink_tokens, n_keys)
         return torch.cat([torch.arange(sinks), torch.arange(total - (n_keys - sinks), total)])[None]
 
-    def took_over(self, dropped: int) -> None:
-        self.evicted += dropped
+    def receive(self, key_states, value_states, positions, seen) -> None:
+        # a sink cache needs the first tokens, so a switch fills it only from a cache that has dropped none
+        # (`convert.refusal`): the keys are tokens 0 .. seen-1, which update() evicts from and renumbers as at a prefill
+        self.update(key_states, value_states)
 
     def get_seq_length(self) -> int:
         return 0 if self.keys is None else self.keys.shape[-2]

@@ -14,14 +14,10 @@ from collections.abc import Iterable
 
 import psutil
 import torch
-from transformers.cache_utils import (
-    BaseQuantizedLayer,
-    DynamicLayer,
-    DynamicSlidingWindowLayer,
-    StaticLayer,
-    StaticSlidingWindowLayer,
-)
+from transformers.cache_utils import BaseQuantizedLayer, DynamicLayer, StaticLayer, StaticSlidingWindowLayer
 
+from kvviz.engine import held_positions
+from kvviz.engine.held_positions import Carried
 from kvviz.engine.layers import KvvizLayer
 from kvviz.files.trace import LayerRecord, SlotState
 
@@ -66,82 +62,87 @@ class StorageCounter:
         return total
 
 
-def _spans(*runs: tuple[SlotState, int]) -> list[list[int]]:
-    return [[int(state), int(count)] for state, count in runs if count > 0]
-
-
-def measure_layer(layer, counter: StorageCounter, slots: bool = True) -> LayerRecord:
-    """Bytes, tokens and slot states of one cache layer (slots False: an evicting layer's slot states are left
-    empty; reading which positions it holds costs milliseconds once its choices are scattered)."""
-    if isinstance(layer, BaseQuantizedLayer):
-        return _measure_quantized(layer, counter)
-    keys = counter.bytes_of(layer.keys)
-    values = counter.bytes_of(layer.values)
-    storage = {"full": keys + values}
+def held_tokens(layer) -> int:
+    """Tokens a cache layer holds (in each KV head; a quantized layer's quantized and residual ones together)."""
     if not layer.is_initialized:
-        return LayerRecord(0, 0, 0, 0, storage={"full": 0}, spans=[])
+        return 0
+    if isinstance(layer, BaseQuantizedLayer):
+        return layer.cumulative_length
     if isinstance(layer, StaticSlidingWindowLayer):
-        seen = layer.cumulative_length_int
-        held = min(seen, layer.max_cache_len)
-        spans = _spans(
-            (SlotState.EVICTED, seen - held),
-            (SlotState.FULL, held),
-            (SlotState.PREALLOCATED, layer.max_cache_len - held),
-        )
-        return LayerRecord(keys, values, held, layer.max_cache_len, storage=storage, spans=spans)
+        return min(layer.cumulative_length_int, layer.max_cache_len)
     if isinstance(layer, StaticLayer):
-        seen = int(layer.cumulative_length)
-        spans = _spans((SlotState.FULL, seen), (SlotState.PREALLOCATED, layer.max_cache_len - seen))
-        return LayerRecord(keys, values, seen, layer.max_cache_len, storage=storage, spans=spans)
-    held = layer.keys.shape[-2] if layer.keys.dim() == 4 else 0
-    if isinstance(layer, KvvizLayer):
-        if not slots:
-            return LayerRecord(keys, values, held, held, storage=storage, spans=[])
-        return LayerRecord(keys, values, held, held, storage=storage, spans=_spans(*layer.slot_spans()),
-                           head_spans=layer.head_spans())
-    if isinstance(layer, DynamicSlidingWindowLayer):
-        seen = layer.cumulative_length
-        spans = _spans((SlotState.EVICTED, seen - held), (SlotState.FULL, held))
-        return LayerRecord(keys, values, held, held, storage=storage, spans=spans)
-    if isinstance(layer, DynamicLayer):
-        return LayerRecord(keys, values, held, held, storage=storage, spans=_spans((SlotState.FULL, held)))
+        return int(layer.cumulative_length)
+    if isinstance(layer, (DynamicLayer, KvvizLayer)):
+        return layer.keys.shape[-2] if layer.keys.dim() == 4 else 0
     raise TypeError(f"kvviz cannot measure cache layers of type {type(layer).__name__}")
 
 
-def _measure_quantized(layer: BaseQuantizedLayer, counter: StorageCounter) -> LayerRecord:
-    q_keys = counter.bytes_of(layer._quantized_keys)
-    q_values = counter.bytes_of(layer._quantized_values)
-    r_keys = counter.bytes_of(layer.keys)
-    r_values = counter.bytes_of(layer.values)
-    seen = layer.cumulative_length
-    residual = layer.keys.shape[-2] if layer.keys is not None and layer.keys.dim() == 4 else 0
-    spans = _spans((SlotState.QUANTIZED, seen - residual), (SlotState.RESIDUAL, residual))
-    return LayerRecord(
-        keys_bytes=q_keys + r_keys,
-        values_bytes=q_values + r_values,
-        seq_len=seen,
-        capacity=seen,
-        storage={"quantized": q_keys + q_values, "residual": r_keys + r_values},
-        spans=spans,
-    )
+def measure_layer(layer, counter: StorageCounter, seen: int, carried: Carried | None = None,
+                  slots: bool = True) -> LayerRecord:
+    """Bytes, tokens and slot states of one cache layer once `seen` tokens were processed. `carried`: what a live
+    switch put into a transformers layer (None: the run filled it from the first token). `slots` False leaves the
+    slot states out (reading which positions an evicting layer holds costs milliseconds once its choices are
+    scattered)."""
+    held = held_tokens(layer)
+    if isinstance(layer, BaseQuantizedLayer):
+        q_keys, q_values = counter.bytes_of(layer._quantized_keys), counter.bytes_of(layer._quantized_values)
+        r_keys, r_values = counter.bytes_of(layer.keys), counter.bytes_of(layer.values)
+        residual = layer.keys.shape[-2] if layer.keys is not None and layer.keys.dim() == 4 else 0
+        record = LayerRecord(q_keys + r_keys, q_values + r_values, held, held,
+                             storage={"quantized": q_keys + q_values, "residual": r_keys + r_values})
+        states = [(SlotState.QUANTIZED, held - residual), (SlotState.RESIDUAL, residual)]
+    else:
+        keys, values = counter.bytes_of(layer.keys), counter.bytes_of(layer.values)
+        capacity = layer.max_cache_len if isinstance(layer, StaticLayer) and layer.is_initialized else held
+        record = LayerRecord(keys, values, held, capacity, storage={"full": keys + values})
+        states = [(SlotState.FULL, held)]
+    if slots and layer.is_initialized:
+        record.spans, record.head_spans = _layer_spans(layer, held, states, seen, carried)
+        if record.capacity > held:
+            record.spans.append([int(SlotState.PREALLOCATED), record.capacity - held])
+    return record
 
 
-def measure_cache(cache, seen: int, slots: bool = True) -> list[LayerRecord]:
-    """One record per layer; an empty list when there is no cache (strategy `none`). `slots`: as for
-    `measure_layer`.
+def _layer_spans(layer, held: int, states, seen: int, carried: Carried | None):
+    """The cache map of one layer over positions 0 .. seen-1 (`held_positions.spans`)."""
+    if isinstance(layer, KvvizLayer):
+        return held_positions.spans(layer.held_positions(), layer.held_slots(), seen)
+    if carried is not None:  # what the switch moved in, then what was fed since: the newest `held` of them
+        fed = held_positions.fed_positions(carried, seen)
+        positions = fed[:, fed.shape[-1] - held :]
+        return held_positions.spans(positions, states, seen)
+    # filled by the run from the first token: the newest `held` tokens seen
+    runs = [(SlotState.EVICTED, seen - held), *states]
+    return [[int(state), int(count)] for state, count in runs if count > 0], None
 
-    `seen` is the number of tokens processed so far: positions a layer does not account for
-    were dropped before it got them (by an evicting strategy before a live switch).
-    """
+
+def measure_cache(cache, seen: int, slots: bool = True,
+                  carried: list[Carried | None] | None = None) -> list[LayerRecord]:
+    """One record per layer once `seen` tokens were processed; an empty list when there is no cache (strategy
+    `none`). `carried`: per layer, what a live switch put into it (see `measure_layer`); `slots` as there."""
     if cache is None:
         return []
     counter = StorageCounter()
-    records = [measure_layer(layer, counter, slots) for layer in cache.layers]
-    for record in records:
-        covered = sum(n for state, n in record.spans if state != SlotState.PREALLOCATED)
-        if record.spans and covered < seen:
-            record.spans.insert(0, [int(SlotState.EVICTED), seen - covered])
-    return records
+    carried = carried or [None] * len(cache.layers)
+    return [measure_layer(layer, counter, seen, c, slots) for layer, c in zip(cache.layers, carried, strict=True)]
+
+
+def tokens_dropped(cache, seen: int, windows: tuple[int | None, ...]) -> int:
+    """The most tokens any layer has dropped of those the model's own cache would hold once `seen` tokens were
+    processed: all of them in a full-attention layer, the last window - 1 in a layer with a native sliding window
+    (what transformers' DynamicCache keeps). 0: nothing was evicted."""
+    if cache is None:
+        return 0
+    return max((min(seen, seen if window is None else window - 1) - held_tokens(layer)
+                for layer, window in zip(cache.layers, windows, strict=True) if layer.is_initialized), default=0)
+
+
+def policy_bytes(cache) -> int:
+    """Bytes the cache's policies keep beside keys and values (`KvvizLayer.policy_tensors`): 0 for caches without
+    a policy of their own."""
+    counter = StorageCounter()
+    return sum(counter.bytes_of(layer.policy_tensors()) for layer in getattr(cache, "layers", ())
+               if isinstance(layer, KvvizLayer))
 
 
 def weight_read_bytes(model) -> int:

@@ -2,9 +2,11 @@
 
 Nothing here looks at a live cache: `measure.py` reads the real allocation, and the two are drawn
 next to each other. A `CachePredictor` replays a strategy's storage rule (what it allocates when a
-step adds n tokens) per layer; `after_step(n)` returns the bytes the cache should hold. This base
-class is transformers' `DynamicCache`: each full-attention layer keeps everything it has seen, each
-sliding-window layer of a hybrid model its window. Strategies subclass it for their own rule.
+feed adds n tokens) per layer. `feed(n)` and `receive(moved)` (a live switch's filling, which may differ
+by layer) are the only calls that change its state; `cache_bytes()` and `policy_bytes()` answer from
+that state, as often as asked. This base class is transformers' `DynamicCache`: each full-attention
+layer keeps everything it has seen, each sliding-window layer of a hybrid model its window, and no
+policy keeps anything beside keys and values. Strategies subclass it for their own rule.
 """
 
 from __future__ import annotations
@@ -15,24 +17,45 @@ from kvviz.engine.geometry import Geometry
 class CachePredictor:
     def __init__(self, geometry: Geometry):
         self.geometry = geometry
-        self.seen = 0  # tokens fed so far
+        self.seen = [0] * geometry.num_layers  # per layer: tokens fed to it, the latest feed included
+        self.last = [0] * geometry.num_layers  # per layer: tokens of its latest feed
 
-    def after_step(self, new_tokens: int) -> int:
-        """Bytes of the whole cache after a forward that fed `new_tokens` tokens."""
-        total = 0
-        for i, window in enumerate(self.geometry.windows):
-            total += 2 * self.layer_bytes(i, window, new_tokens)
-        self.seen += new_tokens
-        return total
+    def feed(self, new_tokens: int) -> None:
+        """A forward fed `new_tokens` tokens through every layer."""
+        for i in range(len(self.seen)):
+            self._fed(i, new_tokens, received=False)
 
-    def layer_bytes(self, i: int, window: int | None, new: int) -> int:
-        """Bytes of keys (== values) in layer i, whose native sliding window is `window`, after `new` tokens."""
-        return self.growing_tokens(window, new) * self.geometry.token_bytes
+    def receive(self, moved: list[int]) -> None:
+        """A live switch filled the new cache, layer i with the `moved[i]` tokens the old cache held there.
+        transformers' layers take them through their own `update()`, as a feed; kvviz's layers keep them as given
+        until the next feed."""
+        for i, tokens in enumerate(moved):
+            self._fed(i, tokens, received=True)
 
-    def growing_tokens(self, window: int | None, new: int) -> int:
-        """Tokens allocated by a growing layer: DynamicLayer, or DynamicSlidingWindowLayer of `window`."""
+    def _fed(self, i: int, new: int, received: bool) -> None:
+        self.seen[i] += new
+        self.last[i] = new
+        self.advance(i, new, received)
+
+    def advance(self, i: int, new: int, received: bool) -> None:
+        """A subclass's own state of layer i after a feed of `new` tokens (`seen` and `last` already count it)."""
+
+    def cache_bytes(self) -> int:
+        """Bytes of keys and values the whole cache should hold now."""
+        return sum(2 * self.layer_bytes(i, window) for i, window in enumerate(self.geometry.windows))
+
+    def layer_bytes(self, i: int, window: int | None) -> int:
+        """Bytes of keys (== values) in layer i, whose native sliding window is `window`."""
+        return self.growing_tokens(i, window) * self.geometry.token_bytes
+
+    def growing_tokens(self, i: int, window: int | None) -> int:
+        """Tokens allocated by layer i if it grows: a DynamicLayer, or a DynamicSlidingWindowLayer of `window`."""
         if window is None:  # DynamicLayer: one tensor of everything seen
-            return self.seen + new
+            return self.seen[i]
         # DynamicSlidingWindowLayer keeps a view of the last window-1 tokens into the concatenation
         # of what it held and the new tokens; that concatenation is the allocation.
-        return min(self.seen, window - 1) + new
+        return min(self.seen[i] - self.last[i], window - 1) + self.last[i]
+
+    def policy_bytes(self) -> int:
+        """Bytes a policy keeps beside keys and values (its bookkeeping); none here."""
+        return 0

@@ -7,10 +7,12 @@ An evaluation file holds one strategy's run over one document, as JSON:
 
     {"format": "kvviz-eval", "version": 1, "model": {...}, "strategy": {"name", "options"},
      "document": {"name", "source", "title", "author", "tokens", "first_token_id", "cut"},
-     "method": {"mode": "token-by-token", "chunked" or "batched", "chunk": int, "rows": int (batched)},
+     "method": {"mode": "token-by-token", "chunked" or "batched", "chunk": int, "rows": int (batched),
+                "prompt": int (tokens fed first in one forward, as a prompt; absent: none)},
      "cancelled": bool, "error": str or null, "first_eviction": int or null,
      "records": {"position": [...], "token_id": [...], "nll": [...], "cache_bytes": [...],
-                 "predicted_cache_bytes": [...], "tokens_held": [...], "wall_ms": [...]},
+                 "predicted_cache_bytes": [...], "tokens_held": [...], "wall_ms": [...],
+                 "policy_bytes": [...] (absent in files written before kvviz measured it)},
      "summary": {...}}
 
 `records` is a table of columns of equal length, one entry per prediction: the document token at
@@ -66,9 +68,11 @@ class TokenRecord:
     tokens_held: int | None  # the most tokens any layer held after the feed, likewise
     wall_ms: float  # the forward and log-softmax of this prediction (a chunk's or a batch's time shared by the
     # predictions it made)
+    policy_bytes: int | None = None  # what the cache's policy keeps beside keys and values, measured like cache_bytes
 
 
-COLUMNS = ("position", "token_id", "nll", "cache_bytes", "predicted_cache_bytes", "tokens_held", "wall_ms")
+COLUMNS = ("position", "token_id", "nll", "cache_bytes", "predicted_cache_bytes", "tokens_held", "wall_ms",
+           "policy_bytes")
 
 
 @dataclass
@@ -169,6 +173,8 @@ def summarize(records: list[TokenRecord], first_eviction: int | None = None) -> 
         "final_cache_bytes": measured[-1].cache_bytes if measured else None,
         "peak_cache_bytes": max(r.cache_bytes for r in measured) if measured else None,
         "final_tokens_held": measured[-1].tokens_held if measured else None,
+        "final_policy_bytes": measured[-1].policy_bytes if measured else None,
+        "peak_policy_bytes": max((r.policy_bytes for r in measured if r.policy_bytes is not None), default=None),
         "wall_s": wall_ms / 1000.0,
         "tokens_per_s": n / (wall_ms / 1000.0) if n and wall_ms > 0 else None,
     }
@@ -223,7 +229,7 @@ CSV_COLUMNS = (
     "strategy", "options", "model", "document", "tokens", "perplexity", "second_half_perplexity",
     "q1_perplexity", "q2_perplexity", "q3_perplexity", "q4_perplexity", "first_eviction",
     "before_eviction_perplexity", "after_eviction_perplexity", "final_cache_mib", "peak_cache_mib",
-    "tokens_per_s", "wall_s", "method", "status", "file",
+    "peak_policy_mib", "tokens_per_s", "wall_s", "method", "status", "file",
 )
 
 
@@ -231,12 +237,15 @@ def summary_row(run: EvalRun, file: str | None = None) -> dict[str, Any]:
     s = run.summary()
     options = run.strategy.get("options") or {}
     quarters = [q["perplexity"] for q in s["quarters"]] + [None] * QUARTERS
-    mib = {key: None if s[key] is None else s[key] / 2**20 for key in ("final_cache_bytes", "peak_cache_bytes")}
+    mib = {key: None if s[key] is None else s[key] / 2**20
+           for key in ("final_cache_bytes", "peak_cache_bytes", "peak_policy_bytes")}
     method = run.method.get("mode", "")
     if method == "chunked":
         method += f" ({run.method.get('chunk')})"
     elif method == "batched":
         method += f" ({run.method.get('rows')})"
+    if run.method.get("prompt"):
+        method += f" after a prompt of {run.method['prompt']}"
     row = {
         "strategy": run.strategy.get("name", ""),
         "options": " ".join(f"{k}={v}" for k, v in options.items()),
@@ -244,6 +253,7 @@ def summary_row(run: EvalRun, file: str | None = None) -> dict[str, Any]:
         "document": run.document.get("name", ""),
         "final_cache_mib": mib["final_cache_bytes"],
         "peak_cache_mib": mib["peak_cache_bytes"],
+        "peak_policy_mib": mib["peak_policy_bytes"],
         "method": method,
         "status": run.status,
         "file": file,
@@ -282,7 +292,7 @@ def from_dict(data: Any, source: str = "evaluation") -> EvalRun:
 
 
 def _columns_agree(records: dict, where) -> None:
-    lengths = sorted({len(column) for column in records.values()})
+    lengths = sorted({len(column) for column in records.values() if column is not None})
     if len(lengths) > 1:
         raise Refusal(where, f"columns of one length (they have {', '.join(map(str, lengths))})", show_found=False)
     positions = records["position"]
@@ -312,7 +322,7 @@ _EVAL = Record(
              "first_token_id": maybe(Int(0, null=True)), "cut": maybe(Json(depth=0))},
             extra=Json(depth=1), what="a document (an object)",
         ),
-        "method": Record({"mode": Text(MODES), "chunk": Int(1), "rows": maybe(Int(1))},
+        "method": Record({"mode": Text(MODES), "chunk": Int(1), "rows": maybe(Int(1)), "prompt": maybe(Int(1))},
                          what="a method (an object with mode and chunk)"),
         "cancelled": Flag(),
         "error": Text(null=True),
@@ -326,6 +336,7 @@ _EVAL = Record(
                 "predicted_cache_bytes": ListOf(Int(0, MAX_BYTES, null=True, what="a byte count")),
                 "tokens_held": ListOf(Int(0, MAX_POSITIONS, null=True)),
                 "wall_ms": ListOf(Number(0, MAX_MS, what="a time in ms")),
+                "policy_bytes": optional(ListOf(Int(0, MAX_BYTES, null=True, what="a byte count"))),
             },
             rules=(_columns_agree,),
             what="a table of columns (an object of lists)",
@@ -337,7 +348,10 @@ _EVAL = Record(
 
 
 def _build(data: dict) -> EvalRun:
-    rows = zip(*(data["records"][name] for name in COLUMNS), strict=True)
+    columns = dict(data["records"])
+    if columns["policy_bytes"] is None:  # a file from before kvviz measured it: unknown
+        columns["policy_bytes"] = [None] * len(columns["position"])
+    rows = zip(*(columns[name] for name in COLUMNS), strict=True)
     records = [TokenRecord(*row) for row in rows]
     return EvalRun(data["model"], data["strategy"], data["document"], data["method"], records,
                    data["cancelled"], data["error"], data["first_eviction"])

@@ -30,6 +30,7 @@ COLUMNS = [
     ("compile_ms", "compile ms"),
     ("final_cache_mib", "cache MiB at end"),
     ("peak_cache_mib", "peak cache MiB"),
+    ("peak_policy_mib", "peak policy state MiB"),
     ("peak_rss_mib", "peak RSS MiB"),
     ("top1_agreement", "top-1 agreement"),
     ("mean_kl", "mean KL (nats)"),

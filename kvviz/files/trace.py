@@ -88,6 +88,10 @@ class StepRecord:
     ref_logprob: float | None = None  # reference log-probability of the token chosen
     reference_ms: float | None = None  # the reference's own step time, not in wall_ms
     scoring_ms: float | None = None  # part of wall_ms an evicting cache spent choosing what to keep (None: none)
+    # What the cache's policy keeps beside keys and values (positions, scores), measured and predicted like
+    # cache_bytes; 0 for a cache without a policy of its own, None where not known (files from before they were)
+    policy_bytes: int | None = None
+    predicted_policy_bytes: int | None = None
     # The attention view (None unless asked for): per layer, the share of the current token's attention, averaged
     # over query heads, that lands on the first ATTENTION_SINK_POSITIONS positions...
     attention_sink: list[float] | None = None
@@ -203,6 +207,8 @@ def summarize(steps: list[StepRecord]) -> dict[str, Any]:
         "peak_cache_bytes": max((s.cache_bytes for s in steps if s.cache_bytes is not None), default=None),
         "final_cache_bytes": steps[-1].cache_bytes if steps else None,
         "peak_rss_bytes": max((s.rss_bytes for s in steps if s.rss_bytes is not None), default=None),
+        "peak_policy_bytes": max((s.policy_bytes for s in steps if s.policy_bytes is not None), default=None),
+        "final_policy_bytes": steps[-1].policy_bytes if steps else None,
     }
     compared = [s for s in steps if s.kl is not None]
     if compared:

@@ -144,6 +144,8 @@ _STEP = Record(
         "ref_logprob": optional(Number(max=0, null=True, what="a log-probability")),
         "reference_ms": optional(_MS_OR_UNKNOWN),
         "scoring_ms": optional(_MS_OR_UNKNOWN),
+        "policy_bytes": optional(_BYTES_OR_UNKNOWN),  # absent in files written before kvviz measured it
+        "predicted_policy_bytes": optional(_BYTES_OR_UNKNOWN),
         # a share of a softmax's mass: 1 give or take float rounding
         "attention_sink": optional(ListOf(Number(0, 1.001, what="a share of attention"), null=True)),
     },

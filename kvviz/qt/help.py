@@ -1,4 +1,5 @@
-"""The Help menu: what each view shows (with its units), the keyboard and mouse shortcuts, and About.
+"""The Help menu: what each view shows (with its units) and what each cache strategy keeps, the keyboard and mouse
+shortcuts, and About.
 
 The shortcut list is read from the window's own actions, so it is the set that really works. Versions
 come from the installed packages' metadata (importlib.metadata): torch and transformers are never
@@ -92,7 +93,9 @@ VIEWS: list[tuple[str, str]] = [
         "Runs",
         "One row per run, live, finished or opened from a file: tokens generated, tokens/s, mean decode ms, "
         "peak cache MiB and its status first, then the strategy (hover it for its options), the share of the "
-        "memory-bound limit, 95th-percentile decode ms, prefill ms, one-time pauses, peak process RSS MiB, "
+        "memory-bound limit, 95th-percentile decode ms, prefill ms, one-time pauses, policy state MiB (the most an "
+        "evicting policy kept beside keys and values: the position of each token held, H2O's attention sums), peak "
+        "process RSS MiB, "
         "scoring ms, the fidelity columns and the model. Status: <i>{STARTING}</i> or <i>{RUNNING}</i> while it "
         "generates (<i>{STREAMING}</i> for a server's reply), then <i>{FINISHED}</i>, <i>{CANCELLED}</i> (stopped "
         "with Stop or Esc; what it generated is kept) or <i>{FAILED}</i> (hover it for why). Select several rows "
@@ -191,6 +194,16 @@ def views_html(palette: theme.Palette | None = None) -> str:
     return "".join(f"<h3>{html.escape(title)}</h3><p>{text.format_map(named)}</p>" for title, text in VIEWS)
 
 
+def strategies_html(strategies) -> str:
+    """What each cache strategy keeps and the paper or code it follows, from the engine's own strategy objects."""
+    items = "".join(
+        f"<li><b>{html.escape(s.name)}</b>: {html.escape(s.description)}"
+        + (f". <i>Follows</i> {html.escape(s.reference)}." if s.reference else "") + "</li>"
+        for s in strategies
+    )
+    return f"<h3>Cache strategies</h3><ul>{items}</ul>" if items else ""
+
+
 def table_html(rows: list[tuple[str, str]]) -> str:
     body = "".join(
         f"<tr><td style='padding:2px 16px 2px 0'><b>{html.escape(a)}</b></td><td>{html.escape(b)}</td></tr>"
@@ -205,6 +218,7 @@ class HelpMenu:
     def __init__(self, window):
         self.window = window
         self.dialog: QDialog | None = None
+        self.strategies: list = []  # the engine's strategies, once the worker has listed them
         menu = window.menuBar().addMenu("&Help")
         self.actions: dict[str, QAction] = {}
         for key, text, shortcut, slot in (
@@ -219,8 +233,12 @@ class HelpMenu:
             menu.addAction(action)
             self.actions[key] = action
 
+    def set_strategies(self, listing) -> None:
+        """The worker's listing of (strategy, available, reason): the views' help describes each strategy."""
+        self.strategies = [strategy for strategy, _, _ in listing]
+
     def show_views(self) -> QDialog:
-        return self._show("What the views show", views_html(), (640, 620))
+        return self._show("What the views show", views_html() + strategies_html(self.strategies), (640, 620))
 
     def show_shortcuts(self) -> QDialog:
         return self._show("Keyboard and mouse", table_html(shortcuts(self.window)), (460, 420))

@@ -206,6 +206,7 @@ class MainWindow(QMainWindow):
         self.server.connection.engine_ready.set()
         self.controls.strategy_panel.set_strategies(listing)
         self.eval_mode.set_strategies(listing)
+        self.help.set_strategies(listing)
         self.update_controls()
 
     def _on_load_progress(self, message: str, fraction) -> None:

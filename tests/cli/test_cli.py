@@ -81,6 +81,31 @@ def test_strategies_json():
     assert {o["name"]: o["default"] for o in sink["options"]} == {"sink_tokens": 4, "window": 252}
 
 
+def test_strategies_say_what_they_follow():
+    result = kvviz("strategies")
+    assert result.returncode == 0, result.stderr
+    assert "follows SnapKV (Li et al., NeurIPS 2024) and its reference code" in result.stdout
+    assert "pooling=average" in result.stdout and "skip_layers=2" in result.stdout and "recent=-1" in result.stdout
+
+
+def test_switch_at_is_refused_only_once_the_cache_has_evicted(tmp_path):
+    """A switch to static needs every token: allowed while h2o has evicted nothing, refused (the run stopped, its
+    trace kept) once it has, as measured."""
+    args = ("run", "--model", "tiny", "--strategy", "h2o", "--set", "budget=12", "--raw", "--max-new-tokens", "10",
+            "--ignore-eos", "--prompt", "one two three four five six seven eight")  # 8 tokens: 12 seen by step 4
+    early = kvviz(*args, "--switch-at", "3:static", "--trace", str(tmp_path / "early.json"), "--json")
+    assert early.returncode == 0, early.stderr
+    assert json.loads(early.stdout)["peak_policy_bytes"] > 0  # the policy's own state, before the switch
+    assert trace.load(tmp_path / "early.json").switches[0].to_strategy == "static"
+    late = kvviz(*args, "--switch-at", "9:static", "--trace", str(tmp_path / "late.json"))
+    assert late.returncode == 2
+    assert ("--switch-at 9: cannot switch from 'h2o' to 'static': 'h2o' has already evicted tokens, and a static "
+            "cache cannot hold the gaps they leave") in late.stderr and "Traceback" not in late.stderr
+    kept = trace.load(tmp_path / "late.json")
+    assert len(kept.steps) == 9 and kept.error.startswith("--switch-at 9: cannot switch") and not kept.switches
+    assert "policy" in late.stdout  # the summary is printed, with the policy's state
+
+
 def test_model_card_command():
     result = kvviz("model", "--model", "default")
     assert result.returncode == 0, result.stderr

@@ -107,6 +107,49 @@ def test_evicting_strategies_hold_their_budget(tiny_model, name, options, held, 
     assert all(r.cache_bytes == r.predicted_cache_bytes for r in records)
 
 
+def test_snapkv_reads_the_first_half_as_its_prompt_and_compresses_it(tiny_model):
+    """Fed one token at a time SnapKV would never compress: an evaluation gives it the document's first half as a
+    prompt, in one forward (a full cache's predictions), then the rest token by token from what it kept."""
+    ids, record = document_ids(tiny_model, 60)
+    options = {"budget": 12, "window": 4, "kernel": 3}
+    nll, evaluation = nll_of(tiny_model, "snapkv", options, ids, record)
+    dynamic, _ = nll_of(tiny_model, "dynamic", {}, ids, record)
+    result = evaluation.result
+    assert result.method == {"mode": "token-by-token", "chunk": 1, "prompt": 30} and not evaluation.batchable()
+    assert result.first_eviction == 30  # measured: after the prompt the cache held 12 of 30
+    assert float((nll[:30] - dynamic[:30]).abs().max()) < TOLERANCE
+    assert float((nll[30:] - dynamic[30:]).abs().max()) > TOLERANCE
+    held = [r.tokens_held for r in result.records if r.tokens_held is not None]
+    assert held == list(range(12, 12 + 30))  # the prompt cut to the budget, then every token appended
+    assert all(r.cache_bytes == r.predicted_cache_bytes for r in result.records if r.cache_bytes is not None)
+    summary = result.summary()
+    assert summary["before_eviction_perplexity"] is not None and summary["after_eviction_perplexity"] is not None
+
+
+def test_snapkv_whose_prompt_would_fit_is_refused(tiny_model):
+    ids, record = document_ids(tiny_model, 40)
+    with pytest.raises(OptionError) as refused:
+        evaluate.Evaluation(tiny_model, strategies.choose("snapkv", {"budget": 64, "window": 8}), ids, record)
+    assert str(refused.value) == (
+        "snapkv (budget=64, window=8, kernel=5, pooling=average) evicts only from a prompt longer than the 64 tokens "
+        "it keeps, and an evaluation gives it the document's first half as its prompt (20 of 40 tokens), so it would "
+        "never evict; evaluate at least 130 tokens, or keep fewer than 20"
+    )
+
+
+# The policy's state in each compressed layer of tiny (4 layers, 2 KV heads), per KV head: the int64 position of each
+# key the latest step returned and, once it chose, of each kept; H2O adds a float32 sum per token held
+@pytest.mark.parametrize("name,layers,score", [("tova", 4, 0), ("h2o", 4, 4), ("knorm", 2, 0)])  # knorm: 2 left whole
+def test_a_policy_s_own_state_is_measured(tiny_model, name, layers, score):
+    ids, record = document_ids(tiny_model, 30)
+    _, evaluation = nll_of(tiny_model, name, {"budget": 12}, ids, record)
+    records = evaluation.result.records
+    assert evaluation.result.first_eviction == 13  # the budget of 12 held against the 13 tokens seen
+    assert records[0].policy_bytes == layers * 2 * (8 + score)  # one token, before any choice
+    assert records[-1].policy_bytes == layers * 2 * ((13 + 12) * 8 + 12 * score)  # 13 returned, 12 kept
+    assert evaluation.result.summary()["final_policy_bytes"] == records[-1].policy_bytes
+
+
 def test_quantized_is_measured_and_predicted_at_every_token(tiny_model):
     ids, record = document_ids(tiny_model, 50)
     options = {"backend": "hqq", "nbits": 4, "q_group_size": 32, "residual_length": 8}

@@ -16,8 +16,7 @@ EVICTING = [
     ("h2o", {"budget": 12, "recent": 4}),
     ("tova", {"budget": 12}),
     ("knorm", {"budget": 12}),
-    ("snapkv", {"budget": 12, "window": 4}),
-]
+]  # snapkv reads its prompt in one forward, alone (test_evaluate)
 
 
 def evaluations_of(loaded, specs, ids, record, cancel=None):

@@ -1,11 +1,16 @@
 """Importance-based eviction (h2o, tova, snapkv, knorm): budgets held, bytes exact, models refused with the reason."""
 
+import gc
+import itertools
+import weakref
+
 import pytest
 import torch
 
 from kvviz.engine import decode, strategies
 from kvviz.engine.cache_run import CacheRun
 from kvviz.engine.strategies import OptionError, parse_list
+from kvviz.engine.strategies.knorm import KeyNormLayer
 from kvviz.files.trace import SlotState
 
 from .families import CONFIGS, tiny_family
@@ -15,7 +20,7 @@ POLICIES = {
     "h2o": {"budget": 32, "recent": 8},
     "tova": {"budget": 32},
     "snapkv": {"budget": 32, "window": 8},
-    "knorm": {"budget": 32},
+    "knorm": {"budget": 32, "skip_layers": 0},  # every layer compressed (its own default leaves two whole: below)
 }
 
 
@@ -174,7 +179,43 @@ def test_listed_with_descriptions_and_accepted_by_compare():
     for name in POLICIES:
         listing = strategies.get(name).to_dict()
         assert listing["available"] and listing["description"]
-    assert strategies.choose("h2o").options == {"budget": 256, "recent": 0}
+    assert strategies.choose("h2o").options == {"budget": 256, "recent": -1}
+    assert strategies.choose("snapkv").options == {"budget": 256, "window": 32, "kernel": 5, "pooling": "average"}
+    assert strategies.choose("knorm").options == {"budget": 256, "skip_layers": 2}
     choices = parse_list(["h2o:budget=64:recent=16", "tova:budget=64", "snapkv:budget=64", "knorm"])
     assert [c.name for c in choices] == ["h2o", "tova", "snapkv", "knorm"]
     assert choices[0].options == {"budget": 64, "recent": 16}
+
+
+def test_keep_selects_per_batch_row_and_head():
+    """Rows of a batch keep their own tokens, whether the policy chose per KV head or once per layer."""
+    layer = KeyNormLayer(0, budget=3)
+    keys, values = torch.randn(2, 2, 5, 4), torch.randn(2, 2, 5, 4)
+    layer.update(keys, values)  # over budget: the three lowest-norm keys of each row and head stay
+    for b, h in itertools.product(range(2), range(2)):
+        expected = sorted(keys[b, h].norm(dim=-1).topk(3, largest=False).indices.tolist())
+        assert layer.positions[b, h].tolist() == expected
+        torch.testing.assert_close(layer.values[b, h], values[b, h, expected])
+    before = layer.positions.clone()
+    layer.keep(torch.tensor([[[0, 2]], [[1, 2]]]))  # one index row per batch row: the same slots in every head
+    assert layer.positions.tolist() == [[row[[0, 2]].tolist() for row in before[0]],
+                                        [row[[1, 2]].tolist() for row in before[1]]]
+
+
+def test_an_unanswered_attention_request_ends_with_its_forward(tiny_model):
+    """A request lives for one forward: it keeps no keys alive after it, and the policy says attention never came."""
+    model = tiny_model.model
+    cache_run = CacheRun(model, strategies.choose("h2o", {"budget": 8}), 32)
+    ids = torch.tensor([tiny_model.tokenizer(PROMPT)["input_ids"][:12]])
+    try:
+        with torch.inference_mode():
+            cache_run.forward(ids[:, :4])
+            model.set_attn_implementation("sdpa")  # attention no longer goes through kvviz: nobody answers
+            cache_run.forward(ids[:, 4:5])
+            asked_about = weakref.ref(cache_run.cache.layers[0].keys)  # what the unanswered request named
+            with pytest.raises(RuntimeError, match="an attention-scored cache got no attention scores"):
+                cache_run.forward(ids[:, 5:6])  # the layer replaces its keys, then finds its request unanswered
+        gc.collect()
+        assert asked_about() is None  # no request outlived its forward to keep them
+    finally:
+        model.set_attn_implementation("kvviz_sdpa")

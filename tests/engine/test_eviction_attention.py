@@ -89,8 +89,9 @@ def test_tova_keeps_what_the_newest_query_attends_to_most_in_every_head():
     assert kept(layer) == [expected, expected]
 
 
-def test_h2o_keeps_recent_and_heaviest_by_accumulated_attention_per_head():
-    layer = H2OLayer(0, budget=10, recent=4)
+@pytest.mark.parametrize("recent", [4, 0], ids=["recent-and-heavy", "heavy-only"])
+def test_h2o_keeps_recent_and_heaviest_by_accumulated_attention_per_head(recent):
+    layer = H2OLayer(0, budget=10, recent=recent)
     group = HEADS // KV_HEADS
     positions = [[] for _ in range(KV_HEADS)]
     sums = [torch.zeros(0) for _ in range(KV_HEADS)]
@@ -102,22 +103,27 @@ def test_h2o_keeps_recent_and_heaviest_by_accumulated_attention_per_head():
             positions[head] += list(range(seen, seen + n))
             sums[head] = torch.cat([sums[head], torch.zeros(n)]) + received[head * group : (head + 1) * group].sum(0)
             if len(positions[head]) > 10:
-                older = len(positions[head]) - 4
-                index = sorted(sums[head][:older].topk(6).indices.tolist()) + list(range(older, older + 4))
+                older = len(positions[head]) - recent
+                heavy = sorted(sums[head][:older].topk(10 - recent).indices.tolist())
+                index = heavy + list(range(older, older + recent))
                 positions[head] = [positions[head][i] for i in index]
                 sums[head] = sums[head][index]
         seen += n
         assert kept(layer) == positions, step
         torch.testing.assert_close(layer.sums[0], torch.stack(sums))
-    assert positions[0] != positions[1]  # chosen per head
+    if recent:
+        assert positions[0] != positions[1]  # chosen per head
+    else:  # no recent window: the newest token, attended by one query only, is the lightest and goes at once
+        assert all(seen - 1 not in kept_by_head for kept_by_head in positions)
 
 
-def test_snapkv_keeps_window_and_pooled_top_of_the_prompt_then_appends():
-    layer = SnapKVLayer(0, budget=12, window=4, kernel=3)
+@pytest.mark.parametrize("pooling,pool", [("average", F.avg_pool1d), ("max", F.max_pool1d)])
+def test_snapkv_keeps_window_and_pooled_top_of_the_prompt_then_appends(pooling, pool):
+    layer = SnapKVLayer(0, budget=12, window=4, kernel=3, pooling=pooling)
     query, keys = feed(layer, 30)
     weights = eager_weights(query, keys, causal_additive(30, 30))[0, :, -4:, :26]  # window's queries on the rest
     per_kv_head = weights.sum(dim=1).view(KV_HEADS, HEADS // KV_HEADS, 26).mean(dim=1)
-    pooled = F.max_pool1d(per_kv_head[None], kernel_size=3, stride=1, padding=1)[0]
+    pooled = pool(per_kv_head[None], kernel_size=3, stride=1, padding=1)[0]
     expected = [sorted(row.topk(8).indices.tolist()) + [26, 27, 28, 29] for row in pooled]
     assert kept(layer) == expected
     feed(layer, 1, seed=1)

@@ -47,3 +47,14 @@ def test_an_untied_input_embedding_counts_one_row(tiny_model):
     table = model.get_input_embeddings().weight
     every = sum(p.numel() * p.element_size() for p in model.parameters())
     assert weight_read_bytes(model) == every - table.numel() * 4 + table.shape[1] * 4
+
+
+def test_bench_measures_the_bandwidth_of_the_device_its_runs_used(monkeypatch):
+    """--device auto on a CUDA machine runs on CUDA: the bandwidth beside the runs' rates is the GPU's."""
+    from kvviz.engine import bench
+
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(machine, "memory_bandwidth", lambda device, force=False: asked.append(device) or 1e12)
+    figures = bench.run_bench("tiny", [], new_tokens=4, repeats=1, device="auto")
+    assert asked == [torch.device("cuda")] and figures["bandwidth_bytes_per_s"] == 1e12

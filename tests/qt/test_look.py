@@ -196,10 +196,16 @@ def test_help_menu_and_switch_shortcut(qtbot, window):
     entries = [a.text().replace("&", "") for a in help_menu.menu().actions()]
     assert entries == ["What the views show", "Keyboard and mouse", "About kvviz"]
 
+    qtbot.waitUntil(lambda: bool(window.help.strategies), timeout=20000)  # listed by the worker
     views = window.help.show_views()
     body = views.findChild(QTextBrowser).toPlainText()
-    for heading in ("Cache memory", "Step latency", "Fidelity", "Cache map", "Attention", "Tokens", "vLLM server"):
+    for heading in ("Cache memory", "Step latency", "Fidelity", "Cache map", "Attention", "Tokens", "vLLM server",
+                    "Cache strategies"):
         assert heading in body
+    # what each policy keeps and the paper it follows
+    for follows in ("snapkv: SnapKV: cut the prompt", "Follows SnapKV (Li et al., NeurIPS 2024)", "Follows H2O (Zhang",
+                    "Follows Devoto et al., EMNLP 2024", "Follows TOVA (Oren et al.", "Follows StreamingLLM"):
+        assert follows in body
     for unit in ("MiB", "milliseconds", "nats", "KiB"):
         assert unit in body
     # the cache map's colours in the words theme.py holds true of both themes, the statuses as the Runs table writes

@@ -105,7 +105,8 @@ class Strategy:
     """One cache strategy. Subclasses set the class attributes and override what differs."""
 
     name: ClassVar[str]
-    description: ClassVar[str]
+    description: ClassVar[str]  # what it keeps, in one line
+    reference: ClassVar[str] = ""  # the paper or code it follows, and where kvviz departs from it
     options: ClassVar[tuple[Option, ...]] = ()
     needs_cuda: ClassVar[bool] = False
     has_cache: ClassVar[bool] = True  # False: every step recomputes the whole sequence
@@ -118,6 +119,9 @@ class Strategy:
     # True: predictions equal a full-precision cache's, whatever the length (nothing dropped, nothing
     # quantized), so an evaluation may feed many tokens per forward
     exact: ClassVar[bool] = False
+    # True: evicts only from a prompt fed in one forward (SnapKV): fed one token at a time it never evicts, so an
+    # evaluation gives it a prompt
+    compresses_prompt: ClassVar[bool] = False
     # True: rounds what it keeps to a few bits, so a difference in float rounding (a batched forward's) can
     # move a value to the neighbouring level; an evaluation feeds it alone
     quantizes: ClassVar[bool] = False
@@ -175,15 +179,22 @@ class Strategy:
         """The positions a run of `tokens` tokens numbers its tokens with (checked against the model's context)."""
         return tokens
 
-    def has_evicted(self, options: dict, seen: int) -> bool:
-        """Whether the cache has dropped tokens once `seen` tokens went through it."""
-        return False
+    def prompt_capacity(self, options: dict) -> int | None:
+        """The most tokens a prompt may have for this cache to keep it whole (None: any prompt): a prediction from
+        the options alone, to warn before a run (a run measures what its cache really dropped: `CacheRun.evicted`)."""
+        return None
+
+    def prompt_overflows(self, options: dict, tokens: int) -> bool:
+        """Whether part of a prompt of `tokens` tokens is gone before the first new token (`prompt_capacity`)."""
+        capacity = self.prompt_capacity(options)
+        return capacity is not None and tokens > capacity
 
     def to_dict(self) -> dict[str, Any]:
         ok, reason = self.available()
         return {
             "name": self.name,
             "description": self.description,
+            "reference": self.reference,
             "available": ok,
             "reason": reason,
             "options": [o.to_dict() for o in self.options],

@@ -8,6 +8,7 @@ from kvviz.engine.strategies.base import Strategy
 class Dynamic(Strategy):
     name = "dynamic"
     description = "DynamicCache: keys and values grow by one token per step"
+    reference = "transformers' DynamicCache"
     exact = True
 
     def make_cache(self, model, options, capacity):

@@ -1,20 +1,22 @@
 """What the importance-based eviction strategies share: a token budget per layer, full-attention models only,
-kvviz's attention function installed when a policy reads attention, and the size rule.
+kvviz's attention function installed when a policy reads attention, and the size rule of keys, values and the
+policy's own bookkeeping.
 
 Each policy (h2o, tova, snapkv, knorm) is a module of its own with its layer (an `EvictionLayer`) and its
-strategy (an `EvictionStrategy`).
+strategy (an `EvictionStrategy`). A policy may leave its first layers whole, as plain DynamicLayers (key norm,
+as its authors do).
 
-At a live switch the held tokens are fed through the new layers' `update()` without a forward, so there is
-no attention to score them with: key norm chooses at once, and the attention policies choose at the first
-step after the switch, from that step's attention (H2O's sums start there; SnapKV takes that step's queries
-as its observation window). The step's record shows the budget either way.
+At a live switch the held tokens are handed to the new layers (`EvictionLayer.receive`) without a forward, so
+there is no attention to score them with: every policy chooses at the first step after the switch, from that
+step's attention (H2O's sums start there; SnapKV takes that step's queries as its observation window; key norm
+needs none). That step's record shows the budget.
 """
 
 from __future__ import annotations
 
 from typing import ClassVar
 
-from transformers.cache_utils import Cache
+from transformers.cache_utils import Cache, DynamicLayer
 
 from kvviz.engine import attention_scores
 from kvviz.engine.eviction_layers import EvictionLayer
@@ -22,20 +24,52 @@ from kvviz.engine.geometry import Geometry
 from kvviz.engine.predict import CachePredictor
 from kvviz.engine.strategies.base import Option, Strategy, only_full_attention
 
+POSITION_BYTES = 8  # an int64 position, what an EvictionLayer keeps per token and KV head
+
 
 def budget_option(minimum: int = 1) -> Option:
     return Option("budget", "int", 256, "tokens each layer keeps", minimum=minimum)
 
 
 class BudgetPredictor(CachePredictor):
-    """Each layer holds everything it has seen up to `budget` tokens, then exactly `budget`."""
+    """Each compressed layer holds what it was fed up to `budget` tokens, then exactly `budget`; the first `whole`
+    layers keep everything (DynamicLayer). Beside keys and values a compressed layer's policy keeps the position of
+    every token it holds and of every key the latest feed returned (one tensor when the policy chose nothing in that
+    feed; `EvictionLayer`), and `score_bytes` per token held and KV head (H2O's accumulated attention)."""
 
-    def __init__(self, geometry, budget: int):
+    def __init__(self, geometry, budget: int, score_bytes: int = 0, whole: int = 0):
         super().__init__(geometry)
         self.budget = budget
+        self.score_bytes = score_bytes
+        self.whole = whole
+        n = geometry.num_layers
+        self.held = [0] * n  # per layer: tokens held
+        self.returned = [0] * n  # per layer: tokens the latest feed returned to attention (held before it, and new)
+        self.chose = [False] * n  # per layer: whether the policy gathered what it keeps in the latest feed
+        self.scored = [0] * n  # per layer: tokens with a score
 
-    def layer_bytes(self, i, window, new) -> int:
-        return min(self.seen + new, self.budget) * self.geometry.token_bytes
+    def advance(self, i, new, received) -> None:
+        if received:  # kept as given, unscored, until the next feed chooses
+            self.held[i], self.returned[i], self.chose[i], self.scored[i] = new, new, False, 0
+            return
+        self.returned[i] = self.held[i] + new
+        self.held[i], self.chose[i] = self.kept(i, new)
+        self.scored[i] = self.held[i]
+
+    def kept(self, i: int, new: int) -> tuple[int, bool]:
+        """Tokens layer i holds after a feed of `new` tokens returned `returned[i]`, and whether its policy chose."""
+        return min(self.returned[i], self.budget), self.returned[i] > self.budget
+
+    def layer_bytes(self, i, window) -> int:
+        tokens = self.seen[i] if i < self.whole else self.held[i]
+        return tokens * self.geometry.token_bytes
+
+    def policy_bytes(self) -> int:
+        total = 0
+        for i in range(self.whole, self.geometry.num_layers):
+            positions = self.returned[i] + (self.held[i] if self.chose[i] else 0)
+            total += POSITION_BYTES * positions + self.score_bytes * self.scored[i]
+        return total * self.geometry.batch * self.geometry.kv_heads
 
 
 class EvictionStrategy(Strategy):
@@ -44,6 +78,10 @@ class EvictionStrategy(Strategy):
 
     def make_layer(self, index: int, options: dict) -> EvictionLayer:
         raise NotImplementedError
+
+    def whole_layers(self, options: dict) -> int:
+        """The first layers the policy leaves whole (plain DynamicLayers)."""
+        return 0
 
     def model_problem(self, model, geometry, options):
         problem = only_full_attention(geometry)
@@ -55,10 +93,11 @@ class EvictionStrategy(Strategy):
         if self.reads_attention:
             attention_scores.install(model)
         n_layers = Geometry.of(model.config, model.dtype).num_layers
-        return Cache(layers=[self.make_layer(i, options) for i in range(n_layers)])
+        whole = self.whole_layers(options)
+        return Cache(layers=[DynamicLayer() if i < whole else self.make_layer(i, options) for i in range(n_layers)])
 
     def predictor(self, options, geometry, capacity):
-        return BudgetPredictor(geometry, options["budget"])
+        return BudgetPredictor(geometry, options["budget"], whole=self.whole_layers(options))
 
-    def has_evicted(self, options, seen) -> bool:
-        return seen > options["budget"]
+    def prompt_capacity(self, options) -> int:
+        return options["budget"]

@@ -5,13 +5,14 @@ from kvviz.engine.strategies.base import Strategy
 
 
 class NoCachePredictor(CachePredictor):
-    def layer_bytes(self, i, window, new) -> int:
+    def layer_bytes(self, i, window) -> int:
         return 0
 
 
 class NoCache(Strategy):
     name = "none"
     description = "no cache: the whole sequence is recomputed at every step"
+    reference = "transformers with use_cache=False"
     has_cache = False
     exact = True
 

@@ -9,6 +9,7 @@ from kvviz.engine.strategies.static import StaticPredictor
 class Offloaded(Strategy):
     name = "offloaded"
     description = "DynamicCache with each layer moved to CPU memory between uses (CUDA only)"
+    reference = "transformers' DynamicCache(offloading=True)"
     needs_cuda = True
     exact = True
 
@@ -19,6 +20,7 @@ class Offloaded(Strategy):
 class OffloadedStatic(Strategy):
     name = "offloaded-static"
     description = "StaticCache with layers offloaded to CPU memory between uses (CUDA only)"
+    reference = "transformers' StaticCache(offloading=True)"
     options = (max_cache_len_option(),)
     needs_cuda = True
     exact = True

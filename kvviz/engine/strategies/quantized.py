@@ -44,28 +44,32 @@ class QuantizedPredictor(CachePredictor):
     def __init__(self, geometry, options):
         super().__init__(geometry)
         self.options = options
-        self.quantized = [0] * geometry.num_layers
-        self.residual = [0] * geometry.num_layers
+        self.quantized = [0] * geometry.num_layers  # per layer: tokens held quantized
+        self.residual = [0] * geometry.num_layers  # per layer: tokens held in full precision
 
-    def layer_bytes(self, i, window, new) -> int:
-        o = self.options
-        backend = o["backend"]
-        if backend == "fp8":
+    def advance(self, i, new, received) -> None:
+        if self.options["backend"] == "fp8" or self.seen[i] == new:  # fp8, or the first update: all is quantized
             self.quantized[i] += new
-        elif self.seen == 0:  # the first update quantizes everything it gets
-            self.quantized[i] = new
-        elif self.residual[i] + new >= o["residual_length"]:
+        elif self.residual[i] + new >= self.options["residual_length"]:
             self.quantized[i] += self.residual[i] + new
             self.residual[i] = 0
         else:
             self.residual[i] += new
-        q = quantized_bytes(self.geometry, self.quantized[i], backend, o.get("nbits", 8), o.get("q_group_size", 64))
+
+    def layer_bytes(self, i, window) -> int:
+        o = self.options
+        group = o.get("q_group_size", 64)
+        q = quantized_bytes(self.geometry, self.quantized[i], o["backend"], o.get("nbits", 8), group)
         return q + self.residual[i] * self.geometry.token_bytes
 
 
 class Quantized(Strategy):
     name = "quantized"
     description = "QuantizedCache (KIVI-style): old tokens quantized, the newest kept in a full-precision residual"
+    reference = (
+        "KIVI (Liu et al., ICML 2024) as transformers' QuantizedCache implements it: keys and values grouped alike "
+        "(KIVI groups keys per channel, values per token)"
+    )
     quantizes = True
     options = (
         Option("backend", "choice", "quanto", "quantization library", choices=("quanto", "hqq", "fp8")),

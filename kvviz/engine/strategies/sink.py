@@ -22,13 +22,17 @@ class SinkPredictor(CachePredictor):
         super().__init__(geometry)
         self.kept = kept
 
-    def layer_bytes(self, i, window, new) -> int:
-        return min(self.seen + new, self.kept) * self.geometry.token_bytes
+    def layer_bytes(self, i, window) -> int:
+        return min(self.seen[i], self.kept) * self.geometry.token_bytes
 
 
 class Sink(Strategy):
     name = "sink"
     description = "StreamingLLM attention sinks: the first tokens plus a recent window, keys re-rotated"
+    reference = (
+        "StreamingLLM (Xiao et al., ICLR 2024): kept keys re-rotated to consecutive positions, as in the paper and "
+        "transformers' former SinkCache"
+    )
     options = (
         Option("sink_tokens", "int", 4, "first tokens kept forever", minimum=0),
         Option("window", "int", 252, "most recent tokens kept", minimum=1),
@@ -54,5 +58,5 @@ class Sink(Strategy):
         # kept keys are re-rotated down after each eviction: positions never pass what is kept
         return min(tokens, options["sink_tokens"] + options["window"] + 1)
 
-    def has_evicted(self, options, seen) -> bool:
-        return seen > options["sink_tokens"] + options["window"]
+    def prompt_capacity(self, options) -> int:
+        return options["sink_tokens"] + options["window"]

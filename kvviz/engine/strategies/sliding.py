@@ -13,14 +13,15 @@ class SlidingPredictor(CachePredictor):
         super().__init__(geometry)
         self.window = window
 
-    def layer_bytes(self, i, native, new) -> int:
+    def layer_bytes(self, i, native) -> int:
         window = self.window if native is None else min(native, self.window)
-        return self.growing_tokens(window, new) * self.geometry.token_bytes
+        return self.growing_tokens(i, window) * self.geometry.token_bytes
 
 
 class Sliding(Strategy):
     name = "sliding"
     description = "sliding window: attend to and keep only the most recent `window` tokens"
+    reference = "transformers' DynamicSlidingWindowLayer (the window of Longformer and Mistral)"
     options = (Option("window", "int", 256, "tokens each step attends to, the current one included", minimum=2),)
     evicts = True
 
@@ -37,6 +38,6 @@ class Sliding(Strategy):
     def predictor(self, options, geometry, capacity):
         return SlidingPredictor(geometry, options["window"])
 
-    def has_evicted(self, options, seen) -> bool:
+    def prompt_capacity(self, options) -> int:
         # the window counts the token being decoded, so a layer holds window - 1 between steps
-        return seen >= options["window"]
+        return options["window"] - 1

@@ -2,13 +2,14 @@
 
 At the prefill, if the prompt is longer than `budget`, each KV head keeps the last `window` prompt tokens (the
 observation window) plus the `budget - window` earlier tokens that the window's queries attend to most:
-attention summed over the window's queries, averaged over the query heads that share the KV head, then
-max-pooled over neighbouring positions (`kernel`) so that kept tokens come with their context. Tokens fed
-after the prefill are all kept, so the cache grows again from `budget`.
+attention summed over the window's queries, averaged over the query heads that share the KV head, then pooled
+over neighbouring positions (`kernel` wide, averaged by default as in the reference code, or the maximum) so that
+kept tokens come with their context. Tokens fed after the prefill are all kept, so the cache grows again from
+`budget`.
 
-The prompt is whatever the cache holds at its first forward: fed one token at a time from the start (a
-teacher-forced evaluation), it never compresses. After a live switch the held tokens are the prompt and the
-first step's own queries are the observation window.
+The prompt is whatever the cache holds at its first forward: fed one token at a time from the start, it never
+compresses (an evaluation gives it a prompt: `kvviz.engine.evaluate`). After a live switch the held tokens are the
+prompt and the first step's own queries are the observation window.
 """
 
 from __future__ import annotations
@@ -18,16 +19,18 @@ import torch.nn.functional as F
 
 from kvviz.engine.attention_scores import attention_received
 from kvviz.engine.eviction_layers import EvictionLayer, top_indices
-from kvviz.engine.predict import CachePredictor
 from kvviz.engine.strategies.base import Option
-from kvviz.engine.strategies.eviction import EvictionStrategy, budget_option
+from kvviz.engine.strategies.eviction import BudgetPredictor, EvictionStrategy, budget_option
+
+POOLING = {"average": F.avg_pool1d, "max": F.max_pool1d}
 
 
 class SnapKVLayer(EvictionLayer):
-    def __init__(self, index: int, budget: int, window: int, kernel: int):
+    def __init__(self, index: int, budget: int, window: int, kernel: int, pooling: str = "average"):
         super().__init__(index, budget)
         self.window = window
         self.kernel = kernel
+        self.pool = POOLING[pooling]
         self.compressed = False  # the prompt has been dealt with; everything after it is kept
 
     def appended(self, new: int) -> None:
@@ -44,7 +47,7 @@ class SnapKVLayer(EvictionLayer):
         observed = min(self.window, new)
         received = attention_received(query, key, mask, scaling, last=observed).mean(dim=2)
         candidates = received[..., : prompt - self.window]  # [batch, kv_heads, positions before the window]
-        pooled = F.max_pool1d(candidates, kernel_size=self.kernel, stride=1, padding=self.kernel // 2)
+        pooled = self.pool(candidates, kernel_size=self.kernel, stride=1, padding=self.kernel // 2)
         chosen = top_indices(pooled, self.budget - self.window)
         kept_tail = torch.arange(prompt - self.window, held, device=self.device).expand(*chosen.shape[:2], -1)
         self.keep(torch.cat([chosen, kept_tail], dim=-1))
@@ -58,32 +61,41 @@ class SnapKVLayer(EvictionLayer):
         self.compressed = False
 
 
-class SnapKVPredictor(CachePredictor):
-    """The first feed (the prompt, or what a live switch moved in) is cut to `budget`; later feeds are added."""
+class SnapKVPredictor(BudgetPredictor):
+    """The first feed (the prompt, or what a live switch moved in, with the first step's tokens) is cut to `budget`
+    when longer; later feeds are added."""
 
     def __init__(self, geometry, budget: int):
-        super().__init__(geometry)
-        self.budget = budget
-        self.first_feed: int | None = None
+        super().__init__(geometry, budget)
+        self.compressed = [False] * geometry.num_layers
 
-    def after_step(self, new_tokens: int) -> int:
-        if self.first_feed is None:
-            self.first_feed = new_tokens
-        return super().after_step(new_tokens)
-
-    def layer_bytes(self, i, window, new) -> int:
-        appended = self.seen + new - self.first_feed
-        return (min(self.first_feed, self.budget) + appended) * self.geometry.token_bytes
+    def kept(self, i, new):
+        returned = self.returned[i]
+        if self.compressed[i]:
+            return returned, False
+        self.compressed[i] = True
+        if returned <= self.budget:
+            return returned, False
+        prompt = returned if returned == new else returned - new
+        return self.budget + returned - prompt, True
 
 
 class SnapKV(EvictionStrategy):
     name = "snapkv"
     description = "SnapKV: cut the prompt to `budget` by what its last `window` queries attend to; decoding appends"
+    reference = (
+        "SnapKV (Li et al., NeurIPS 2024) and its reference code (window 32, kernel 5, average pooling); with "
+        "grouped-query attention a KV head averages its query heads' attention (as kvpress), where the reference "
+        "repeats the keys per query head"
+    )
+    compresses_prompt = True
     options = (
         budget_option(minimum=2),
         Option("window", "int", 32, "last prompt tokens whose queries choose (the observation window), all kept",
                minimum=1),
-        Option("kernel", "int", 5, "max-pooling width over positions (odd)", minimum=1),
+        Option("kernel", "int", 5, "pooling width over positions (odd)", minimum=1),
+        Option("pooling", "choice", "average", "how attention is pooled over neighbouring positions",
+               choices=tuple(POOLING)),
     )
 
     def check_options(self, options):
@@ -97,11 +109,7 @@ class SnapKV(EvictionStrategy):
         return None
 
     def make_layer(self, index, options):
-        return SnapKVLayer(index, options["budget"], options["window"], options["kernel"])
+        return SnapKVLayer(index, options["budget"], options["window"], options["kernel"], options["pooling"])
 
     def predictor(self, options, geometry, capacity):
         return SnapKVPredictor(geometry, options["budget"])
-
-    def has_evicted(self, options, seen) -> bool:
-        # from the tokens seen alone it cannot tell whether the prompt was longer than the budget: say it may have
-        return seen > options["budget"]

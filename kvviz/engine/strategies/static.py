@@ -14,7 +14,7 @@ class StaticPredictor(CachePredictor):
         super().__init__(geometry)
         self.capacity = capacity
 
-    def layer_bytes(self, i, window, new) -> int:
+    def layer_bytes(self, i, window) -> int:
         slots = self.capacity if window is None else min(window, self.capacity)
         return slots * self.geometry.token_bytes
 
@@ -22,6 +22,7 @@ class StaticPredictor(CachePredictor):
 class Static(Strategy):
     name = "static"
     description = "StaticCache: all token slots preallocated up front, written in place"
+    reference = "transformers' StaticCache"
     options = (
         max_cache_len_option(),
         Option("compile", "bool", False, "run decode steps under torch.compile (compile time reported apart)"),

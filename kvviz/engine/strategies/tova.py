@@ -3,7 +3,9 @@
 Once a layer holds more than `budget` tokens, it keeps the `budget` tokens on which the newest query's
 attention, averaged over all query heads, is highest: one decision per layer, the same tokens in every KV
 head (as in the authors' code; with grouped-query attention every query head counts once). At each decoding
-step that evicts exactly one token; a longer prompt is cut to the budget by its last query.
+step that evicts exactly one token; a longer prompt is cut to the budget by its last query. After a live switch
+from a policy that chose per KV head, the heads hold different tokens in the same key slots: the choice keeps the
+same slots in every head, each with its own token.
 """
 
 from __future__ import annotations
@@ -14,8 +16,6 @@ from kvviz.engine.strategies.eviction import EvictionStrategy, budget_option
 
 
 class TOVALayer(EvictionLayer):
-    per_head = False
-
     def appended(self, new: int) -> None:
         if self.get_seq_length() > self.budget:
             self.ask_for_attention()
@@ -30,6 +30,10 @@ class TOVALayer(EvictionLayer):
 class TOVA(EvictionStrategy):
     name = "tova"
     description = "TOVA: once over `budget`, drop the token the current query attends to least (one choice per layer)"
+    reference = (
+        "TOVA (Oren et al., 2024, \"Transformers are Multi-State RNNs\"), as the authors' code: the newest query's "
+        "attention averaged over all heads, one choice per layer"
+    )
     options = (budget_option(),)
 
     def make_layer(self, index, options):

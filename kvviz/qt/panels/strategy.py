@@ -193,7 +193,7 @@ class StrategyPanel(QGroupBox):
             if problem is None and self._preflight is not None and self._preflight[:2] == (strategy.name, values):
                 problem = self._preflight[2]
             count = self._prompt_tokens
-            if problem is None and count and strategy.evicts and strategy.has_evicted(options, count):
+            if problem is None and count and strategy.prompt_overflows(options, count):
                 warning = (
                     f"The prompt is {count} tokens, more than this cache keeps: it drops the start of the prompt "
                     "before the first new token, and the model never sees it. Keep more tokens, or shorten the prompt."
