@@ -53,6 +53,8 @@ def run_all(loaded, choices, settings, prompt: str, reference: bool, log: Log) -
     traces = []
     for i, decoder in enumerate(decoders):
         log(f"{decoder.choice.label()} ({i + 1}/{len(decoders)})", i / len(decoders))
+        if decoder.prompt_note:
+            log(decoder.prompt_note, None)
         for _ in decoder:
             pass
         traces.append(decoder.trace)

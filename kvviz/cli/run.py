@@ -104,6 +104,8 @@ def command(args) -> int:
     stream = not (args.json or args.quiet)
     if not args.json:
         print(f"kvviz: {loaded.card['name']}, {choice.label()}, prompt {decoder.prompt_tokens} tokens", file=sys.stderr)
+    if decoder.prompt_note:
+        common.log(decoder.prompt_note)
     interrupted = refused = None
     last_progress = time.monotonic()
     try:

@@ -173,6 +173,8 @@ class Decoder:
         if not self.prompt_ids:
             raise OptionError("the prompt is empty; type some text to continue")
         self.prompt_tokens = len(self.prompt_ids)
+        # what this cache does to a prompt it cannot keep whole (None: it keeps it), for the front ends to say
+        self.prompt_note = get(choice.name).prompt_note(choice.options, self.prompt_tokens)
         self._cancel = threading.Event()
         self._lock = threading.Lock()
         self._pending: StrategyChoice | None = None

@@ -155,6 +155,7 @@ class Controls(QWidget):
                 widget.setCurrentIndex(page)
                 widget.blockSignals(False)
         evaluating = index == EVALUATE
+        self.strategy_panel.set_prompt_relevant(not evaluating)
         for panel in (self.prompt_panel, self.settings_panel):
             panel.setVisible(not evaluating)
         for panel in (self.document_panel, self.eval_list_panel):

@@ -143,3 +143,16 @@ def test_debug_prints_the_traceback_of_a_strategy_that_fails_inside_an_evaluatio
         assert "sliding (window=4) failed: IndexError: index 7 is out of bounds" in result.stdout
     assert "Traceback" not in quiet.stderr
     assert "Traceback" in loud.stderr and "in broken" in loud.stderr
+
+
+def test_run_and_compare_say_what_the_cache_keeps_of_a_long_prompt(tmp_path):
+    prompt = "The cache grows by one token at every step of decoding, and the window keeps only the last few."
+    ran = kvviz("run", "--model", "tiny", "--strategy", "sliding:window=8", "--prompt", prompt, "--raw",
+                "--max-new-tokens", "2", "--no-trace")
+    assert ran.returncode == 0, ran.stderr
+    assert "more than this cache keeps (7): the prefill reads all of it, then the cache keeps its last 7" in ran.stderr
+    compared = kvviz("compare", "--model", "tiny", "--strategies", "dynamic,sink:sink_tokens=2:window=4", "--prompt",
+                     prompt, "--raw", "--max-new-tokens", "2", "--no-reference", "--out", tmp_path / "c")
+    assert compared.returncode == 0, compared.stderr
+    assert compared.stderr.count("more than this cache keeps") == 1  # sink's, not dynamic's
+    assert "its first 2 tokens (the sinks) and its last 4" in compared.stderr

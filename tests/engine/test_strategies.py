@@ -148,3 +148,26 @@ def test_every_strategy_runs_on_the_tiny_model_with_its_default_options(tiny_mod
             continue
         decoder = decode.Decoder(tiny_model, strategies.choose(strategy.name), settings, "defaults")
         assert len(list(decoder)) == 3, strategy.name
+
+
+@pytest.mark.parametrize("name,options,kept", [
+    ("sliding", {"window": 8}, "its last 7 tokens"),
+    ("sink", {"sink_tokens": 4, "window": 4}, "its first 4 tokens (the sinks) and its last 4"),
+    ("h2o", {"budget": 8}, "per KV head the 8 tokens that drew the most attention, its last 4 among them"),
+    ("h2o", {"budget": 8, "recent": 0}, "per KV head the 8 tokens that drew the most attention."),
+    ("tova", {"budget": 8}, "the 8 tokens its last token attends to most"),
+    ("snapkv", {"budget": 8, "window": 2}, "its last 2 tokens and the 6 that those tokens' queries attend to most"),
+    ("knorm", {"budget": 8}, "the 8 keys with the lowest norm (the first 2 layers keep all of it)"),
+])
+def test_each_strategy_says_what_it_keeps_of_a_long_prompt(name, options, kept):
+    choice = strategies.choose(name, options)
+    strategy = strategies.get(name)
+    assert strategy.prompt_note(choice.options, 8 if name != "sliding" else 7) is None  # kept whole: nothing to say
+    note = strategy.prompt_note(choice.options, 100)
+    assert note.startswith("The prompt is 100 tokens, more than this cache keeps") and kept in note
+    assert "drops the start" not in note
+
+
+@pytest.mark.parametrize("name", ["dynamic", "static", "quantized", "none"])
+def test_caches_that_keep_every_token_say_nothing_of_the_prompt(name):
+    assert strategies.get(name).prompt_note(strategies.choose(name).options, 100_000) is None

@@ -11,6 +11,7 @@ from PySide6.QtCore import QObject, Slot
 
 from kvviz.files.trace import Switch, Trace
 from kvviz.present import percent, seconds, strategy_path
+from kvviz.qt.controls import EVALUATE, LOCAL
 from kvviz.qt.series import FLOOR_MS, RunSeries
 from tests.qt.test_series import make_step
 
@@ -150,8 +151,18 @@ def test_a_window_smaller_than_the_prompt_warns_before_the_run(qtbot, drive, win
     qtbot.waitUntil(lambda: panel.warning() is not None, timeout=30000)
     count = window.engine.prompt_tokens
     assert count > 8 and f"The prompt is {count} tokens" in panel.warning_label.text()
+    assert "then the cache keeps its last 7 tokens" in panel.warning()  # what this strategy keeps of it
     assert panel.warning_label.isVisibleTo(window)
     assert window.controls.run_button.isEnabled()  # a warning, not a refusal
+    assert panel.set_current("snapkv")
+    panel.set_option("budget", 6)
+    panel.set_option("window", 2)
+    assert "its last 2 tokens and the 4 that those tokens' queries attend to most" in panel.warning()
+    window.set_mode(EVALUATE)  # its strategies read a document: nothing to say about the prompt
+    assert panel.warning() is None and not panel.warning_label.isVisibleTo(window)
+    window.set_mode(LOCAL)
+    assert panel.warning() is not None
+    assert panel.set_current("sliding")
     panel.set_option("window", 4096)
     assert panel.warning() is None and not panel.warning_label.isVisibleTo(window)
     assert panel.set_current("sink")

@@ -189,6 +189,20 @@ class Strategy:
         capacity = self.prompt_capacity(options)
         return capacity is not None and tokens > capacity
 
+    def prompt_kept(self, options: dict) -> str:
+        """Which of a long prompt's tokens this cache keeps after the prefill ("its last 255 tokens"), for
+        `prompt_note`; strategies with a `prompt_capacity` say it."""
+        raise NotImplementedError
+
+    def prompt_note(self, options: dict, tokens: int) -> str | None:
+        """What this cache does to a prompt of `tokens` tokens when it cannot keep all of it (None: it keeps it
+        whole), said before a run in the window and on the command line."""
+        if not self.prompt_overflows(options, tokens):
+            return None
+        return (f"The prompt is {tokens:,} tokens, more than this cache keeps ({self.prompt_capacity(options):,}): "
+                f"the prefill reads all of it, then the cache keeps {self.prompt_kept(options)}. The first new "
+                "token attends to those alone; the rest of the prompt reaches it only through them.")
+
     def to_dict(self) -> dict[str, Any]:
         ok, reason = self.available()
         return {

@@ -77,6 +77,11 @@ class H2O(EvictionStrategy):
             )
         return None
 
+    def prompt_kept(self, options) -> str:
+        recent = options["budget"] // 2 if options["recent"] == -1 else options["recent"]
+        kept = f"per KV head the {options['budget']:,} tokens that drew the most attention"
+        return kept + (f", its last {recent:,} among them" if recent else "")
+
     def make_layer(self, index, options):
         recent = options["budget"] // 2 if options["recent"] == -1 else options["recent"]
         return H2OLayer(index, options["budget"], recent)

@@ -24,7 +24,7 @@ class KeyNormLayer(EvictionLayer):
 
 class KeyNorm(EvictionStrategy):
     name = "knorm"
-    description = "key norm: per KV head, keep the `budget` keys with the lowest L2 norm (no attention needed)"
+    description = "key norm: per KV head, keep the budget keys with the lowest L2 norm (no attention needed)"
     reference = (
         "Devoto et al., EMNLP 2024, as the authors' code: the first two layers are not compressed (skip_layers=2)"
     )
@@ -44,6 +44,11 @@ class KeyNorm(EvictionStrategy):
 
     def whole_layers(self, options) -> int:
         return options["skip_layers"]
+
+    def prompt_kept(self, options) -> str:
+        whole = options["skip_layers"]
+        return (f"per KV head the {options['budget']:,} keys with the lowest norm"
+                + (f" (the first {whole} layers keep all of it)" if whole else ""))
 
     def make_layer(self, index, options):
         return KeyNormLayer(index, options["budget"])

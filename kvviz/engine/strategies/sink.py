@@ -60,3 +60,6 @@ class Sink(Strategy):
 
     def prompt_capacity(self, options) -> int:
         return options["sink_tokens"] + options["window"]
+
+    def prompt_kept(self, options) -> str:
+        return f"its first {options['sink_tokens']:,} tokens (the sinks) and its last {options['window']:,}"

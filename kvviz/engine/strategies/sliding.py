@@ -20,7 +20,7 @@ class SlidingPredictor(CachePredictor):
 
 class Sliding(Strategy):
     name = "sliding"
-    description = "sliding window: attend to and keep only the most recent `window` tokens"
+    description = "sliding window: attend to and keep only the most recent window tokens"
     reference = "transformers' DynamicSlidingWindowLayer (the window of Longformer and Mistral)"
     options = (Option("window", "int", 256, "tokens each step attends to, the current one included", minimum=2),)
     evicts = True
@@ -41,3 +41,6 @@ class Sliding(Strategy):
     def prompt_capacity(self, options) -> int:
         # the window counts the token being decoded, so a layer holds window - 1 between steps
         return options["window"] - 1
+
+    def prompt_kept(self, options) -> str:
+        return f"its last {options['window'] - 1:,} tokens"

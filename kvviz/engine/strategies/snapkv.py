@@ -82,7 +82,7 @@ class SnapKVPredictor(BudgetPredictor):
 
 class SnapKV(EvictionStrategy):
     name = "snapkv"
-    description = "SnapKV: cut the prompt to `budget` by what its last `window` queries attend to; decoding appends"
+    description = "SnapKV: cut the prompt to budget by what its last window queries attend to; decoding appends"
     reference = (
         "SnapKV (Li et al., NeurIPS 2024) and its reference code (window 32, kernel 5, average pooling); with "
         "grouped-query attention a KV head averages its query heads' attention (as kvpress), where the reference "
@@ -107,6 +107,11 @@ class SnapKV(EvictionStrategy):
         if options["kernel"] % 2 == 0:
             return f"option 'kernel' of strategy 'snapkv' must be an odd number, not {options['kernel']}"
         return None
+
+    def prompt_kept(self, options) -> str:
+        return (f"per KV head its last {options['window']:,} tokens and the {options['budget'] - options['window']:,} "
+                f"that those tokens' queries attend to most ({options['pooling']}-pooled over {options['kernel']} "
+                "neighbours)")
 
     def make_layer(self, index, options):
         return SnapKVLayer(index, options["budget"], options["window"], options["kernel"], options["pooling"])

@@ -29,12 +29,15 @@ class TOVALayer(EvictionLayer):
 
 class TOVA(EvictionStrategy):
     name = "tova"
-    description = "TOVA: once over `budget`, drop the token the current query attends to least (one choice per layer)"
+    description = "TOVA: once over budget, drop the token the current query attends to least (one choice per layer)"
     reference = (
         "TOVA (Oren et al., 2024, \"Transformers are Multi-State RNNs\"), as the authors' code: the newest query's "
         "attention averaged over all heads, one choice per layer"
     )
     options = (budget_option(),)
+
+    def prompt_kept(self, options) -> str:
+        return f"the {options['budget']:,} tokens its last token attends to most (averaged over the heads)"
 
     def make_layer(self, index, options):
         return TOVALayer(index, options["budget"])

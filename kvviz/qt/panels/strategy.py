@@ -68,6 +68,7 @@ class StrategyPanel(QGroupBox):
         self._problem: str | None = None
         self._warning: str | None = None
         self._prompt_tokens: int | None = None
+        self._prompt_relevant = True  # False in the Evaluate mode: its strategies read a document, not the prompt
         self._preflight: tuple[str, dict[str, Any], str | None] | None = None  # strategy, options, model's verdict
 
     def set_strategies(self, listing: list[tuple[Any, bool, str]]) -> None:
@@ -124,6 +125,12 @@ class StrategyPanel(QGroupBox):
     def warning(self) -> str | None:
         """What the options as set would do that the user may not expect (shown under them), or None."""
         return self._warning
+
+    def set_prompt_relevant(self, relevant: bool) -> None:
+        """Whether the strategy is for a run of the prompt (the Evaluate mode's strategies read a document: no
+        warning about the prompt there)."""
+        self._prompt_relevant = relevant
+        self._check()
 
     def set_prompt_tokens(self, count: int | None) -> None:
         """The prompt's token count as the model gets it (None: unknown), for the eviction warning."""
@@ -192,12 +199,9 @@ class StrategyPanel(QGroupBox):
                 problem = str(exc)
             if problem is None and self._preflight is not None and self._preflight[:2] == (strategy.name, values):
                 problem = self._preflight[2]
-            count = self._prompt_tokens
-            if problem is None and count and strategy.prompt_overflows(options, count):
-                warning = (
-                    f"The prompt is {count} tokens, more than this cache keeps: it drops the start of the prompt "
-                    "before the first new token, and the model never sees it. Keep more tokens, or shorten the prompt."
-                )
+            count = self._prompt_tokens if self._prompt_relevant else None
+            if problem is None and count:
+                warning = strategy.prompt_note(options, count)
         # beside the option the message names: "option 'nbits' of …", "cannot use q_group_size=64 with …"
         named = next((n for n in self._messages if problem and (f"'{n}'" in problem or f"{n}=" in problem)), None)
         for name, label in self._messages.items():
