@@ -1,4 +1,6 @@
-"""Cache layers that keep a budget of tokens chosen by importance (H2O, TOVA, SnapKV, key norm).
+"""Cache layers that keep a budget of tokens chosen by importance (H2O, TOVA, SnapKV, key norm): the mechanism here,
+each policy's reasons in its strategy module (kvviz.engine.strategies.h2o, ...), which imports this one only when
+it builds a cache, so that listing the strategies needs no transformers.
 
 An `EvictionLayer` holds keys and values ``[batch, kv_heads, held, head_dim]`` and, beside them, the
 absolute position of every token each KV head holds (``positions``, ``[batch, kv_heads, held]``). Policies
@@ -25,8 +27,10 @@ import time
 from contextlib import contextmanager
 
 import torch
+import torch.nn.functional as F
 
 from kvviz.engine import attention_scores
+from kvviz.engine.attention_scores import attention_received
 from kvviz.engine.layers import KvvizLayer
 
 
@@ -182,3 +186,102 @@ class EvictionLayer(KvvizLayer):
 def top_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
     """Indices of the `k` highest scores along the last axis, in ascending order (kept tokens stay in order)."""
     return scores.topk(k, dim=-1).indices.sort(dim=-1).values
+
+
+# -- the policies (kvviz.engine.strategies.h2o, tova, snapkv, knorm say what each keeps and why) --------------
+
+
+class H2OLayer(EvictionLayer):
+    """H2O: per KV head, the tokens with the most attention summed since they entered, plus the most recent."""
+    token_state = ("sums",)
+
+    def __init__(self, index: int, budget: int, recent: int):
+        super().__init__(index, budget)
+        self.recent = recent
+        self.sums: torch.Tensor | None = None  # [batch, kv_heads, held] accumulated attention, float32
+
+    def appended(self, new: int) -> None:
+        if self.sums is None:
+            self.sums = torch.zeros(self.positions.shape, dtype=torch.float32, device=self.device)
+        else:
+            self.sums = F.pad(self.sums, (0, new))
+        self.ask_for_attention()  # every step: the sums grow below the budget too
+
+    def choose(self, query, key, mask, scaling) -> None:
+        self.sums += attention_received(query, key, mask, scaling, last=query.shape[2]).sum(dim=2)
+        held = self.sums.shape[-1]
+        if held <= self.budget:
+            return
+        older = held - self.recent
+        if held == self.budget + 1:  # a decoding step: the lightest older token of each head goes
+            self.drop(self.sums[..., :older].argmin(dim=-1, keepdim=True))
+            return
+        heavy = top_indices(self.sums[..., :older], self.budget - self.recent)
+        recent = torch.arange(older, held, device=self.device).expand(*heavy.shape[:2], self.recent)
+        self.keep(torch.cat([heavy, recent], dim=-1))
+
+    def reset(self) -> None:
+        super().reset()
+        self.sums = None
+
+
+class TOVALayer(EvictionLayer):
+    """TOVA: the tokens the newest query attends to most, averaged over every head: one choice per layer."""
+    def appended(self, new: int) -> None:
+        if self.get_seq_length() > self.budget:
+            self.ask_for_attention()
+
+    def choose(self, query, key, mask, scaling) -> None:
+        if key.shape[-2] <= self.budget:
+            return
+        newest = attention_received(query, key, mask, scaling, last=1)  # [batch, kv_heads, group, keys]
+        self.keep_best(newest.mean(dim=(1, 2)).unsqueeze(1))
+
+
+POOLING = {"average": F.avg_pool1d, "max": F.max_pool1d}  # SnapKV's pooling over neighbouring positions
+
+
+class SnapKVLayer(EvictionLayer):
+    """SnapKV: the prompt cut once, by what its last queries attend to; later tokens all kept."""
+    def __init__(self, index: int, budget: int, window: int, kernel: int, pooling: str = "average"):
+        super().__init__(index, budget)
+        self.window = window
+        self.kernel = kernel
+        self.pool = POOLING[pooling]
+        self.compressed = False  # the prompt has been dealt with; everything after it is kept
+
+    def appended(self, new: int) -> None:
+        if self.compressed:
+            return
+        if self.get_seq_length() <= self.budget:
+            self.compressed = True  # the prompt fits
+        else:
+            self.ask_for_attention()
+
+    def choose(self, query, key, mask, scaling) -> None:
+        new, held = query.shape[2], key.shape[-2]
+        prompt = held if held == new else held - new  # a prefill, or the tokens a live switch fed
+        observed = min(self.window, new)
+        received = attention_received(query, key, mask, scaling, last=observed).mean(dim=2)
+        candidates = received[..., : prompt - self.window]  # [batch, kv_heads, positions before the window]
+        pooled = self.pool(candidates, kernel_size=self.kernel, stride=1, padding=self.kernel // 2)
+        chosen = top_indices(pooled, self.budget - self.window)
+        kept_tail = torch.arange(prompt - self.window, held, device=self.device).expand(*chosen.shape[:2], -1)
+        self.keep(torch.cat([chosen, kept_tail], dim=-1))
+        self.compressed = True
+
+    def get_max_length(self) -> int:
+        return -1  # decoded tokens are appended without limit
+
+    def reset(self) -> None:
+        super().reset()
+        self.compressed = False
+
+
+class KeyNormLayer(EvictionLayer):
+    """Key norm: per KV head, the keys with the lowest L2 norm; needs no attention."""
+    def appended(self, new: int) -> None:
+        if self.get_seq_length() <= self.budget:
+            return
+        with self.timed():
+            self.keep_best(-self.keys.float().norm(dim=-1))  # [batch, kv_heads, held]

@@ -156,3 +156,15 @@ def test_run_and_compare_say_what_the_cache_keeps_of_a_long_prompt(tmp_path):
     assert compared.returncode == 0, compared.stderr
     assert compared.stderr.count("more than this cache keeps") == 1  # sink's, not dynamic's
     assert "its first 2 tokens (the sinks) and its last 4" in compared.stderr
+
+
+def test_one_form_for_a_strategy_with_options_everywhere():
+    from kvviz.cli.run import parse_switches
+
+    colons = parse_switches(["64:quantized:backend=hqq:nbits=2"])
+    commas = parse_switches(["64:quantized,backend=hqq,nbits=2"])  # the earlier form, still read
+    assert colons == commas and colons[64].name == "quantized" and colons[64].options["nbits"] == 2
+    ran = kvviz("run", "--model", "tiny", "--strategy", "sink:window=8", "--set", "sink_tokens=2", "--prompt", "hi",
+                "--max-new-tokens", "2", "--no-trace", "--json")
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout)["strategy"]["options"] == {"sink_tokens": 2, "window": 8}

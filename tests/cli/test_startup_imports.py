@@ -44,4 +44,5 @@ def test_starts_without_torch(tmp_path, kind):
 
 
 def test_the_check_sees_torch_when_a_command_needs_it():
-    assert run_and_list_heavy_imports("strategies").startswith("HEAVY ['torch', 'transformers'] STATUS 0")
+    # listing the strategies asks torch whether CUDA is here (offloading); transformers only builds caches
+    assert run_and_list_heavy_imports("strategies") == "HEAVY ['torch'] STATUS 0"

@@ -9,8 +9,8 @@ import torch
 
 from kvviz.engine import decode, strategies
 from kvviz.engine.cache_run import CacheRun
+from kvviz.engine.eviction_layers import KeyNormLayer
 from kvviz.engine.strategies import OptionError, parse_list
-from kvviz.engine.strategies.knorm import KeyNormLayer
 from kvviz.files.trace import SlotState
 
 from .families import CONFIGS, tiny_family

@@ -1,7 +1,5 @@
 """transformers' DynamicCache: keys and values grow by one token per step."""
 
-from transformers import DynamicCache
-
 from kvviz.engine.strategies.base import Strategy
 
 
@@ -12,4 +10,6 @@ class Dynamic(Strategy):
     exact = True
 
     def make_cache(self, model, options, capacity):
+        from transformers import DynamicCache
+
         return DynamicCache(config=model.config)

@@ -16,10 +16,6 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from transformers.cache_utils import Cache, DynamicLayer
-
-from kvviz.engine import attention_scores
-from kvviz.engine.eviction_layers import EvictionLayer
 from kvviz.engine.geometry import Geometry
 from kvviz.engine.predict import CachePredictor
 from kvviz.engine.strategies.base import Option, Strategy, only_full_attention
@@ -76,7 +72,8 @@ class EvictionStrategy(Strategy):
     evicts = True
     reads_attention: ClassVar[bool] = True  # False: the policy chooses from the keys alone
 
-    def make_layer(self, index: int, options: dict) -> EvictionLayer:
+    def make_layer(self, index: int, options: dict):
+        """The policy's EvictionLayer for decoder layer `index` (kvviz.engine.eviction_layers)."""
         raise NotImplementedError
 
     def whole_layers(self, options: dict) -> int:
@@ -84,12 +81,18 @@ class EvictionStrategy(Strategy):
         return 0
 
     def model_problem(self, model, geometry, options):
+        from kvviz.engine import attention_scores
+
         problem = only_full_attention(geometry)
         if problem is None and self.reads_attention:
             problem = attention_scores.unsupported(model)
         return problem
 
     def make_cache(self, model, options, capacity):
+        from transformers.cache_utils import Cache, DynamicLayer
+
+        from kvviz.engine import attention_scores
+
         if self.reads_attention:
             attention_scores.install(model)
         n_layers = Geometry.of(model.config, model.dtype).num_layers

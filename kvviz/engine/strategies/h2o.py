@@ -12,48 +12,10 @@ KV head: the policy's state beside the positions every `EvictionLayer` keeps.
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
-
-from kvviz.engine.attention_scores import attention_received
-from kvviz.engine.eviction_layers import EvictionLayer, top_indices
 from kvviz.engine.strategies.base import Option
 from kvviz.engine.strategies.eviction import BudgetPredictor, EvictionStrategy, budget_option
 
 SCORE_BYTES = 4  # a float32 sum per token held and KV head
-
-
-class H2OLayer(EvictionLayer):
-    token_state = ("sums",)
-
-    def __init__(self, index: int, budget: int, recent: int):
-        super().__init__(index, budget)
-        self.recent = recent
-        self.sums: torch.Tensor | None = None  # [batch, kv_heads, held] accumulated attention, float32
-
-    def appended(self, new: int) -> None:
-        if self.sums is None:
-            self.sums = torch.zeros(self.positions.shape, dtype=torch.float32, device=self.device)
-        else:
-            self.sums = F.pad(self.sums, (0, new))
-        self.ask_for_attention()  # every step: the sums grow below the budget too
-
-    def choose(self, query, key, mask, scaling) -> None:
-        self.sums += attention_received(query, key, mask, scaling, last=query.shape[2]).sum(dim=2)
-        held = self.sums.shape[-1]
-        if held <= self.budget:
-            return
-        older = held - self.recent
-        if held == self.budget + 1:  # a decoding step: the lightest older token of each head goes
-            self.drop(self.sums[..., :older].argmin(dim=-1, keepdim=True))
-            return
-        heavy = top_indices(self.sums[..., :older], self.budget - self.recent)
-        recent = torch.arange(older, held, device=self.device).expand(*heavy.shape[:2], self.recent)
-        self.keep(torch.cat([heavy, recent], dim=-1))
-
-    def reset(self) -> None:
-        super().reset()
-        self.sums = None
 
 
 class H2O(EvictionStrategy):
@@ -84,6 +46,8 @@ class H2O(EvictionStrategy):
 
     def make_layer(self, index, options):
         recent = options["budget"] // 2 if options["recent"] == -1 else options["recent"]
+        from kvviz.engine.eviction_layers import H2OLayer
+
         return H2OLayer(index, options["budget"], recent)
 
     def predictor(self, options, geometry, capacity):

@@ -9,17 +9,8 @@ attention unlike the norm's ranking and compress from layer 2 on.
 
 from __future__ import annotations
 
-from kvviz.engine.eviction_layers import EvictionLayer
 from kvviz.engine.strategies.base import Option
 from kvviz.engine.strategies.eviction import EvictionStrategy, budget_option
-
-
-class KeyNormLayer(EvictionLayer):
-    def appended(self, new: int) -> None:
-        if self.get_seq_length() <= self.budget:
-            return
-        with self.timed():
-            self.keep_best(-self.keys.float().norm(dim=-1))  # [batch, kv_heads, held]
 
 
 class KeyNorm(EvictionStrategy):
@@ -51,4 +42,6 @@ class KeyNorm(EvictionStrategy):
                 + (f" (the first {whole} layers keep all of it)" if whole else ""))
 
     def make_layer(self, index, options):
+        from kvviz.engine.eviction_layers import KeyNormLayer
+
         return KeyNormLayer(index, options["budget"])

@@ -1,6 +1,5 @@
 """transformers' caches with offloading: each layer parked in CPU memory between uses (CUDA only)."""
 
-from transformers import DynamicCache, StaticCache
 
 from kvviz.engine.strategies.base import Strategy, max_cache_len_option
 from kvviz.engine.strategies.static import StaticPredictor
@@ -14,6 +13,8 @@ class Offloaded(Strategy):
     exact = True
 
     def make_cache(self, model, options, capacity):
+        from transformers import DynamicCache
+
         return DynamicCache(config=model.config, offloading=True)
 
 
@@ -27,6 +28,8 @@ class OffloadedStatic(Strategy):
     preallocates = True
 
     def make_cache(self, model, options, capacity):
+        from transformers import StaticCache
+
         return StaticCache(config=model.config, max_cache_len=capacity, offloading=True)
 
     def predictor(self, options, geometry, capacity):

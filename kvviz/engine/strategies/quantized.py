@@ -4,7 +4,6 @@ import importlib.util
 import math
 
 import torch
-from transformers import QuantizedCache
 
 from kvviz.engine.geometry import Geometry
 from kvviz.engine.predict import CachePredictor
@@ -134,6 +133,8 @@ class Quantized(Strategy):
         return True
 
     def make_cache(self, model, options, capacity):
+        from transformers import QuantizedCache
+
         backend = options["backend"]
         if backend == "fp8":
             return QuantizedCache("fp8", model.config)

@@ -1,10 +1,8 @@
 """StreamingLLM attention sinks: the first tokens plus a recent window, kept keys re-rotated."""
 
 import torch
-from transformers.cache_utils import Cache
 
 from kvviz.engine.geometry import Geometry
-from kvviz.engine.layers import SinkLayer
 from kvviz.engine.predict import CachePredictor
 from kvviz.engine.strategies.base import Option, Strategy, only_full_attention
 
@@ -47,6 +45,10 @@ class Sink(Strategy):
         return only_full_attention(geometry)
 
     def make_cache(self, model, options, capacity):
+        from transformers.cache_utils import Cache
+
+        from kvviz.engine.layers import SinkLayer
+
         inv_freq = rotary_inv_freq(model)
         n_layers = Geometry.of(model.config, model.dtype).num_layers
         return Cache(layers=[SinkLayer(options["sink_tokens"], options["window"], inv_freq) for _ in range(n_layers)])

@@ -1,9 +1,6 @@
 """A sliding window: keep and attend to only the most recent `window` tokens."""
 
-from transformers.cache_utils import Cache, DynamicSlidingWindowLayer
-
 from kvviz.engine.geometry import Geometry
-from kvviz.engine.layers import WindowedFullAttentionLayer
 from kvviz.engine.predict import CachePredictor
 from kvviz.engine.strategies.base import Option, Strategy
 
@@ -26,6 +23,10 @@ class Sliding(Strategy):
     evicts = True
 
     def make_cache(self, model, options, capacity):
+        from transformers.cache_utils import Cache, DynamicSlidingWindowLayer
+
+        from kvviz.engine.layers import WindowedFullAttentionLayer
+
         window = options["window"]
         layers = [
             WindowedFullAttentionLayer(sliding_window=window)

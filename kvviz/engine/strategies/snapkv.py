@@ -14,51 +14,10 @@ prompt and the first step's own queries are the observation window.
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
-
-from kvviz.engine.attention_scores import attention_received
-from kvviz.engine.eviction_layers import EvictionLayer, top_indices
 from kvviz.engine.strategies.base import Option
 from kvviz.engine.strategies.eviction import BudgetPredictor, EvictionStrategy, budget_option
 
-POOLING = {"average": F.avg_pool1d, "max": F.max_pool1d}
-
-
-class SnapKVLayer(EvictionLayer):
-    def __init__(self, index: int, budget: int, window: int, kernel: int, pooling: str = "average"):
-        super().__init__(index, budget)
-        self.window = window
-        self.kernel = kernel
-        self.pool = POOLING[pooling]
-        self.compressed = False  # the prompt has been dealt with; everything after it is kept
-
-    def appended(self, new: int) -> None:
-        if self.compressed:
-            return
-        if self.get_seq_length() <= self.budget:
-            self.compressed = True  # the prompt fits
-        else:
-            self.ask_for_attention()
-
-    def choose(self, query, key, mask, scaling) -> None:
-        new, held = query.shape[2], key.shape[-2]
-        prompt = held if held == new else held - new  # a prefill, or the tokens a live switch fed
-        observed = min(self.window, new)
-        received = attention_received(query, key, mask, scaling, last=observed).mean(dim=2)
-        candidates = received[..., : prompt - self.window]  # [batch, kv_heads, positions before the window]
-        pooled = self.pool(candidates, kernel_size=self.kernel, stride=1, padding=self.kernel // 2)
-        chosen = top_indices(pooled, self.budget - self.window)
-        kept_tail = torch.arange(prompt - self.window, held, device=self.device).expand(*chosen.shape[:2], -1)
-        self.keep(torch.cat([chosen, kept_tail], dim=-1))
-        self.compressed = True
-
-    def get_max_length(self) -> int:
-        return -1  # decoded tokens are appended without limit
-
-    def reset(self) -> None:
-        super().reset()
-        self.compressed = False
+POOLINGS = ("average", "max")
 
 
 class SnapKVPredictor(BudgetPredictor):
@@ -95,7 +54,7 @@ class SnapKV(EvictionStrategy):
                minimum=1),
         Option("kernel", "int", 5, "pooling width over positions (odd)", minimum=1),
         Option("pooling", "choice", "average", "how attention is pooled over neighbouring positions",
-               choices=tuple(POOLING)),
+               choices=POOLINGS),
     )
 
     def check_options(self, options):
@@ -114,6 +73,8 @@ class SnapKV(EvictionStrategy):
                 "neighbours)")
 
     def make_layer(self, index, options):
+        from kvviz.engine.eviction_layers import SnapKVLayer
+
         return SnapKVLayer(index, options["budget"], options["window"], options["kernel"], options["pooling"])
 
     def predictor(self, options, geometry, capacity):

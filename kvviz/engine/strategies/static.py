@@ -3,8 +3,6 @@
 import os
 import shutil
 
-from transformers import StaticCache
-
 from kvviz.engine.predict import CachePredictor
 from kvviz.engine.strategies.base import Option, Strategy, max_cache_len_option
 
@@ -44,6 +42,8 @@ class Static(Strategy):
         return None
 
     def make_cache(self, model, options, capacity):
+        from transformers import StaticCache
+
         return StaticCache(config=model.config, max_cache_len=capacity)
 
     def predictor(self, options, geometry, capacity):

@@ -10,21 +10,7 @@ same slots in every head, each with its own token.
 
 from __future__ import annotations
 
-from kvviz.engine.attention_scores import attention_received
-from kvviz.engine.eviction_layers import EvictionLayer
 from kvviz.engine.strategies.eviction import EvictionStrategy, budget_option
-
-
-class TOVALayer(EvictionLayer):
-    def appended(self, new: int) -> None:
-        if self.get_seq_length() > self.budget:
-            self.ask_for_attention()
-
-    def choose(self, query, key, mask, scaling) -> None:
-        if key.shape[-2] <= self.budget:
-            return
-        newest = attention_received(query, key, mask, scaling, last=1)  # [batch, kv_heads, group, keys]
-        self.keep_best(newest.mean(dim=(1, 2)).unsqueeze(1))
 
 
 class TOVA(EvictionStrategy):
@@ -40,4 +26,6 @@ class TOVA(EvictionStrategy):
         return f"the {options['budget']:,} tokens its last token attends to most (averaged over the heads)"
 
     def make_layer(self, index, options):
+        from kvviz.engine.eviction_layers import TOVALayer
+
         return TOVALayer(index, options["budget"])
