@@ -13,8 +13,7 @@ from transformers.models.llama.modeling_llama import eager_attention_forward
 
 from kvviz.engine import decode, models, strategies
 from kvviz.engine.attention_scores import attention_received
-from kvviz.engine.eviction_layers import H2OLayer, KeyNormLayer, SnapKVLayer
-from kvviz.engine.strategies.tova import TOVALayer
+from kvviz.engine.eviction_layers import H2OLayer, KeyNormLayer, SnapKVLayer, TOVALayer
 from kvviz.files import trace as trace_format
 from kvviz.files.trace import ATTENTION_SINK_POSITIONS, SlotState
 
