@@ -13,6 +13,7 @@ import time
 import pytest
 
 from kvviz.files import trace
+from tests.commands import kvviz
 
 LONG_RUN = ["run", "--model", "tiny", "--prompt", "Tell me a long story.", "--max-new-tokens", "4000",
             "--ignore-eos"]
@@ -52,8 +53,7 @@ def test_ctrl_c_while_starting_exits_quietly(tmp_path, delay):
 def test_trace_path_checked_before_generating(tmp_path, where):
     target = tmp_path / "no" / "such" / "x.json" if where == "missing-folder" else tmp_path
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "kvviz", *LONG_RUN, "--trace", str(target)],
-                            capture_output=True, text=True, timeout=120)
+    result = kvviz(*LONG_RUN, "--trace", target)
     assert result.returncode == 2, result.stderr
     assert str(target) in result.stderr and "Traceback" not in result.stderr
     assert time.monotonic() - started < 60  # refused at once: 4000 tokens would take minutes
