@@ -129,7 +129,9 @@ def window_state(window) -> str:
         return "no model loaded"
     if panel.problem():  # also beside its option, which may be scrolled out of view
         return f"Run is off: {panel.problem()}"
-    return f"ready. {panel.warning()}" if panel.warning() else "ready"
+    # the warning itself is under the strategy's options: a sentence or three, too long for this line
+    return "ready; the prompt is longer than this cache keeps (the note under Cache strategy says what it keeps)" \
+        if panel.warning() else "ready"
 
 
 class ErrorBar(QFrame):

@@ -77,9 +77,10 @@ class PerplexityPlot(DocumentSpan, _SeriesPlot):
         if any(s.first_eviction is not None for s in self._runs):
             entries.append(Entry("first eviction", self.palette_.foreground, style=Qt.PenStyle.DashLine, width=1.0,
                                  tooltip="the position from which the strategy's cache had dropped a token"))
-        bounds = self.y_bounds()
-        if bounds is not None and any(s.n > SETTLING and float(s.running_mean()[:SETTLING].max()) > bounds[1]
-                                      for s in self._runs):
+        bounds = self.y_bounds()  # the range the plot fits exactly once every strategy has finished
+        finished = self._runs and all(s.finished for s in self._runs)
+        if finished and bounds is not None and any(s.n > SETTLING and float(s.running_mean()[:SETTLING].max())
+                                                   > bounds[1] for s in self._runs):
             entries.append(Entry(f"the first {SETTLING} tokens' mean runs above the plot", self.palette_.foreground,
                                  kind="text", tooltip="a mean over a few tokens at the start of a text runs high; "
                                  "the y range holds the rest (hover or zoom out to read it)"))

@@ -38,7 +38,7 @@ def make(folder: Path, model: str, tokens: int, every_size: bool) -> list[Path]:
         if mode.start() is None:
             raise RuntimeError(window.last_error or "Evaluate was not enabled")
         half = tokens // 2
-        drive.wait(lambda: mode.running is None or (mode.current == 2 and mode.series[2].n >= half), 3600)
+        drive.wait(lambda: mode.running is None or (2 in mode.active and mode.series[2].n >= half), 3600)
         if mode.running is not None:
             saved.append(screenshot.grab(app, window, folder / "evaluate-live.png", MAIN[1], MAIN[2]))
         count, started = window.redraws.count, window.redraws.cost_ms
