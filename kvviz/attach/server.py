@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child, before exec: on Linux, get SIGTERM when the process that started us dies,
     so a test runner killed by a timeout does not leave a server behind. (Linux ties this to the
     thread that started the child: start the server from a thread that outlives it.)"""
@@ -89,7 +89,7 @@ class VllmServer:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
         if self.log_path:
             log.close()  # the child holds its own copy

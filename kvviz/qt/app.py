@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     window = MainWindow(settings=settings)
     if not skip_load:
         load_at_start(window, spec, remembered=args.model is None and not args.smoke_test)
-    problems = _open_traces(window, args.open)
+    problems = open_kept_files(window, args.open)
     if args.connect:
         window.connect_server(args.connect)
     window.show()
@@ -135,7 +135,8 @@ def load_at_start(window, spec: str, remembered: bool) -> None:
     window.load_model(spec)
 
 
-def _open_traces(window, paths: list[str]) -> list[str]:
+def open_kept_files(window, paths: list[str]) -> list[str]:
+    """`--open FILE ...`: each kvviz file shown in the window; the messages of those that could not be read."""
     from kvviz.files.formats import read_kept
     from kvviz.files.jsonfile import KeptFileError
 

@@ -12,8 +12,8 @@ import pytest
 
 PARENT = """
 import subprocess, sys, time
-from kvviz.attach.server import _die_with_parent
-child = subprocess.Popen(["sleep", "60"], start_new_session=True, preexec_fn=_die_with_parent)
+from kvviz.attach.server import die_with_parent
+child = subprocess.Popen(["sleep", "60"], start_new_session=True, preexec_fn=die_with_parent)
 print(child.pid, flush=True)
 time.sleep(60)
 """

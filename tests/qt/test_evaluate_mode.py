@@ -203,7 +203,7 @@ def test_a_failing_strategy_keeps_its_error_and_the_others_their_results(window,
 
 
 def test_save_and_open_evaluation_files(window, qtbot, tmp_path):
-    from kvviz.qt.app import _open_traces
+    from kvviz.qt.app import open_kept_files
 
     load(qtbot, window, "tiny")
     evaluate(qtbot, window, TWO, 40)
@@ -241,13 +241,13 @@ def test_save_and_open_evaluation_files(window, qtbot, tmp_path):
     assert len(mode.view.perplexity_plot.curve_data(2)[0][0]) == 39
 
     # --open: a file shown already takes its own place; another document's evaluation replaces what is shown
-    assert _open_traces(window, [str(written[1])]) == []
+    assert open_kept_files(window, [str(written[1])]) == []
     window.redraw()
     assert _table(mode) == live_rows
     other = json.loads(written[1].read_text(encoding="utf-8"))
     other["document"].update(name="another.txt", source="/somewhere/another.txt", title=None, author=None)
     (tmp_path / "other.json").write_text(json.dumps(other), encoding="utf-8")
-    assert _open_traces(window, [str(tmp_path / "other.json")]) == []
+    assert open_kept_files(window, [str(tmp_path / "other.json")]) == []
     window.redraw()
     assert _table(mode) == [live_rows[1]] and "another.txt" in mode.view.summary.text()
     assert mode.view.perplexity_plot.curve_data(2) == []  # the curves of the strategies no longer shown are gone

@@ -1,7 +1,7 @@
 """The Evaluate tab's plots against the position in the document: log-perplexity (a running mean) and
 cache memory, one curve per strategy in its colour.
 
-Both are the window's series plots (`_SeriesPlot`: curves made once and fed with `setData`, an x range
+Both are the window's series plots (`SeriesPlot`: curves made once and fed with `setData`, an x range
 that grows in steps, the crosshair readout); their `redraw(strategies, primary)` takes the evaluation's
 `StrategySeries` objects in place of runs.
 """
@@ -14,7 +14,7 @@ from PySide6.QtCore import Qt
 from kvviz.qt import theme
 from kvviz.qt.evaluate.series import SETTLING, SMOOTHING, X
 from kvviz.qt.plots.legend import Entry
-from kvviz.qt.plots.series_plots import MemoryPlot, _Curves, _SeriesPlot
+from kvviz.qt.plots.series_plots import Curves, MemoryPlot, SeriesPlot
 from kvviz.qt.series import nearest_index
 
 POSITION = "position in the document (tokens)"
@@ -35,7 +35,7 @@ class DocumentSpan:
             self.plot.setXRange(*target, padding=0.02)
 
 
-class PerplexityPlot(DocumentSpan, _SeriesPlot):
+class PerplexityPlot(DocumentSpan, SeriesPlot):
     """exp of the curve is the perplexity of the last SMOOTHING predictions: lower reads the text better.
 
     The y range holds the curves past their first SETTLING predictions (a mean over a few tokens at the start
@@ -59,7 +59,7 @@ class PerplexityPlot(DocumentSpan, _SeriesPlot):
         # where the strategy's cache first dropped a token
         eviction = pg.InfiniteLine(angle=90, movable=False, pen=pg.mkPen(colour, width=1, style=Qt.PenStyle.DashLine))
         eviction.setVisible(False)
-        curves = _Curves()
+        curves = Curves()
         curves.items = [curve, eviction]
         self.plot.addItem(curve)
         self.plot.addItem(eviction, ignoreBounds=True)

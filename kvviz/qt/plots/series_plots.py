@@ -14,7 +14,7 @@ from kvviz.qt.plots.legend import Entry
 from kvviz.qt.series import CACHE_MIB, FLOOR_MS, KL, PREDICTED_MIB, WALL_MS, RunSeries, X, nearest_index
 
 
-class _Curves:
+class Curves:
     """The items one run owns in one plot."""
 
     def __init__(self):
@@ -25,14 +25,14 @@ class _Curves:
         self.pauses: dict[str, pg.InfiniteLine] = {}  # one-time pauses marked: "warm-up", "compile"
 
 
-class _SeriesPlot(PlotPanel):
+class SeriesPlot(PlotPanel):
     crosshair_line = True
 
     def __init__(self, parent=None):
         super().__init__(parent)
         self.plot.setClipToView(True)
         self.plot.setDownsampling(auto=True, mode="peak")
-        self._curves: dict[int, _Curves] = {}
+        self._curves: dict[int, Curves] = {}
         # While a run is live the x and y ranges grow in steps of 25 %, not with every token: a range
         # change makes pyqtgraph rebuild and repaint the axes, the largest part of a live frame (the
         # memory plot's paint took 15-22 ms with y fitted every frame, 9-11 ms stepped). A finished run
@@ -42,7 +42,7 @@ class _SeriesPlot(PlotPanel):
         self._x_range: tuple[float, float] | None = None
         self._y_range: tuple[float, float] | None = None
         self._shown: tuple[int, ...] = ()
-        self.x_partners: list[_SeriesPlot] = []  # plots that zoom and pan along x with this one (share_x_zoom)
+        self.x_partners: list[SeriesPlot] = []  # plots that zoom and pan along x with this one (share_x_zoom)
         self.plot.vb.sigRangeChangedManually.connect(self._manual)
 
     def _manual(self, *_):
@@ -125,7 +125,7 @@ class _SeriesPlot(PlotPanel):
         self._fit(runs)
         self.after_redraw(runs, primary)
 
-    def _remove(self, curves: _Curves) -> None:
+    def _remove(self, curves: Curves) -> None:
         for item in curves.items + curves.switch_lines + list(curves.pauses.values()):
             self.plot.removeItem(item)
 
@@ -133,7 +133,7 @@ class _SeriesPlot(PlotPanel):
         """Whether this plot marks the run's switches (it draws data of the run)."""
         return True
 
-    def _mark_switches(self, series: RunSeries, curves: _Curves) -> None:
+    def _mark_switches(self, series: RunSeries, curves: Curves) -> None:
         """A labelled vertical line, in the run's colour, where the run switched strategy."""
         if not self.marks(series):
             return
@@ -162,10 +162,10 @@ class _SeriesPlot(PlotPanel):
         if self._runs:
             self.redraw(self._runs, self._primary)
 
-    def make_curves(self, series: RunSeries) -> _Curves:
+    def make_curves(self, series: RunSeries) -> Curves:
         raise NotImplementedError
 
-    def update_curves(self, series: RunSeries, curves: _Curves) -> None:
+    def update_curves(self, series: RunSeries, curves: Curves) -> None:
         raise NotImplementedError
 
     def after_redraw(self, runs, primary) -> None:
@@ -183,7 +183,7 @@ class _SeriesPlot(PlotPanel):
         return nearest_index(series.column(X), x)
 
 
-def share_x_zoom(plots: list[_SeriesPlot]) -> None:
+def share_x_zoom(plots: list[SeriesPlot]) -> None:
     """Zooming or panning one of `plots` along x by hand does the same to the others, and a double-click fits
     them all again. While they follow the data each fits its own x range (the same data, the same steps).
 
@@ -197,7 +197,7 @@ MEASURED_WIDTH = 3.0  # px: the measured memory line, wide enough to show the pr
 PREDICTED_WIDTH = 1.2
 
 
-class MemoryPlot(_SeriesPlot):
+class MemoryPlot(SeriesPlot):
     title = "Cache memory: measured (solid) and predicted (dashed)"
 
     def __init__(self, parent=None):
@@ -229,7 +229,7 @@ class MemoryPlot(_SeriesPlot):
         measured = pg.PlotDataItem(pen=pg.mkPen(colour, width=MEASURED_WIDTH))
         predicted = pg.PlotDataItem(pen=pg.mkPen(dashed, width=PREDICTED_WIDTH, style=Qt.PenStyle.DashLine))
         predicted.setZValue(measured.zValue() + 1)
-        curves = _Curves()
+        curves = Curves()
         curves.items = [measured, predicted]
         for item in curves.items:
             self.plot.addItem(item)
@@ -260,7 +260,7 @@ class MemoryPlot(_SeriesPlot):
         return " &nbsp; ".join(parts)
 
 
-class LatencyPlot(_SeriesPlot):
+class LatencyPlot(SeriesPlot):
     title = "Step latency (decode steps; prefill apart)"
     help_text = (
         "Solid: the time of each decode step. Dashed: its memory-bound floor, the time to read every weight "
@@ -281,7 +281,7 @@ class LatencyPlot(_SeriesPlot):
         decode = pg.PlotDataItem(pen=pg.mkPen(colour, width=1))
         prefill = pg.ScatterPlotItem(size=10, symbol="star", pen=pg.mkPen(colour), brush=pg.mkBrush(colour))
         floor = pg.PlotDataItem(pen=pg.mkPen(colour, width=1, style=Qt.PenStyle.DashLine), connect="finite")
-        curves = _Curves()
+        curves = Curves()
         curves.items = [decode, prefill, floor]
         self.plot.addItem(decode)
         # The prefill often takes many times a decode step; keep it out of the auto range.
@@ -300,7 +300,7 @@ class LatencyPlot(_SeriesPlot):
             curves.items[1].setData([series.prefill_x], [series.prefill_ms])
         self._mark_pauses(series, curves)
 
-    def _mark_pauses(self, series: RunSeries, curves: _Curves) -> None:
+    def _mark_pauses(self, series: RunSeries, curves: Curves) -> None:
         """A labelled line where a one-time pause happened: the strategy's warm-up at the run's start, torch.compile
         before the first decode step. Neither is in any step's time, so neither is on the curve."""
         trace = series.trace
@@ -365,7 +365,7 @@ class LatencyPlot(_SeriesPlot):
         return " &nbsp; ".join(parts)
 
 
-class FidelityPlot(_SeriesPlot):
+class FidelityPlot(SeriesPlot):
     """KL(reference || run) per step, for runs that ran a full-precision reference in lockstep."""
 
     title = "Fidelity: KL divergence from the exact cache"
@@ -382,7 +382,7 @@ class FidelityPlot(_SeriesPlot):
 
     def make_curves(self, series):
         curve = pg.PlotDataItem(pen=pg.mkPen(theme.run_colour(series.run_id), width=1), connect="finite")
-        curves = _Curves()
+        curves = Curves()
         curves.items = [curve]
         self.plot.addItem(curve)
         return curves
