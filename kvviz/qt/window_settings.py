@@ -140,9 +140,9 @@ def apply_theme(window, name: str) -> str:
     if name not in theme.PALETTES:
         name = "dark"
     palette = theme.use(name)
-    app = QApplication.instance()
-    if app is not None:
-        app.setStyleSheet(theme.stylesheet(name))
+    app, sheet = QApplication.instance(), theme.stylesheet(name)
+    if app is not None and app.styleSheet() != sheet:  # setting it again re-polishes every widget (about 1 s)
+        app.setStyleSheet(sheet)
     for plot in window.local_view.plots + window.server.view.plots:
         plot.apply_palette(palette)
         if hasattr(plot, "restyle"):
