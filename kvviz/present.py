@@ -212,6 +212,49 @@ def run_cells(row: Mapping[str, Any]) -> list[str]:
 
 # -- the model card: `kvviz model` and the window's model chooser ------------------------------------
 
+# what each kind of cache layer keeps (kvviz.engine.geometry.CACHE_KINDS), in a few words
+CACHE_KIND_WORDS = {
+    "attention": "attention",
+    "sliding": "sliding-window attention",
+    "state": "linear-attention / state-space",
+    "state+attention": "state + attention",
+    "state+sliding": "state + sliding attention",
+    "indexed": "indexed attention (+ indexer keys)",
+    "shared": "KV-shared (reads another layer's)",
+    "none": "no attention",
+}
+
+
+def cache_kind_rows(card: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Per kind of cache layer: how many, bytes one token adds to each, bytes of each one's fixed state; then the
+    fixed state of all layers together and, for latent attention, what is cached next to what per-head keys and
+    values would take. Nothing for cards without per-layer kinds (older traces) or with plain attention only."""
+    kinds, per_token, state = (card.get(key) or [] for key in ("cache_kinds", "layer_token_bytes",
+                                                               "layer_state_bytes"))
+    if not kinds or set(kinds) <= {"attention", "sliding"} and not card.get("latent_attention"):
+        return []
+    rows = []
+    for kind in dict.fromkeys(kinds):
+        where = [i for i, k in enumerate(kinds) if k == kind]
+        parts = []
+        if per_token and per_token[where[0]]:
+            parts.append(f"{per_token[where[0]]:,} B/token")
+        if state and state[where[0]] is None:
+            parts.append(f"fixed state {UNKNOWN}")
+        elif state and state[where[0]]:
+            parts.append(f"{state[where[0]]:,} B fixed state")
+        rows.append((f"{len(where)} x {CACHE_KIND_WORDS.get(kind, kind)}", ", ".join(parts) or "nothing of its own"))
+    fixed = card.get("fixed_state_bytes")
+    if any(state):
+        rows.append(("fixed state", UNKNOWN if fixed is None else f"{fixed:,} bytes, whatever the context"))
+    latent = card.get("latent_attention")
+    if latent:
+        rows.append(("latent attention", f"caches {latent['stored_bytes']:,} B/token/layer: the latent "
+                     f"(kv_lora_rank {latent['kv_lora_rank']} + rope {latent['qk_rope_head_dim']}), as serving "
+                     f"engines do; per-head keys and values would be {latent['expanded_bytes']:,} B "
+                     f"({latent['factor']:.1f}x)"))
+    return rows
+
 
 def model_card_rows(card: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(label, value) lines of a model card (kvviz.engine.models); missing fields read UNKNOWN."""
@@ -238,6 +281,7 @@ def model_card_rows(card: Mapping[str, Any]) -> list[tuple[str, str]]:
         # predicted from the config, at the model's own precision
         ("KV / token", f"{per_token:,} bytes ({per_token / 1024:.1f} KiB)" if isinstance(per_token, int) else UNKNOWN),
     ]
+    rows += cache_kind_rows(card)
     if card.get("sliding_window"):
         rows.append(("sliding window", f"{card['sliding_window']} tokens"))
     if card.get("weights"):

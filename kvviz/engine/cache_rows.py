@@ -89,8 +89,11 @@ def unsupported(model) -> str | None:
     problem = attention_scores.unsupported(model)
     if problem:
         return problem
-    if Geometry.of(model.config, model.dtype).hybrid:
+    geometry = Geometry.of(model.config, model.dtype)
+    if geometry.hybrid:
         return "has sliding-window layers, whose attention needs a mask per row"
+    if not geometry.plain:
+        return f"has {geometry.unusual_layers()}, which are fed one cache at a time"
     return None
 
 

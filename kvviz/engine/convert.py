@@ -3,13 +3,19 @@
 Besides `measure.py`, this is the only code that reads cache internals: it takes out what each
 layer holds in full precision (dequantizing a quantized layer), with the position of each key's token,
 and feeds it, layer by layer, through the new cache's own `update()` (kvviz's own layers `receive()` it
-with its positions). Evicted tokens stay gone, and the positions of what is kept travel with it.
+with its positions). Evicted tokens stay gone, and the positions of what is kept travel with it. A linear-attention or
+state-space layer's fixed-size state goes over as it is (every strategy leaves those layers to transformers).
 """
 
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import BaseQuantizedLayer, DynamicSlidingWindowLayer, StaticLayer
+from transformers.cache_utils import (
+    BaseQuantizedLayer,
+    DynamicSlidingWindowLayer,
+    LinearAttentionCacheLayerMixin,
+    StaticLayer,
+)
 
 from kvviz.engine import held_positions
 from kvviz.engine.geometry import Geometry
@@ -36,7 +42,11 @@ def refusal(current: str, target: StrategyChoice, model, evicted: bool | None) -
         return "a run without a cache has nothing to convert; start a new run with a cache instead"
     if not strategy.has_cache:
         return f"switching to no cache would recompute every step from scratch; start a new run with {target.name!r}"
-    if Geometry.of(model.config, model.dtype).hybrid and (source.preallocates or strategy.preallocates):
+    geometry = Geometry.of(model.config, model.dtype)
+    if any(kind not in ("attention", "sliding", "state") for kind in geometry.kinds):
+        unusual = geometry.unusual_layers(("state",), latent=True)
+        return f"a switch moves keys and values layer by layer, and this model has {unusual}; start a new run"
+    if geometry.hybrid and (source.preallocates or strategy.preallocates):
         return (
             "on models with sliding-window layers, static caches index slots by absolute position "
             "and cannot be refilled live"
@@ -82,6 +92,11 @@ def convert(cache, new_cache, carried: list[Carried | None], position: int, seen
     """
     moved, carries = [], []
     for index, layer in enumerate(cache.layers):
+        if isinstance(layer, LinearAttentionCacheLayerMixin):  # a state layer: every strategy keeps it as it is
+            new_cache.layers[index] = layer
+            moved.append(0)
+            carries.append(None)
+            continue
         keys, values = held_states(layer)
         moved.append(keys.shape[-2])
         positions = positions_of(layer, carried[index], seen, keys.shape[-2])

@@ -1,7 +1,19 @@
 """The shape of a model's KV cache, read from its config in one place.
 
-Every layer's cache holds keys and values of shape ``[batch, kv_heads, tokens, head_dim]`` in the
-model's dtype; layers of sliding-window attention keep at most `window` tokens.
+Most layers cache keys and values of shape ``[batch, kv_heads, tokens, head_dim]`` in the model's dtype; layers of
+sliding-window attention keep at most `window` tokens. Models of 2026 mix in other kinds of layer, each cached by a
+layer class of transformers' own (`cache_utils.py`), chosen from the config's layer types:
+
+- ``state``: a linear-attention or state-space layer (Mamba, gated DeltaNet, LFM2's short convolution) keeps a
+  convolution state and a recurrent state of fixed size, whatever the context (`LinearAttentionLayer`);
+- ``state+attention`` / ``state+sliding``: both in one layer (`LinearAttentionAnd...AttentionLayer`);
+- ``indexed``: attention with a lightning indexer (GLM-MoE-DSA, DeepSeek-V3.2) also keeps the indexer's keys
+  ``[batch, tokens, index_head_dim]`` (`DynamicIndexedLayer`);
+- ``shared``: a layer that reads the keys and values of an earlier layer (Gemma 3n) keeps nothing of its own;
+  ``none``: a layer without attention (an MLP-only layer) keeps nothing either (`DummyLayer`).
+
+Multi-head latent attention (DeepSeek-V2/V3, Kimi, GLM-MoE-DSA) caches its compressed latent: keys
+``[batch, 1, tokens, kv_lora_rank]`` and the shared rotary part as values ``[batch, 1, tokens, qk_rope_head_dim]``.
 """
 
 from __future__ import annotations
@@ -11,6 +23,21 @@ from dataclasses import dataclass
 import torch
 
 SLIDING_TYPES = ("sliding_attention", "chunked_attention")
+
+# transformers' cache layer types (`cache_utils.get_layer_types_and_kwargs`) -> what kvviz calls them
+CACHE_KINDS = {
+    "full_attention": "attention",
+    "sliding_attention": "sliding",
+    "chunked_attention": "sliding",
+    "indexed_attention": "indexed",
+    "conv": "state",
+    "linear_attention": "state",
+    "hybrid": "state+attention",
+    "hybrid_sliding": "state+sliding",
+    "dummy": "shared",
+}
+KEEPS_TOKENS = ("attention", "sliding", "indexed", "state+attention", "state+sliding")  # kinds with keys and values
+HAS_STATE = ("state", "state+attention", "state+sliding")  # kinds with a fixed-size state
 
 
 def text_config(config):
@@ -28,9 +55,67 @@ def layer_types(config) -> list[str]:
     return [kind] * config.num_hidden_layers
 
 
+def cache_kinds(config) -> list[str]:
+    """Per decoder layer, what its cache layer keeps (`CACHE_KINDS`), as transformers' DynamicCache builds it."""
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    text = text_config(config)
+    types, _ = get_layer_types_and_kwargs(text)
+    declared = layer_types(config)
+    kinds = []
+    for cache_type, declared_type in zip(types, declared, strict=False):
+        if cache_type == "dummy" and declared_type in ("moe", "mlp"):
+            kinds.append("none")
+        else:
+            kinds.append(CACHE_KINDS.get(cache_type, cache_type))
+    return kinds
+
+
+def state_bytes(config, element: int) -> int | None:
+    """Bytes of the fixed-size state of one linear-attention or state-space layer (convolution plus recurrent
+    state, batch 1), from the config: one formula per family of mixer, as its transformers module sizes it. None
+    where kvviz knows no formula for the config's mixer."""
+    c = text_config(config)
+    get = lambda name, default=None: getattr(c, name, default)  # noqa: E731 - short reads of optional fields
+    if get("linear_key_head_dim"):  # gated DeltaNet (Qwen3-Next, Qwen3.5, OLMo-hybrid): q, k, v convolved
+        key_dim = c.linear_num_key_heads * c.linear_key_head_dim
+        value_dim = c.linear_num_value_heads * c.linear_value_head_dim
+        conv = (2 * key_dim + value_dim) * c.linear_conv_kernel_dim
+        return (conv + c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim) * element
+    if get("linear_head_dim") and get("linear_num_heads"):  # Kimi delta attention: recurrent state in float32
+        width = c.linear_num_heads * c.linear_head_dim
+        return 3 * width * c.linear_conv_kernel_dim * element + c.linear_num_heads * c.linear_head_dim**2 * 4
+    if get("conv_L_cache"):  # LFM2's short convolution: no recurrent state
+        return c.hidden_size * c.conv_L_cache * element
+    if get("mamba_d_state"):  # Mamba mixers inside hybrids (Jamba, Bamba, Granite 4, Zamba2, Falcon-H1)
+        inner = get("mamba_d_ssm") or int(c.mamba_expand * c.hidden_size)
+        heads = get("mamba_n_heads") or get("n_mamba_heads")
+        if not heads:  # Mamba-1 (Jamba): one state per channel
+            return inner * (c.mamba_d_conv + c.mamba_d_state) * element
+        groups = get("mamba_n_groups") or get("mamba_ngroups") or 1
+        head_dim = get("mamba_d_head") if isinstance(get("mamba_d_head"), int) else get("mamba_headdim")
+        conv = (inner + 2 * groups * c.mamba_d_state) * c.mamba_d_conv
+        return (conv + heads * head_dim * c.mamba_d_state) * element
+    if c.model_type == "mamba":
+        return c.intermediate_size * (c.conv_kernel + c.state_size) * element
+    if c.model_type == "mamba2":
+        inner = int(c.expand * c.hidden_size)
+        conv = (inner + 2 * c.n_groups * c.state_size) * c.conv_kernel
+        return (conv + c.num_heads * c.head_dim * c.state_size) * element
+    return None
+
+
+def latent_widths(config) -> tuple[int, int] | None:
+    """(kv_lora_rank, qk_rope_head_dim) of multi-head latent attention, or None for other attention."""
+    c = text_config(config)
+    rank, rope = getattr(c, "kv_lora_rank", None), getattr(c, "qk_rope_head_dim", None)
+    return (rank, rope) if rank and rope else None
+
+
 @dataclass(frozen=True)
 class Geometry:
-    """What sizes every layer's cache: [batch, kv_heads, tokens, head_dim] of `element` bytes."""
+    """What sizes every layer's cache: [batch, kv_heads, tokens, head_dim] of `element` bytes, and per layer its
+    kind, the bytes one token adds to it and the bytes of its fixed state."""
 
     num_layers: int
     num_attention_heads: int
@@ -40,22 +125,41 @@ class Geometry:
     windows: tuple[int | None, ...]  # per layer: its sliding window, None for full attention
     layer_types: tuple[str, ...]
     context: int | None  # the positions the model was built for (max_position_embeddings), None if unsaid
+    kinds: tuple[str, ...] = ()  # per layer: `CACHE_KINDS` (empty: every layer plain attention)
+    layer_token_bytes: tuple[int, ...] = ()  # per layer: keys + values (+ indexer keys) one token adds
+    layer_state_bytes: tuple[int | None, ...] = ()  # per layer: its fixed state (0: none; None: no formula)
+    latent: tuple[int, int] | None = None  # multi-head latent attention's (kv_lora_rank, qk_rope_head_dim)
     batch: int = 1
 
     @classmethod
     def of(cls, config, dtype: torch.dtype) -> Geometry:
         text = text_config(config)
-        kinds = layer_types(config)
+        kinds = cache_kinds(config)
         window = getattr(text, "sliding_window", None)
+        element = torch.empty((), dtype=dtype).element_size()
+        heads = getattr(text, "num_attention_heads", None) or 0  # 0: a pure state-space model (Mamba)
+        kv_heads = getattr(text, "num_key_value_heads", None) or heads
+        head_dim = getattr(text, "head_dim", None) or (text.hidden_size // heads if heads else 0)
+        latent = latent_widths(config)
+        per_token = 2 * kv_heads * head_dim if latent is None else sum(latent)
+        indexer = getattr(text, "index_head_dim", 0) or 0
+        state = state_bytes(config, element) if any(kind in HAS_STATE for kind in kinds) else 0
         return cls(
             num_layers=text.num_hidden_layers,
-            num_attention_heads=text.num_attention_heads,
-            kv_heads=getattr(text, "num_key_value_heads", None) or text.num_attention_heads,
-            head_dim=getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads,
-            element=torch.empty((), dtype=dtype).element_size(),
-            windows=tuple(window if kind in SLIDING_TYPES else None for kind in kinds),
-            layer_types=tuple(kinds),
+            num_attention_heads=heads,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            element=element,
+            windows=tuple(window if kind.endswith("sliding") else None for kind in kinds),
+            layer_types=tuple(layer_types(config)),
             context=getattr(text, "max_position_embeddings", None) or None,
+            kinds=tuple(kinds),
+            layer_token_bytes=tuple(
+                ((per_token + (indexer if kind == "indexed" else 0)) * element if kind in KEEPS_TOKENS else 0)
+                for kind in kinds
+            ),
+            layer_state_bytes=tuple(state if kind in HAS_STATE else 0 for kind in kinds),
+            latent=latent,
         )
 
     @property
@@ -64,16 +168,45 @@ class Geometry:
         return any(w is not None for w in self.windows)
 
     @property
+    def plain(self) -> bool:
+        """True when every layer keeps keys and values of [kv_heads, head_dim] per token and nothing else."""
+        return all(kind in ("attention", "sliding") for kind in self.kinds) and self.latent is None
+
+    def unusual_layers(self, accepted: tuple[str, ...] = (), latent: bool = False) -> str | None:
+        """The layers that are not plain keys and values, in words ("linear-attention or state-space layers"), or
+        None: what a strategy that only knows keys and values names when it refuses; `accepted` kinds and, with
+        `latent`, latent attention are left out."""
+        words = {
+            "state": "linear-attention or state-space layers (a fixed-size state)",
+            "state+attention": "layers that keep a fixed-size state beside keys and values",
+            "state+sliding": "layers that keep a fixed-size state beside keys and values",
+            "indexed": "indexed attention layers (indexer keys beside keys and values)",
+            "shared": "layers that share another layer's keys and values",
+            "none": "layers without attention",
+        }
+        found = [words[kind] for kind in dict.fromkeys(self.kinds) if kind in words and kind not in accepted]
+        if self.latent is not None and not latent:
+            found.append("multi-head latent attention (a compressed latent in place of per-head keys and values)")
+        return ", ".join(dict.fromkeys(found)) or None
+
+    @property
     def values_per_token(self) -> int:
-        """Key (or value) elements of one token in one layer."""
+        """Key (or value) elements of one token in one plain layer."""
         return self.kv_heads * self.head_dim
 
     @property
     def token_bytes(self) -> int:
-        """Keys or values of one token in one layer."""
+        """Keys or values of one token in one plain layer."""
         return self.batch * self.values_per_token * self.element
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """Keys plus values of one token across all layers."""
-        return 2 * self.token_bytes * self.num_layers
+        """Everything one token adds to the cache across all layers (keys, values, indexer keys)."""
+        return self.batch * sum(self.layer_token_bytes)
+
+    @property
+    def fixed_state_bytes(self) -> int | None:
+        """Bytes of every layer's fixed-size state together (None: some layer's is not known)."""
+        if any(b is None for b in self.layer_state_bytes):
+            return None
+        return self.batch * sum(self.layer_state_bytes)

@@ -1,5 +1,10 @@
 """The only code that reads cache internals. Returns plain records (ints), never tensors.
 
+Every kind of transformers cache layer is read as what it holds: keys and values; a linear-attention or
+state-space layer's convolution and recurrent states (fixed size, `state_bytes`); a hybrid layer's both; an
+indexed-attention layer's indexer keys beside its keys and values (`indexer_bytes`); a KV-shared layer's nothing
+(a `DummyLayer`: it reads another layer's keys and values).
+
 Bytes are the real allocation: each tensor's `untyped_storage().nbytes()`, with storages shared
 between tensors (views) counted once. optimum-quanto's packed tensors report their dense size
 there, so tensor subclasses are walked through `__tensor_flatten__()` down to plain tensors (the
@@ -14,7 +19,14 @@ from collections.abc import Iterable
 
 import psutil
 import torch
-from transformers.cache_utils import BaseQuantizedLayer, DynamicLayer, StaticLayer, StaticSlidingWindowLayer
+from transformers.cache_utils import (
+    BaseQuantizedLayer,
+    DummyLayer,
+    DynamicLayer,
+    LinearAttentionCacheLayerMixin,
+    StaticLayer,
+    StaticSlidingWindowLayer,
+)
 
 from kvviz.engine import held_positions
 from kvviz.engine.held_positions import Carried
@@ -64,7 +76,7 @@ class StorageCounter:
 
 def held_tokens(layer) -> int:
     """Tokens a cache layer holds (in each KV head; a quantized layer's quantized and residual ones together)."""
-    if not layer.is_initialized:
+    if isinstance(layer, DummyLayer) or _state_only(layer) or not layer.is_initialized:
         return 0
     if isinstance(layer, BaseQuantizedLayer):
         return layer.cumulative_length
@@ -73,7 +85,7 @@ def held_tokens(layer) -> int:
     if isinstance(layer, StaticLayer):
         return int(layer.cumulative_length)
     if isinstance(layer, (DynamicLayer, KvvizLayer)):
-        return layer.keys.shape[-2] if layer.keys.dim() == 4 else 0
+        return layer.keys.shape[-2] if layer.keys is not None and layer.keys.dim() == 4 else 0
     raise TypeError(f"kvviz cannot measure cache layers of type {type(layer).__name__}")
 
 
@@ -84,6 +96,14 @@ def measure_layer(layer, counter: StorageCounter, seen: int, carried: Carried | 
     slot states out (reading which positions an evicting layer holds costs milliseconds once its choices are
     scattered)."""
     held = held_tokens(layer)
+    if isinstance(layer, DummyLayer):  # a KV-shared layer (or one without attention): nothing of its own
+        return LayerRecord(0, 0, 0, 0, spans=[[int(SlotState.SHARED), seen]] if slots and seen else [])
+    if _state_only(layer):  # no keys, no values: a convolution and a recurrent state of fixed size
+        states = _state_tensors(layer)
+        state = counter.bytes_of(states)
+        spans = [[int(SlotState.STATE), seen]] if slots and seen else []
+        return LayerRecord(0, 0, 0, 0, storage={"state": state} if state else {}, spans=spans, state_bytes=state,
+                           state_shapes=[list(t.shape) for t in states] or None)
     if isinstance(layer, BaseQuantizedLayer):
         q_keys, q_values = counter.bytes_of(layer._quantized_keys), counter.bytes_of(layer._quantized_values)
         r_keys, r_values = counter.bytes_of(layer.keys), counter.bytes_of(layer.values)
@@ -95,12 +115,25 @@ def measure_layer(layer, counter: StorageCounter, seen: int, carried: Carried | 
         keys, values = counter.bytes_of(layer.keys), counter.bytes_of(layer.values)
         capacity = layer.max_cache_len if isinstance(layer, StaticLayer) and layer.is_initialized else held
         record = LayerRecord(keys, values, held, capacity, storage={"full": keys + values})
+        record.indexer_bytes = counter.bytes_of(getattr(layer, "indexer_keys", None))
+        record.state_bytes = counter.bytes_of(_state_tensors(layer))
+        record.state_shapes = [list(t.shape) for t in _state_tensors(layer)] or None
+        extra = {"indexer": record.indexer_bytes, "state": record.state_bytes}
+        record.storage.update({kind: count for kind, count in extra.items() if count})
         states = [(SlotState.FULL, held)]
     if slots and layer.is_initialized:
         record.spans, record.head_spans = _layer_spans(layer, held, states, seen, carried)
         if record.capacity > held:
             record.spans.append([int(SlotState.PREALLOCATED), record.capacity - held])
     return record
+
+
+def _state_tensors(layer) -> list[torch.Tensor]:
+    """The convolution and recurrent states a linear-attention or state-space layer holds (none for other layers)."""
+    if not isinstance(layer, LinearAttentionCacheLayerMixin):
+        return []
+    held = [*layer.conv_states.values(), *layer.recurrent_states.values()]
+    return [tensor for tensor in held if isinstance(tensor, torch.Tensor)]
 
 
 def _layer_spans(layer, held: int, states, seen: int, carried: Carried | None):
@@ -134,7 +167,17 @@ def tokens_dropped(cache, seen: int, windows: tuple[int | None, ...]) -> int:
     if cache is None:
         return 0
     return max((min(seen, seen if window is None else window - 1) - held_tokens(layer)
-                for layer, window in zip(cache.layers, windows, strict=True) if layer.is_initialized), default=0)
+                for layer, window in zip(cache.layers, windows, strict=True) if _keeps_tokens(layer)), default=0)
+
+
+def _state_only(layer) -> bool:
+    """A linear-attention or state-space layer without attention of its own (not a hybrid one)."""
+    return isinstance(layer, LinearAttentionCacheLayerMixin) and not isinstance(layer, (DynamicLayer, StaticLayer))
+
+
+def _keeps_tokens(layer) -> bool:
+    """Whether the layer holds keys and values of the tokens it has seen (state and KV-shared layers hold none)."""
+    return not (isinstance(layer, DummyLayer) or _state_only(layer)) and layer.is_initialized
 
 
 def policy_bytes(cache) -> int:

@@ -253,21 +253,44 @@ def load_hub(spec: str, dtype: torch.dtype, progress: Progress):
 
 
 def check_keeps_kv_cache(model: PreTrainedModel, where: str) -> None:
-    """Refuse a model whose forward pass keeps no keys and values in a transformers DynamicCache.
+    """Refuse a model whose forward pass keeps nothing kvviz can read in a transformers DynamicCache.
 
-    One token through the model, as the decoder feeds it; state-space and linear-attention models
-    (Mamba, RWKV, ...) keep other state or none, and kvviz has nothing to show for them.
+    One token through the model, as the decoder feeds it. Keys and values, indexer keys and the fixed-size states
+    of linear-attention and state-space layers (Mamba, gated DeltaNet) are all read; a model that keeps its cache in
+    a class of its own (MiniMax) or its recurrent state inside its modules (RecurrentGemma) is refused with that
+    reason.
     """
+    from kvviz.engine.geometry import HAS_STATE, cache_kinds
+    from kvviz.engine.measure import measure_cache
+
     cache = DynamicCache(config=model.config)
     token = torch.zeros((1, 1), dtype=torch.long, device=model.device)
+    name = type(model).__name__
     try:
         with torch.no_grad():
             model_forward(model, token, cache, position_ids=None)
-        kept = cache.get_seq_length()
-    except (ValueError, TypeError, RuntimeError, AttributeError, IndexError):
-        kept = 0
-    if kept != 1:
+    except ValueError as exc:
+        if "cache of its own" in str(exc):
+            raise ModelError(
+                f"{where} is {name}, which keeps its cache in a class of its own, not in transformers' DynamicCache: "
+                "kvviz reads the caches transformers' DynamicCache builds (Llama, Qwen3-Next, Jamba, Mamba, ...)"
+            ) from exc
+        raise ModelError(f"{where} is {name}, which fails one forward pass through transformers' DynamicCache "
+                         "(run with --debug for why)") from exc
+    except (TypeError, RuntimeError, AttributeError, IndexError) as exc:
+        raise ModelError(f"{where} is {name}, which fails one forward pass through transformers' DynamicCache "
+                         "(run with --debug for why)") from exc
+    records = measure_cache(cache, 1, slots=False)
+    stateless = [i for i, (kind, record) in enumerate(zip(cache_kinds(model.config), records, strict=False))
+                 if kind in HAS_STATE and not record.state_bytes]
+    if stateless:
         raise ModelError(
-            f"{where} is {type(model).__name__}, which keeps no keys and values in a KV cache (a state-space or "
-            "linear-attention model): kvviz shows the KV cache of attention decoders (Llama, Qwen, Gemma, GPT-2, ...)"
+            f"{where} is {name}, which keeps the state of its recurrent layers ({len(stateless)} of them) inside the "
+            "model's own modules rather than in transformers' cache, so kvviz cannot measure it; kvviz reads the "
+            "caches transformers' DynamicCache holds (Llama, Qwen3-Next, Jamba, Mamba, ...)"
+        )
+    if not sum(record.total_bytes for record in records):
+        raise ModelError(
+            f"{where} is {name}, which keeps nothing in a cache: kvviz shows the caches of decoders (attention, "
+            "linear-attention and state-space layers: Llama, Qwen3-Next, Jamba, Mamba, ...)"
         )

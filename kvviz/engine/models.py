@@ -130,7 +130,30 @@ def model_card(model: PreTrainedModel, name: str) -> dict[str, Any]:
         "kv_bytes_per_token": geometry.kv_bytes_per_token,
         "weight_bytes": weight_read_bytes(model),
         "max_position_embeddings": getattr(config, "max_position_embeddings", None),
+        # per layer: what its cache keeps (geometry.CACHE_KINDS), the bytes one token adds, its fixed-size state
+        "cache_kinds": list(geometry.kinds),
+        "layer_token_bytes": list(geometry.layer_token_bytes),
+        "layer_state_bytes": list(geometry.layer_state_bytes),
+        "fixed_state_bytes": geometry.fixed_state_bytes,
+        "latent_attention": latent_attention(config, geometry),
     }
+
+
+def latent_attention(config, geometry: Geometry) -> dict[str, Any] | None:
+    """What multi-head latent attention caches per token and layer, next to what it is computed from and what
+    per-head attention would cache (None for other attention). transformers caches the compressed latent
+    (kv_lora_rank) and the shared rotary key part (qk_rope_head_dim), the same latent serving engines (vLLM,
+    SGLang) cache; keys and values expanded per head would take `expanded_bytes`."""
+    if geometry.latent is None:
+        return None
+    rank, rope = geometry.latent
+    heads = geometry.num_attention_heads
+    nope = getattr(config, "qk_nope_head_dim", 0) or 0
+    v_dim = getattr(config, "v_head_dim", 0) or 0
+    stored = (rank + rope) * geometry.element
+    expanded = heads * (nope + rope + v_dim) * geometry.element
+    return {"kv_lora_rank": rank, "qk_rope_head_dim": rope, "stored_bytes": stored, "latent_bytes": stored,
+            "expanded_bytes": expanded, "factor": expanded / stored}
 
 
 # -- built-in models -------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ class CachePredictor:
         self.geometry = geometry
         self.seen = [0] * geometry.num_layers  # per layer: tokens fed to it, the latest feed included
         self.last = [0] * geometry.num_layers  # per layer: tokens of its latest feed
+        self.holds_state = [False] * geometry.num_layers  # per layer: its fixed-size state is allocated
 
     def feed(self, new_tokens: int) -> None:
         """A forward fed `new_tokens` tokens through every layer."""
@@ -31,22 +32,34 @@ class CachePredictor:
         until the next feed."""
         for i, tokens in enumerate(moved):
             self._fed(i, tokens, received=True)
+        self.holds_state = [bool(size) for size in self.geometry.layer_state_bytes]  # moved over as they were
 
     def _fed(self, i: int, new: int, received: bool) -> None:
         self.seen[i] += new
         self.last[i] = new
+        self.holds_state[i] = self.holds_state[i] or new > 0
         self.advance(i, new, received)
 
     def advance(self, i: int, new: int, received: bool) -> None:
         """A subclass's own state of layer i after a feed of `new` tokens (`seen` and `last` already count it)."""
 
-    def cache_bytes(self) -> int:
-        """Bytes of keys and values the whole cache should hold now."""
-        return sum(2 * self.layer_bytes(i, window) for i, window in enumerate(self.geometry.windows))
+    def cache_bytes(self) -> int | None:
+        """Bytes the whole cache should hold now: every layer's tokens (`layer_bytes`) and the fixed states of the
+        layers fed so far; None where a state's size has no formula (`geometry.state_bytes`)."""
+        states = [size for size, held in zip(self.geometry.layer_state_bytes, self.holds_state, strict=True) if held]
+        if any(size is None for size in states):
+            return None
+        tokens = sum(self.layer_bytes(i, window) for i, window in enumerate(self.geometry.windows))
+        return tokens + self.geometry.batch * sum(states)
 
     def layer_bytes(self, i: int, window: int | None) -> int:
-        """Bytes of keys (== values) in layer i, whose native sliding window is `window`."""
-        return self.growing_tokens(i, window) * self.geometry.token_bytes
+        """Bytes of what layer i keeps per token (keys, values, indexer keys), whose native sliding window is
+        `window`."""
+        return self.growing_tokens(i, window) * self.token_bytes(i)
+
+    def token_bytes(self, i: int) -> int:
+        """Keys, values and indexer keys one token takes in layer i (0 in state and KV-shared layers)."""
+        return self.geometry.batch * self.geometry.layer_token_bytes[i]
 
     def growing_tokens(self, i: int, window: int | None) -> int:
         """Tokens allocated by layer i if it grows: a DynamicLayer, or a DynamicSlidingWindowLayer of `window`."""

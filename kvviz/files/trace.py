@@ -39,9 +39,11 @@ class SlotState(IntEnum):
     RESIDUAL = 4  # full-precision buffer waiting to be quantized
     EVICTED = 5  # was cached, has been dropped
     SINK = 6  # attention-sink token kept forever
+    STATE = 7  # folded into a layer's fixed-size state (a linear-attention or state-space layer holds no positions)
+    SHARED = 8  # read from another layer's keys and values (a KV-shared layer keeps none of its own)
 
 
-STORAGE_KINDS = ("full", "quantized", "residual")
+STORAGE_KINDS = ("full", "quantized", "residual", "indexer", "state")
 
 
 @dataclass
@@ -62,10 +64,15 @@ class LayerRecord:
     # Where KV heads hold different positions (per-head eviction): run-length pairs [KV heads holding the
     # position, count] covering the same positions as `spans`; None when every head holds the same ones.
     head_spans: list[list[int]] | None = None
+    # Beside keys and values: an indexed-attention layer's indexer keys (growing with the tokens held), and a
+    # linear-attention or state-space layer's convolution and recurrent states (fixed size), with their shapes
+    indexer_bytes: int = 0
+    state_bytes: int = 0
+    state_shapes: list[list[int]] | None = None
 
     @property
     def total_bytes(self) -> int:
-        return self.keys_bytes + self.values_bytes
+        return self.keys_bytes + self.values_bytes + self.indexer_bytes + self.state_bytes
 
 
 @dataclass

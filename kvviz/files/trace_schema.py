@@ -48,7 +48,7 @@ _POSITIONS = Int(0, MAX_POSITIONS, what="a number of positions")
 _MS = Number(0, MAX_MS, what="a time in ms")
 _MS_OR_UNKNOWN = Number(0, MAX_MS, null=True, what="a time in ms")
 _OPTIONS = MapOf(Json(depth=1))
-_SPAN = Pair(Int(0, max(SlotState)), _POSITIONS, what="span [slot state 0-6, count >= 0]")
+_SPAN = Pair(Int(0, max(SlotState)), _POSITIONS, what=f"span [slot state 0-{max(SlotState)}, count >= 0]")
 _HEAD_SPAN = Pair(Int(0, 2**16), _POSITIONS, what="head span [KV heads holding the positions, count >= 0]")
 
 _LAYER = Record(
@@ -61,6 +61,9 @@ _LAYER = Record(
         "storage": optional(MapOf(_BYTES, keys=STORAGE_KINDS), {}),
         "spans": optional(ListOf(_SPAN), []),
         "head_spans": optional(ListOf(_HEAD_SPAN, null=True)),
+        "indexer_bytes": optional(_BYTES, 0),
+        "state_bytes": optional(_BYTES, 0),
+        "state_shapes": optional(ListOf(ListOf(Int(0, MAX_BYTES, what="a tensor dimension")), null=True)),
     },
     what="a layer record (an object)",
 )
@@ -97,14 +100,19 @@ _SWITCH = Record(
 )
 
 
+def _layer_total(layer: dict) -> int:
+    """Keys, values, indexer keys and fixed state of a layer record (`LayerRecord.total_bytes`)."""
+    return layer["keys_bytes"] + layer["values_bytes"] + layer["indexer_bytes"] + layer["state_bytes"]
+
+
 def _step_adds_up(step: dict, where) -> None:
     layers = step["layers"]
     for j, layer in enumerate(layers):
-        total = layer["keys_bytes"] + layer["values_bytes"]
+        total = _layer_total(layer)
         if layer["storage"] and sum(layer["storage"].values()) != total:
             raise Refusal(
                 at(where, "layers", j, "storage"),
-                f"byte counts by kind that add up to keys_bytes + values_bytes ({total:,})",
+                f"byte counts by kind that add up to the layer's bytes ({total:,})",
                 sum(layer["storage"].values()),
             )
         if layer["seq_len"] > layer["capacity"]:
@@ -114,11 +122,11 @@ def _step_adds_up(step: dict, where) -> None:
                 layer["seq_len"],
             )
     if step["cache_bytes"] is not None:
-        total = sum(layer["keys_bytes"] + layer["values_bytes"] for layer in layers)
+        total = sum(_layer_total(layer) for layer in layers)
         if step["cache_bytes"] != total:
             raise Refusal(
                 at(where, "cache_bytes"),
-                f"the sum of the layers' keys_bytes + values_bytes ({total:,})",
+                f"the sum of the layers' bytes ({total:,})",
                 step["cache_bytes"],
             )
     if step["kl"] is not None and step["top1_agree"] is None:

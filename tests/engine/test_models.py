@@ -126,14 +126,14 @@ def test_a_model_type_without_a_causal_head_is_refused(tmp_path):
     )
 
 
-def test_a_decoder_that_keeps_no_kv_cache_is_refused(tmp_path, converted_copy):
+def test_a_state_space_model_loads_with_its_fixed_state(tmp_path, converted_copy):
     mamba = model_folder(
         tmp_path, transformers.MambaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2),
         tokenizer_from=converted_copy,
     )
-    assert refusal(mamba).startswith(
-        f"{mamba} is MambaForCausalLM, which keeps no keys and values in a KV cache (a state-space or "
-    )
+    card = models.load_model(str(mamba)).card
+    assert card["cache_kinds"] == ["state", "state"] and card["kv_bytes_per_token"] == 0
+    assert card["fixed_state_bytes"] == 2 * 64 * (4 + 16) * 4  # per layer: conv [64, 4] + recurrent [64, 16], fp32
 
 
 def test_a_damaged_or_unknown_config_is_named(tmp_path, converted_copy):

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from kvviz.files.jsonfile import MAX_FILE_BYTES
+from kvviz.files.trace import SlotState
 
 HUGE_DIGITS = "__HUGE_DIGITS__"  # stands for a 5,000-digit number, which json.dumps cannot write
 
@@ -183,7 +184,7 @@ def _cross_field(out: _Writer, base: dict, b: int, rng: random.Random) -> None:
     variant("storage-a-list", f"steps[{i}].layers[0].storage",
             lambda d: d["steps"][i]["layers"][0].update(storage=[1, 2]))
     variant("span-unknown-state", f"steps[{i}].layers[1].spans[0][0]",
-            lambda d: d["steps"][i]["layers"][1]["spans"][0].__setitem__(0, 7))
+            lambda d: d["steps"][i]["layers"][1]["spans"][0].__setitem__(0, max(SlotState) + 1))
     variant("span-not-a-pair", f"steps[{i}].layers[1].spans[0]",
             lambda d: d["steps"][i]["layers"][1]["spans"][0].append(1))
     variant("spans-beyond-the-run", f"steps[{i}].layers[0].spans",

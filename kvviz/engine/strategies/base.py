@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from kvviz.engine.geometry import Geometry
+from kvviz.engine.geometry import KEEPS_TOKENS, Geometry
 from kvviz.engine.predict import CachePredictor
 from kvviz.errors import OptionError
 
@@ -223,3 +223,27 @@ def only_full_attention(geometry: Geometry) -> str | None:
 
 def max_cache_len_option() -> Option:
     return Option("max_cache_len", "int", 0, "token slots to preallocate; 0 means prompt + max new tokens", minimum=0)
+
+
+def attention_layers_problem(geometry: Geometry, acts: str, latent: bool = False) -> str | None:
+    """Why a strategy that `acts` on attention layers of plain keys and values (and leaves linear-attention and
+    state-space layers to transformers, as they are) cannot run on this model, or None. `latent`: it also works on
+    multi-head latent attention's cached latent."""
+    if not any(kind in KEEPS_TOKENS for kind in geometry.kinds):
+        return (f"{acts}, and this model has no attention layers: its cache is the fixed-size state of "
+                "linear-attention or state-space layers, which nothing can shrink; run dynamic or static")
+    kinds = [kind for kind in geometry.kinds if kind not in ("attention", "sliding", "state")]
+    if kinds or (geometry.latent is not None and not latent):
+        return f"{acts}, and this model has {geometry.unusual_layers(('state',), latent)}; run dynamic or static"
+    return None
+
+
+def keep_own_layers(model, layers: list) -> list:
+    """`layers` (one per decoder layer, a strategy's) with transformers' own cache layer in place of each layer
+    that keeps no keys and values (linear-attention and state-space layers, KV-shared layers), as DynamicCache
+    builds them: a strategy acts on attention layers and leaves those alone."""
+    from transformers import DynamicCache
+
+    kinds = Geometry.of(model.config, model.dtype).kinds
+    own = DynamicCache(config=model.config).layers
+    return [layer if kind in KEEPS_TOKENS else mine for layer, kind, mine in zip(layers, kinds, own, strict=True)]

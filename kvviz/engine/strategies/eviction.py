@@ -18,7 +18,13 @@ from typing import ClassVar
 
 from kvviz.engine.geometry import Geometry
 from kvviz.engine.predict import CachePredictor
-from kvviz.engine.strategies.base import Option, Strategy, only_full_attention
+from kvviz.engine.strategies.base import (
+    Option,
+    Strategy,
+    attention_layers_problem,
+    keep_own_layers,
+    only_full_attention,
+)
 
 POSITION_BYTES = 8  # an int64 position, what an EvictionLayer keeps per token and KV head
 
@@ -58,11 +64,13 @@ class BudgetPredictor(CachePredictor):
 
     def layer_bytes(self, i, window) -> int:
         tokens = self.seen[i] if i < self.whole else self.held[i]
-        return tokens * self.geometry.token_bytes
+        return tokens * self.token_bytes(i)
 
     def policy_bytes(self) -> int:
         total = 0
         for i in range(self.whole, self.geometry.num_layers):
+            if not self.geometry.layer_token_bytes[i]:  # a state layer: transformers' own, no policy
+                continue
             positions = self.returned[i] + (self.held[i] if self.chose[i] else 0)
             total += POSITION_BYTES * positions + self.score_bytes * self.scored[i]
         return total * self.geometry.batch * self.geometry.kv_heads
@@ -83,7 +91,8 @@ class EvictionStrategy(Strategy):
     def model_problem(self, model, geometry, options):
         from kvviz.engine import attention_scores
 
-        problem = only_full_attention(geometry)
+        problem = attention_layers_problem(geometry, "evicts keys and values by importance")
+        problem = problem or only_full_attention(geometry)
         if problem is None and self.reads_attention:
             problem = attention_scores.unsupported(model)
         return problem
@@ -97,7 +106,8 @@ class EvictionStrategy(Strategy):
             attention_scores.install(model)
         n_layers = Geometry.of(model.config, model.dtype).num_layers
         whole = self.whole_layers(options)
-        return Cache(layers=[DynamicLayer() if i < whole else self.make_layer(i, options) for i in range(n_layers)])
+        layers = [DynamicLayer() if i < whole else self.make_layer(i, options) for i in range(n_layers)]
+        return Cache(layers=keep_own_layers(model, layers))
 
     def predictor(self, options, geometry, capacity):
         return BudgetPredictor(geometry, options["budget"], whole=self.whole_layers(options))

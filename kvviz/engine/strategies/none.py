@@ -5,7 +5,7 @@ from kvviz.engine.strategies.base import Strategy
 
 
 class NoCachePredictor(CachePredictor):
-    def layer_bytes(self, i, window) -> int:
+    def cache_bytes(self) -> int:
         return 0
 
 

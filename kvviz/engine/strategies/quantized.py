@@ -7,7 +7,7 @@ import torch
 
 from kvviz.engine.geometry import Geometry
 from kvviz.engine.predict import CachePredictor
-from kvviz.engine.strategies.base import Option, Strategy, only_full_attention
+from kvviz.engine.strategies.base import Option, Strategy, attention_layers_problem, only_full_attention
 from kvviz.errors import OptionError
 
 NBITS = {"quanto": (2, 4), "hqq": (1, 2, 3, 4, 8)}
@@ -59,7 +59,7 @@ class QuantizedPredictor(CachePredictor):
         o = self.options
         group = o.get("q_group_size", 64)
         q = quantized_bytes(self.geometry, self.quantized[i], o["backend"], o.get("nbits", 8), group)
-        return q + self.residual[i] * self.geometry.token_bytes
+        return 2 * (q + self.residual[i] * self.geometry.token_bytes)
 
 
 class Quantized(Strategy):
@@ -109,6 +109,10 @@ class Quantized(Strategy):
 
     def model_problem(self, model, geometry, options):
         problem = only_full_attention(geometry)
+        if not problem and not geometry.plain:
+            problem = attention_layers_problem(geometry, "quantizes keys and values") or (
+                "quantizes keys and values with transformers' QuantizedCache, which takes only models whose layers "
+                f"all use full attention, and this model has {geometry.unusual_layers()}; run dynamic or static")
         if problem or options["backend"] == "fp8":
             return problem
         # quanto and HQQ cut a layer's whole [batch, kv_heads, tokens, head_dim] tensor into groups,

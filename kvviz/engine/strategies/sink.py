@@ -4,7 +4,13 @@ import torch
 
 from kvviz.engine.geometry import Geometry
 from kvviz.engine.predict import CachePredictor
-from kvviz.engine.strategies.base import Option, Strategy, only_full_attention
+from kvviz.engine.strategies.base import (
+    Option,
+    Strategy,
+    attention_layers_problem,
+    keep_own_layers,
+    only_full_attention,
+)
 
 
 def rotary_inv_freq(model) -> torch.Tensor | None:
@@ -21,7 +27,7 @@ class SinkPredictor(CachePredictor):
         self.kept = kept
 
     def layer_bytes(self, i, window) -> int:
-        return min(self.seen[i], self.kept) * self.geometry.token_bytes
+        return min(self.seen[i], self.kept) * self.token_bytes(i)
 
 
 class Sink(Strategy):
@@ -40,6 +46,9 @@ class Sink(Strategy):
     keeps_first_tokens = True
 
     def model_problem(self, model, geometry, options):
+        problem = attention_layers_problem(geometry, "re-rotates the keys it keeps")
+        if problem:
+            return problem
         if rotary_inv_freq(model) is None:
             return "needs a model with one rotary position embedding (RoPE) to re-rotate kept keys; this model has none"
         return only_full_attention(geometry)
@@ -51,7 +60,8 @@ class Sink(Strategy):
 
         inv_freq = rotary_inv_freq(model)
         n_layers = Geometry.of(model.config, model.dtype).num_layers
-        return Cache(layers=[SinkLayer(options["sink_tokens"], options["window"], inv_freq) for _ in range(n_layers)])
+        layers = [SinkLayer(options["sink_tokens"], options["window"], inv_freq) for _ in range(n_layers)]
+        return Cache(layers=keep_own_layers(model, layers))
 
     def predictor(self, options, geometry, capacity):
         return SinkPredictor(geometry, options["sink_tokens"] + options["window"])

@@ -2,7 +2,7 @@
 
 from kvviz.engine.geometry import Geometry
 from kvviz.engine.predict import CachePredictor
-from kvviz.engine.strategies.base import Option, Strategy
+from kvviz.engine.strategies.base import Option, Strategy, attention_layers_problem, keep_own_layers
 
 
 class SlidingPredictor(CachePredictor):
@@ -12,7 +12,7 @@ class SlidingPredictor(CachePredictor):
 
     def layer_bytes(self, i, native) -> int:
         window = self.window if native is None else min(native, self.window)
-        return self.growing_tokens(i, window) * self.geometry.token_bytes
+        return self.growing_tokens(i, window) * self.token_bytes(i)
 
 
 class Sliding(Strategy):
@@ -21,6 +21,9 @@ class Sliding(Strategy):
     reference = "transformers' DynamicSlidingWindowLayer (the window of Longformer and Mistral)"
     options = (Option("window", "int", 256, "tokens each step attends to, the current one included", minimum=2),)
     evicts = True
+
+    def model_problem(self, model, geometry, options):
+        return attention_layers_problem(geometry, "keeps a window of keys and values", latent=True)
 
     def make_cache(self, model, options, capacity):
         from transformers.cache_utils import Cache, DynamicSlidingWindowLayer
@@ -34,7 +37,7 @@ class Sliding(Strategy):
             else DynamicSlidingWindowLayer(sliding_window=min(window, native))
             for native in Geometry.of(model.config, model.dtype).windows
         ]
-        return Cache(layers=layers)
+        return Cache(layers=keep_own_layers(model, layers))
 
     def predictor(self, options, geometry, capacity):
         return SlidingPredictor(geometry, options["window"])

@@ -14,7 +14,7 @@ class StaticPredictor(CachePredictor):
 
     def layer_bytes(self, i, window) -> int:
         slots = self.capacity if window is None else min(window, self.capacity)
-        return slots * self.geometry.token_bytes
+        return slots * self.token_bytes(i)
 
 
 class Static(Strategy):

@@ -1,0 +1,139 @@
+"""Every kind of cache layer transformers has, on tiny random models of fourteen families: linear-attention and
+state-space layers (a fixed-size state), hybrid layers (both), KV-shared layers, latent attention and indexed
+attention. For each: greedy tokens equal plain generate, the bytes kvviz measures equal every tensor in
+transformers' own DynamicCache, the prediction from the config equals the measurement at every step, and each
+strategy runs exactly or is refused in one sentence that names the layers it cannot handle."""
+
+import pytest
+import torch
+import transformers
+
+from kvviz.engine import decode, model_files, strategies
+from kvviz.engine.models import build_random_model
+from kvviz.errors import ModelError, OptionError
+
+from .families import ARCHITECTURES, SMALL, tiny_architecture
+from .test_equality import PROMPT, generate_reference, kvviz_tokens
+
+NEW_TOKENS = 4
+
+
+@pytest.fixture(scope="module")
+def architectures(tiny_model):
+    """Each family built once for this module."""
+    return {name: tiny_architecture(name, tiny_model.tokenizer) for name in ARCHITECTURES}
+
+
+def tensor_bytes(cache) -> int:
+    """Every tensor transformers' cache object holds, walked through its layers' attributes (storages counted
+    once; 0-dimensional bookkeeping such as a layer's window length left out)."""
+    seen, total = set(), 0
+
+    def walk(value):
+        nonlocal total
+        if isinstance(value, torch.Tensor):
+            if value.dim() and value.untyped_storage().data_ptr() not in seen:
+                seen.add(value.untyped_storage().data_ptr())
+                total += value.untyped_storage().nbytes()
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                walk(item)
+
+    for layer in cache.layers:
+        walk(vars(layer))
+    return total
+
+
+@pytest.mark.parametrize("family", sorted(ARCHITECTURES))
+def test_dynamic_matches_generate_and_transformers_own_cache(architectures, family):
+    loaded = architectures[family]
+    ids = decode.encode_prompt(loaded.tokenizer, PROMPT, raw=True)
+    tokens, decoder = kvviz_tokens(loaded, "dynamic", {}, NEW_TOKENS)
+    assert tokens == generate_reference(loaded, ids, NEW_TOKENS)
+    for step in decoder.trace.steps:
+        assert step.cache_bytes == step.predicted_cache_bytes, f"step {step.index}"
+    # the same tokens through transformers' own DynamicCache: every tensor it holds, as kvviz measured it
+    cache = transformers.DynamicCache(config=loaded.model.config)
+    with torch.inference_mode():
+        loaded.model(input_ids=torch.tensor([ids + tokens[:-1]]), cache=cache, use_cache=True)
+    assert decoder.trace.steps[-1].cache_bytes == tensor_bytes(cache) > 0
+    kinds = loaded.card["cache_kinds"]
+    for kind, layer in zip(kinds, decoder.trace.steps[-1].layers, strict=True):
+        assert (layer.state_bytes > 0) == (kind.startswith("state")), kind
+        assert (layer.seq_len > 0) == (kind not in ("state", "shared")), kind
+
+
+def test_the_families_cover_every_kind_of_cache_layer(architectures):
+    kinds = {kind for loaded in architectures.values() for kind in loaded.card["cache_kinds"]}
+    assert kinds >= {"attention", "sliding", "state", "state+attention", "indexed", "shared"}
+    assert any(loaded.card["latent_attention"] for loaded in architectures.values())
+
+
+SPECS = ["static", "none", "sliding:window=6", "sink:sink_tokens=2:window=4", "quantized:backend=hqq:q_group_size=16",
+         "h2o:budget=6", "tova:budget=6", "snapkv:budget=6:window=2", "knorm:budget=6:skip_layers=0"]
+# what a refusal names, per family (the layers the strategy cannot handle)
+NAMED = {"mamba": "no attention layers", "zamba2": "fixed-size state beside keys and values",
+         "glm_moe_dsa": "indexed attention layers", "deepseek_v3": "multi-head latent attention",
+         "qwen3_next": "linear-attention or state-space layers"}
+
+
+@pytest.mark.parametrize("family", sorted(NAMED))
+def test_each_strategy_runs_exactly_or_is_refused_by_name(architectures, family):
+    loaded = architectures[family]
+    ran = []
+    for spec in SPECS:
+        choice = strategies.parse_spec(spec)
+        settings = decode.GenerationSettings(max_new_tokens=3, raw=True, stop_at_eos=False)
+        try:
+            decoder = decode.Decoder(loaded, choice, settings, PROMPT)
+        except OptionError as refused:
+            message = str(refused)
+            assert NAMED[family] in message and "run dynamic or static" in message, message
+            assert "Error" not in message and "\n" not in message
+            continue
+        for step in decoder:
+            assert step.cache_bytes == step.predicted_cache_bytes, f"{spec} step {step.index}"
+            assert step.policy_bytes == step.predicted_policy_bytes, f"{spec} step {step.index}"
+        ran.append(choice.name)
+    assert {"static", "none"} <= set(ran)
+    if family == "qwen3_next":  # attention layers beside state layers: everything but quantization acts on them
+        assert set(ran) == {choice.split(":")[0] for choice in SPECS} - {"quantized"}
+
+
+def test_a_live_switch_carries_the_state_layers_over(architectures):
+    loaded = architectures["qwen3_next"]
+    settings = decode.GenerationSettings(max_new_tokens=6, raw=True, stop_at_eos=False)
+    decoder = decode.Decoder(loaded, strategies.choose("dynamic"), settings, PROMPT)
+    steps = []
+    for step in decoder:
+        steps.append(step)
+        if step.index == 1:
+            decoder.request_switch(strategies.parse_spec("h2o:budget=5"))
+        if step.index == 3:
+            decoder.request_switch(strategies.parse_spec("sliding:window=4"))
+    assert [s.strategy for s in steps] == ["dynamic"] * 2 + ["h2o"] * 2 + ["sliding"] * 2
+    for step in steps:
+        assert step.cache_bytes == step.predicted_cache_bytes, f"step {step.index}"
+        assert sum(layer.state_bytes for layer in step.layers) == loaded.card["fixed_state_bytes"]
+    hybrid = architectures["zamba2"]
+    decoder = decode.Decoder(hybrid, strategies.choose("dynamic"), settings, PROMPT)
+    next(iter(decoder))
+    with pytest.raises(OptionError, match="fixed-size state beside keys and values; start a new run$"):
+        decoder.request_switch(strategies.choose("static"))
+
+
+def test_models_that_keep_their_cache_elsewhere_are_refused_with_the_reason():
+    recurrent_gemma = build_random_model(transformers.RecurrentGemmaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=1,
+        num_hidden_layers=3, lru_width=64, attention_window_size=16))
+    with pytest.raises(ModelError, match="keeps the state of its recurrent layers .2 of them. inside the model's own"):
+        model_files.check_keeps_kv_cache(recurrent_gemma.eval(), "rg")
+    minimax = build_random_model(transformers.MiniMaxConfig(
+        **dict(SMALL, vocab_size=128), num_hidden_layers=2, head_dim=16, num_local_experts=2, num_experts_per_tok=1))
+    with pytest.raises(ModelError, match="which keeps its cache in a class of its own, not in transformers'"):
+        model_files.check_keeps_kv_cache(minimax.eval(), "mm")
+    mamba = build_random_model(ARCHITECTURES["mamba"]())
+    model_files.check_keeps_kv_cache(mamba.eval(), "mamba")  # a state-space model keeps a state: it runs
