@@ -59,9 +59,12 @@ VIEWS: list[tuple[str, str]] = [
         "{FULL}: full precision. {QUANTIZED}: quantized. {RESIDUAL}: residual buffer, the newest tokens a "
         "quantized cache keeps in full precision. {SINK}: attention sinks, the first tokens a sink cache keeps. "
         "{EVICTED}: evicted, the token was dropped. {PREALLOCATED}: allocated but not written yet (a static cache's "
-        "preallocated slots). {UNSEEN}: not yet used. With per-head eviction (H2O, SnapKV, key norm) each KV head "
-        "of a layer keeps its own positions: a position only some of them hold is a fainter {held}, the fainter "
-        "the fewer heads hold it (hover a cell for the count). The title names the run shown.",
+        "preallocated slots). {UNSEEN}: not yet used. {STATE}: fixed-size state: a linear-attention or state-space "
+        "layer (Mamba, gated DeltaNet) folds every token into a convolution and a recurrent state whose size never "
+        "changes, so it holds no positions (hover for the shapes). {SHARED}: shares another layer's keys and values "
+        "(Gemma 3n's KV-shared layers keep none of their own). With per-head eviction (H2O, SnapKV, key norm) each "
+        "KV head of a layer keeps its own positions: a position only some of them hold is a fainter {held}, "
+        "the fainter the fewer heads hold it (hover a cell for the count). The title names the run shown.",
     ),
     (
         "Attention",

@@ -15,8 +15,10 @@ from kvviz.qt.cache_cells import head_counts, kv_heads, shade_partial
 
 # Columns of the per-step table. KL is NaN where no reference ran; FLOOR_MS, the step's memory-bound floor
 # (Trace.floor_ms), is NaN at the prefill and where the bandwidth or the bytes read are not known.
-X, WALL_MS, CACHE_MIB, PREDICTED_MIB, RSS_MIB, KL, FLOOR_MS = range(7)
-_NCOLS = 7
+# STATE_MIB: the part of the cache that does not grow with the tokens (linear-attention and state-space layers'
+# fixed-size states).
+X, WALL_MS, CACHE_MIB, PREDICTED_MIB, RSS_MIB, KL, FLOOR_MS, STATE_MIB = range(8)
+_NCOLS = 8
 
 
 def grown(data: np.ndarray, need: int) -> np.ndarray:
@@ -66,6 +68,7 @@ class RunSeries:
         self.switches: list[tuple[float, str]] = []  # (x, strategy switched to) of trace.switches drawn
         self.attention_step: StepRecord | None = None  # the newest step drawn that carries its attention matrix
         self.has_reference = False
+        self.has_state = False  # some step held a fixed-size state (linear-attention or state-space layers)
 
     @classmethod
     def from_trace(cls, run_id: int, trace: Trace) -> RunSeries:
@@ -103,6 +106,8 @@ class RunSeries:
             row[CACHE_MIB] = _mib(step.cache_bytes)
             row[PREDICTED_MIB] = _mib(step.predicted_cache_bytes)
             row[RSS_MIB] = _mib(step.rss_bytes)
+            row[STATE_MIB] = _mib(sum(layer.state_bytes for layer in step.layers))
+            self.has_state = self.has_state or row[STATE_MIB] > 0
             row[KL] = np.nan if step.kl is None else step.kl
             self.has_reference = self.has_reference or step.kl is not None
             self.latest = step
@@ -186,13 +191,16 @@ class RunSeries:
         """The cache's size after the latest drawn step; None before any, or where it is not known."""
         return self.latest.cache_bytes if self.latest is not None else None
 
-    def layer_bytes(self) -> tuple[np.ndarray, np.ndarray]:
-        """Key and value bytes of each layer after the latest step."""
+    def layer_bytes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Key, value and fixed-state bytes of each layer after the latest step (keys with an indexed layer's
+        indexer keys)."""
         if self.latest is None:
-            return np.zeros(0), np.zeros(0)
-        keys = np.array([layer.keys_bytes for layer in self.latest.layers], dtype=np.float64)
-        values = np.array([layer.values_bytes for layer in self.latest.layers], dtype=np.float64)
-        return keys, values
+            return np.zeros(0), np.zeros(0), np.zeros(0)
+        layers = self.latest.layers
+        keys = np.array([layer.keys_bytes + layer.indexer_bytes for layer in layers], dtype=np.float64)
+        values = np.array([layer.values_bytes for layer in layers], dtype=np.float64)
+        states = np.array([layer.state_bytes for layer in layers], dtype=np.float64)
+        return keys, values, states
 
     def layer_ms_mean(self) -> np.ndarray | None:
         """Mean time of each layer over the decode steps, or None where the engine did not measure it."""

@@ -95,6 +95,7 @@ ORANGE = "#e69f00"
 GREEN = "#009e73"  # bluish green
 PURPLE = "#cc79a7"  # reddish purple
 YELLOW = "#f0e442"
+VERMILLION = "#d55e00"
 
 # Slot states that hold data keep their colour in both themes.
 _STATE_COLOURS = {
@@ -102,6 +103,8 @@ _STATE_COLOURS = {
     SlotState.QUANTIZED: ORANGE,
     SlotState.RESIDUAL: GREEN,
     SlotState.SINK: PURPLE,
+    SlotState.STATE: YELLOW,
+    SlotState.SHARED: VERMILLION,
 }
 
 # Each state's colour in a word that is true in both themes (Help says these; a test checks them against the hues).
@@ -114,6 +117,8 @@ STATE_COLOUR_WORDS = {
     SlotState.RESIDUAL: "green",
     SlotState.EVICTED: "brown",
     SlotState.SINK: "pink",
+    SlotState.STATE: "yellow",
+    SlotState.SHARED: "vermillion",
 }
 # A position held by some of a layer's KV heads, not all: the full-precision blue, fainter (nearer the plot's
 # background) the fewer heads hold it; the fewest heads still get this much of the blue, so that the shade never
@@ -128,6 +133,8 @@ STATE_LABELS = {
     SlotState.RESIDUAL: "residual buffer",
     SlotState.EVICTED: "evicted",
     SlotState.SINK: "attention sink",
+    SlotState.STATE: "fixed-size state, no positions",
+    SlotState.SHARED: "shares another layer's keys and values",
 }
 
 _current = "dark"  # the theme the application is styled with (one per application, like its stylesheet)

@@ -17,6 +17,8 @@ from kvviz.qt.plots.note import NotePlot
 HELD_BY_SOME = "held by some KV heads (fainter: fewer)"  # the cache map's legend entry for per-head eviction
 KEYS_COLOUR = theme.BLUE
 VALUES_COLOUR = theme.ORANGE
+STATE_COLOUR = theme.YELLOW  # the cache map's colour of a fixed-size state
+ALWAYS_SHOWN = tuple(s for s in SlotState if s not in (SlotState.STATE, SlotState.SHARED))  # the rest when present
 
 
 class LayerBytesPlot(PlotPanel):
@@ -29,14 +31,20 @@ class LayerBytesPlot(PlotPanel):
         self.set_labels("bytes (KiB)", "layer")
         self.keys = pg.BarGraphItem(x=[], height=[], width=0.4, brush=KEYS_COLOUR, pen=None)
         self.values = pg.BarGraphItem(x=[], height=[], width=0.4, brush=VALUES_COLOUR, pen=None)
-        self.plot.addItem(self.keys)
-        self.plot.addItem(self.values)
+        self.states = pg.BarGraphItem(x=[], height=[], width=0.4, brush=STATE_COLOUR, pen=None)
+        for item in (self.keys, self.values, self.states):
+            self.plot.addItem(item)
         self._drawn = (None, -1)
         self._unit = (1024.0, "KiB")
-        self._data = (np.zeros(0), np.zeros(0))
+        self._data = (np.zeros(0), np.zeros(0), np.zeros(0))
 
     def legend_entries(self):
-        return [Entry("keys", KEYS_COLOUR, kind="box"), Entry("values", VALUES_COLOUR, kind="box")]
+        entries = [Entry("keys", KEYS_COLOUR, kind="box"), Entry("values", VALUES_COLOUR, kind="box")]
+        if self._data[2].any():
+            entries.append(Entry("fixed-size state", STATE_COLOUR, kind="box",
+                                 tooltip="a linear-attention or state-space layer's convolution and recurrent "
+                                 "states: the same size whatever the context"))
+        return entries
 
     def redraw(self, runs, primary):
         super().redraw(runs, primary)
@@ -44,24 +52,33 @@ class LayerBytesPlot(PlotPanel):
         if key == self._drawn:
             return
         self._drawn = key
-        keys, values = primary.layer_bytes() if primary else (np.zeros(0), np.zeros(0))
-        self._data = (keys, values)
-        peak = max(keys.max(initial=0), values.max(initial=0))
+        keys, values, states = primary.layer_bytes() if primary else (np.zeros(0), np.zeros(0), np.zeros(0))
+        had_state = self._data[2].any()
+        self._data = (keys, values, states)
+        if had_state != states.any():
+            self.update_legend()
+        peak = max(keys.max(initial=0), values.max(initial=0), states.max(initial=0))
         unit = (1024.0 * 1024.0, "MiB") if peak >= 1024 * 1024 else (1024.0, "KiB")
         if unit != self._unit:
             self._unit = unit
             self.plot.setLabel("left", f"bytes ({unit[1]})")
         layers = np.arange(len(keys), dtype=float)
-        self.keys.setOpts(x=layers - 0.2, height=keys / unit[0], width=0.4)
-        self.values.setOpts(x=layers + 0.2, height=values / unit[0], width=0.4)
+        # a layer with a state and keys and values (a hybrid layer) gets three thinner bars; a state layer one
+        width = 0.27 if (states.any() and keys.any()) else 0.4
+        offset = width if states.any() and keys.any() else width / 2
+        self.keys.setOpts(x=layers - offset, height=keys / unit[0], width=width)
+        self.values.setOpts(x=layers + (0 if states.any() and keys.any() else offset), height=values / unit[0],
+                            width=width)
+        self.states.setOpts(x=layers + (offset if keys.any() else 0), height=states / unit[0], width=width)
 
     def hover_text(self, x, y):
-        keys, values = self._data
+        keys, values, states = self._data
         i = int(round(x))
         if not 0 <= i < len(keys):
             return ""
         scale, name = self._unit
-        return f"layer {i}: keys {keys[i] / scale:.1f} {name}, values {values[i] / scale:.1f} {name}"
+        text = f"layer {i}: keys {keys[i] / scale:.1f} {name}, values {values[i] / scale:.1f} {name}"
+        return text + (f", fixed-size state {states[i] / scale:.1f} {name}" if states[i] else "")
 
 
 class LayerTimePlot(NotePlot):
@@ -156,7 +173,9 @@ class CacheMapPlot(PlotPanel):
         """What each colour of the map means; with per-head eviction, the fainter blues of positions some KV heads
         hold."""
         palette = self.palette_
-        entries = [Entry(theme.STATE_LABELS[s], theme.state_colour(s, palette), kind="box") for s in SlotState]
+        shown = set(np.unique(self._image).tolist()) if self._image.size else set()
+        entries = [Entry(theme.STATE_LABELS[s], theme.state_colour(s, palette), kind="box") for s in SlotState
+                   if s in ALWAYS_SHOWN or int(s) in shown]
         step = self._primary.latest if self._primary is not None else None
         if step is not None and any(layer.head_spans for layer in step.layers):
             entries.insert(
@@ -178,7 +197,10 @@ class CacheMapPlot(PlotPanel):
         # the run's first step: never the title of a run no longer shown over this one's empty map
         self.set_title_detail(primary.label_now() if primary else "")
         image = primary.cache_map() if primary else np.zeros((0, 0), dtype=np.uint8)
+        kinds_before = set(np.unique(self._image).tolist()) & {SlotState.STATE, SlotState.SHARED}
         self._image = image
+        if kinds_before != set(np.unique(image).tolist()) & {SlotState.STATE, SlotState.SHARED}:
+            self.update_legend()
         self._step = primary.latest if primary else None
         if image.size == 0:
             self.image.clear()
@@ -198,6 +220,10 @@ class CacheMapPlot(PlotPanel):
         where = html.escape(cell_name(self._primary.trace if self._primary else None, layer, position), quote=False)
         record = self._step.layers[layer] if self._step is not None and layer < len(self._step.layers) else None
         held = heads_at(record, position) if record is not None else None
+        if value == SlotState.STATE and record is not None:
+            shapes = ", ".join("[" + ", ".join(map(str, shape)) + "]" for shape in record.state_shapes or ())
+            return (f"layer {layer}: a fixed-size state of {record.state_bytes:,} bytes (convolution and recurrent "
+                    f"states {shapes}): every token so far folded in, no positions held")
         if held is None:
             return f"{where}: {theme.STATE_LABELS[SlotState(value)]}"
         heads = kv_heads(self._primary.trace, record)

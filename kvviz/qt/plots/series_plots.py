@@ -11,7 +11,17 @@ from kvviz.present import MIB, percent, seconds
 from kvviz.qt import theme
 from kvviz.qt.plots.base import PlotPanel
 from kvviz.qt.plots.legend import Entry
-from kvviz.qt.series import CACHE_MIB, FLOOR_MS, KL, PREDICTED_MIB, WALL_MS, RunSeries, X, nearest_index
+from kvviz.qt.series import (
+    CACHE_MIB,
+    FLOOR_MS,
+    KL,
+    PREDICTED_MIB,
+    STATE_MIB,
+    WALL_MS,
+    RunSeries,
+    X,
+    nearest_index,
+)
 
 
 class Curves:
@@ -215,10 +225,15 @@ class MemoryPlot(SeriesPlot):
 
     def legend_entries(self):
         colour = self.palette_.foreground
-        return [
+        entries = [
             Entry("measured", colour, width=MEASURED_WIDTH),
             Entry("predicted", colour, style=Qt.PenStyle.DashLine, width=PREDICTED_WIDTH),
         ]
+        if any(series.has_state for series in self._runs):
+            entries.append(Entry("of it fixed-size state", colour, style=Qt.PenStyle.DotLine, width=PREDICTED_WIDTH,
+                                 tooltip="the part that does not grow: linear-attention and state-space layers' "
+                                 "states; the rest grows with every token"))
+        return entries
 
     def make_curves(self, series):
         # The prediction often equals the measurement: drawn thin, dashed and lighter on top of the wide
@@ -229,8 +244,9 @@ class MemoryPlot(SeriesPlot):
         measured = pg.PlotDataItem(pen=pg.mkPen(colour, width=MEASURED_WIDTH))
         predicted = pg.PlotDataItem(pen=pg.mkPen(dashed, width=PREDICTED_WIDTH, style=Qt.PenStyle.DashLine))
         predicted.setZValue(measured.zValue() + 1)
+        fixed = pg.PlotDataItem(pen=pg.mkPen(colour, width=PREDICTED_WIDTH, style=Qt.PenStyle.DotLine))
         curves = Curves()
-        curves.items = [measured, predicted]
+        curves.items = [measured, predicted, fixed]
         for item in curves.items:
             self.plot.addItem(item)
         return curves
@@ -239,6 +255,8 @@ class MemoryPlot(SeriesPlot):
         x = series.column(X)
         curves.items[0].setData(x, series.column(CACHE_MIB))
         curves.items[1].setData(x, series.column(PREDICTED_MIB))
+        if series.has_state:
+            curves.items[2].setData(x, series.column(STATE_MIB))
 
     def after_redraw(self, runs, primary):
         if primary is not None and primary.prefill_x is not None:
@@ -254,9 +272,11 @@ class MemoryPlot(SeriesPlot):
             if i is not None:
                 measured = series.column(CACHE_MIB)[i]
                 predicted = series.column(PREDICTED_MIB)[i]
-                parts.append(
-                    self.swatch(theme.run_colour(series.run_id), f"{measured:.3f} MiB (pred. {predicted:.3f})")
-                )
+                text = f"{measured:.3f} MiB (pred. {predicted:.3f})"
+                if series.has_state:
+                    fixed = series.column(STATE_MIB)[i]
+                    text += f", {measured - fixed:.3f} growing + {fixed:.3f} fixed state"
+                parts.append(self.swatch(theme.run_colour(series.run_id), text))
         return " &nbsp; ".join(parts)
 
 
