@@ -222,6 +222,7 @@ CACHE_KIND_WORDS = {
     "indexed": "indexed attention (+ indexer keys)",
     "shared": "KV-shared (reads another layer's)",
     "none": "no attention",
+    "attention+cross": "self-attention",
 }
 
 
@@ -247,6 +248,10 @@ def cache_kind_rows(card: Mapping[str, Any]) -> list[tuple[str, str]]:
     fixed = card.get("fixed_state_bytes")
     if any(state):
         rows.append(("fixed state", UNKNOWN if fixed is None else f"{fixed:,} bytes, whatever the context"))
+    cross = card.get("cross_bytes_per_prompt_token")
+    if cross:
+        rows.append(("cross-attention", f"{cross:,} B per prompt token (the encoder's output, all layers), fixed "
+                     "once the prompt is read"))
     latent = card.get("latent_attention")
     if latent:
         rows.append(("latent attention", f"caches {latent['stored_bytes']:,} B/token/layer: the latent "

@@ -44,16 +44,22 @@ def _keeps_logits(model) -> bool:
 
 
 def model_forward(model, input_ids: torch.Tensor, cache, position_ids: torch.Tensor | None, logits_to_keep: int = 1,
-                  forward=None) -> torch.Tensor:
+                  forward=None, encoder_outputs=None) -> torch.Tensor:
     """One forward of `model` (or of `forward`, its compiled form) through `cache` (None: no cache, the whole
-    sequence fed) at `position_ids`; the logits of the last `logits_to_keep` positions (0: all)."""
+    sequence fed) at `position_ids`; the logits of the last `logits_to_keep` positions (0: all). With
+    `encoder_outputs` (an encoder-decoder's, of the prompt) `input_ids` are the decoder's, numbered by the cache."""
     kwargs = {"logits_to_keep": logits_to_keep} if _keeps_logits(model) else {}
     if cache is None:
         kwargs["use_cache"] = False
     else:
         kwargs.update(use_cache=True, position_ids=position_ids, **{_cache_keyword(model): cache})
+    if encoder_outputs is not None:
+        kwargs.pop("position_ids", None)
+        kwargs.update(encoder_outputs=encoder_outputs, decoder_input_ids=input_ids)
+    else:
+        kwargs["input_ids"] = input_ids
     with attention_scores.one_forward():
-        logits = (forward or model)(input_ids=input_ids, **kwargs).logits
+        logits = (forward or model)(**kwargs).logits
     return logits if _keeps_logits(model) or not logits_to_keep else logits[:, -logits_to_keep:]
 
 
@@ -74,6 +80,7 @@ class CacheRun:
         self.scoring_ms: float | None = None  # of the last feed: time an evicting cache spent choosing what to keep
         self.attention: AttentionView | None = None  # of the last feed, when watching attention
         self._watch_attention = False
+        self.encoder_outputs = None  # an encoder-decoder's: its encoder's reading of the prompt (`encode`)
         self.choice, self.strategy, self.cache, self.predictor = self._build(choice)
         self.carried: list[Carried | None] = [None] * self.geometry.num_layers  # what live switches put in
 
@@ -161,6 +168,13 @@ class CacheRun:
         if self.evicted_at is None and measure.tokens_dropped(self.cache, self.seen, self.geometry.windows) > 0:
             self.evicted_at = self.seen
 
+    def encode(self, prompt_ids: torch.Tensor) -> None:
+        """An encoder-decoder's encoder reads the prompt ``[1, n]`` once; every later forward feeds the decoder,
+        which attends to this reading (its cross-attention keys and values go into the cache at the first)."""
+        self.encoder_outputs = self.model.get_encoder()(input_ids=prompt_ids)
+        if self.cache is not None:
+            self.predictor.encoded(prompt_ids.shape[-1])
+
     def positions(self, n: int, device) -> torch.Tensor:
         """The position ids ``[1, n]`` of the next `n` tokens fed."""
         return torch.arange(self.position, self.position + n, device=device)[None]
@@ -168,10 +182,14 @@ class CacheRun:
     def call(self, input_ids: torch.Tensor, forward=None, logits_to_keep: int = 1) -> torch.Tensor:
         """One forward through the cache with no bookkeeping (what `forward` and compile warm-ups use)."""
         positions = None if self.cache is None else self.positions(input_ids.shape[-1], input_ids.device)
-        return model_forward(self.model, input_ids, self.cache, positions, logits_to_keep, forward)
+        return model_forward(self.model, input_ids, self.cache, positions, logits_to_keep, forward,
+                             self.encoder_outputs)
 
     def watch_attention(self, on: bool) -> None:
         """Record the current token's attention per layer at each feed (`attention`), or stop (costs nothing)."""
+        if on and self.geometry.encoder_decoder:
+            raise OptionError("the attention view reads a decoder-only model's attention; this model is an "
+                              "encoder-decoder, whose decoder also attends to the encoder's output")
         if on:
             problem = attention_scores.unsupported(self.model)
             if problem:

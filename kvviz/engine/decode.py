@@ -79,8 +79,9 @@ def encode_prompt(tokenizer, prompt: str, raw: bool) -> list[int]:
 
 def decoder_layers(model) -> list[torch.nn.Module]:
     """The model's decoder layers, in order: the ModuleList as long as the layer count."""
-    n_layers = model.config.get_text_config(decoder=True).num_hidden_layers
-    for module in model.modules():
+    n_layers = Geometry.of(model.config, model.dtype).num_layers
+    owner = model.get_decoder() if model.config.is_encoder_decoder else model  # not an encoder's layers
+    for module in owner.modules():
         if isinstance(module, torch.nn.ModuleList) and len(module) == n_layers:
             return list(module)
     return []
@@ -194,6 +195,10 @@ class Decoder:
         self.capacity = capacity_for(choice, total)
         self.run = CacheRun(self.model, choice, self.capacity)
         self.run.check_memory()
+        self.encoder_decoder = self.run.geometry.encoder_decoder
+        if reference and self.encoder_decoder:
+            raise OptionError("the exact-cache reference runs decoder-only models; this model is an encoder-decoder, "
+                              "and its dynamic cache is already exact: run without the reference")
         self.reference = Reference(self.model) if reference else None
         self.eos_ids = self._eos_ids()
         self._processors = self._make_processors()
@@ -289,7 +294,11 @@ class Decoder:
 
     def __iter__(self) -> Iterator[StepRecord]:
         device = self.model.device
-        ids = torch.tensor([self.prompt_ids], device=device)
+        prompt = torch.tensor([self.prompt_ids], device=device)
+        # what the decoder has read and written: the prompt then each new token, or an encoder-decoder's decoder
+        # start token then each new token (its prompt goes to the encoder)
+        ids = torch.tensor([[self._decoder_start()]], device=device) if self.encoder_decoder else prompt
+        first_new = ids.shape[-1]
         timer = LayerTimer(self.model, device, enabled=not self._compile)
         compiled = None
         text = ""
@@ -313,6 +322,8 @@ class Decoder:
                             break
                         forward = compiled
                     started = time.perf_counter()
+                    if prefill and self.encoder_decoder:
+                        self.run.encode(prompt)
                     logits = self.run.forward(fed, forward)[:, -1, :]
                     token = self._pick(ids, logits)
                     if device.type == "cuda":
@@ -327,7 +338,7 @@ class Decoder:
                     # torch.compile guards on strides, so it would recompile at every step.
                     new = torch.tensor([[token]], device=device)
                     ids = torch.cat([ids, new], dim=-1)
-                    new_text = self.tokenizer.decode(ids[0, self.prompt_tokens :], skip_special_tokens=False)
+                    new_text = self.tokenizer.decode(ids[0, first_new:], skip_special_tokens=False)
                     if new_text.endswith("\ufffd"):  # a multi-byte character is not complete yet
                         piece = ""
                     else:
@@ -339,6 +350,16 @@ class Decoder:
                         break
         finally:
             timer.remove()
+
+    def _decoder_start(self) -> int:
+        """The token an encoder-decoder's decoder starts from (T5: the pad token; BART: the end-of-sequence one)."""
+        start = self.model.generation_config.decoder_start_token_id
+        if start is None:
+            start = self.model.config.decoder_start_token_id
+        if start is None:
+            raise OptionError("this encoder-decoder's config names no decoder_start_token_id, the token its decoder "
+                              "starts from; set it in the model's generation_config.json")
+        return start
 
     def _compile_decode(self, fed: torch.Tensor):
         """Compile the decode forward once, timed apart, on a throw-away step that is then undone.
@@ -392,7 +413,7 @@ class Decoder:
             strategy=self.run.choice.name,
             layers=layers,
             cuda_bytes=measure.cuda_bytes(self.model.device),
-            position=self.prompt_tokens + index,
+            position=(1 if self.encoder_decoder else self.prompt_tokens) + index,  # after the decoder's start token
             scoring_ms=self.run.scoring_ms,
         )
         if self.run.attention is not None:

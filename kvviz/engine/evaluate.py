@@ -106,6 +106,15 @@ def prompt_tokens(choice: StrategyChoice, tokens: int) -> int:
     return prompt
 
 
+def encoder_decoder_problem(model) -> str | None:
+    """Why this model cannot read a document token by token, or None: an encoder-decoder has no such reading."""
+    if not model.config.is_encoder_decoder:
+        return None
+    return (f"{type(model).__name__} is an encoder-decoder: it reads its input whole with the encoder and writes a new "
+            "text with the decoder, so it does not predict a document token by token; evaluate a decoder-only model, "
+            "or watch this one's cache with kvviz run")
+
+
 def prepare(loaded: LoadedModel, document: Document, choices: list[StrategyChoice],
             tokens: int | None = None) -> tuple[list[int], dict, str | None]:
     """The token ids to evaluate, the document's record for the files, and a notice for the user (or None).
@@ -114,7 +123,7 @@ def prepare(loaded: LoadedModel, document: Document, choices: list[StrategyChoic
     model's context (`usable_tokens`). Raises OptionError for a `tokens` below two or a document of
     fewer than two tokens (nothing to predict).
     """
-    problem = token_count_problem(tokens)
+    problem = token_count_problem(tokens) or encoder_decoder_problem(loaded.model)
     if problem:
         raise OptionError(problem)
     usable = usable_tokens(loaded.model, choices, MAX_TOKENS)
@@ -146,6 +155,9 @@ class Evaluation:
                  cancel: threading.Event | None = None, chunk: int = CHUNK):
         if len(token_ids) < 2:
             raise OptionError("an evaluation needs at least 2 tokens: one fed, one predicted")
+        problem = encoder_decoder_problem(loaded.model)
+        if problem:
+            raise OptionError(problem)
         usable = usable_tokens(loaded.model, [choice], len(token_ids))
         if usable < len(token_ids):
             raise OptionError(f"{choice.label()} can read at most {usable:,} tokens within the model's context of "

@@ -12,6 +12,10 @@ layer class of transformers' own (`cache_utils.py`), chosen from the config's la
 - ``shared``: a layer that reads the keys and values of an earlier layer (Gemma 3n) keeps nothing of its own;
   ``none``: a layer without attention (an MLP-only layer) keeps nothing either (`DummyLayer`).
 
+An encoder-decoder (T5, BART) caches, per decoder layer, self-attention keys and values that grow with the tokens
+generated and cross-attention keys and values of the encoder's output, fixed once the prompt is read (the kind
+``attention+cross``, in transformers' `EncoderDecoderCache`).
+
 Multi-head latent attention (DeepSeek-V2/V3, Kimi, GLM-MoE-DSA) caches its compressed latent: keys
 ``[batch, 1, tokens, kv_lora_rank]`` and the shared rotary part as values ``[batch, 1, tokens, qk_rope_head_dim]``.
 """
@@ -36,7 +40,8 @@ CACHE_KINDS = {
     "hybrid_sliding": "state+sliding",
     "dummy": "shared",
 }
-KEEPS_TOKENS = ("attention", "sliding", "indexed", "state+attention", "state+sliding")  # kinds with keys and values
+# kinds with keys and values
+KEEPS_TOKENS = ("attention", "sliding", "indexed", "state+attention", "state+sliding", "attention+cross")
 HAS_STATE = ("state", "state+attention", "state+sliding")  # kinds with a fixed-size state
 
 
@@ -55,10 +60,21 @@ def layer_types(config) -> list[str]:
     return [kind] * config.num_hidden_layers
 
 
+def decoder_shape(config) -> tuple[int, int, int]:
+    """(layers, attention heads, head_dim) of an encoder-decoder's decoder (T5 names them num_decoder_layers,
+    num_heads, d_kv; BART decoder_layers, decoder_attention_heads)."""
+    layers = getattr(config, "num_decoder_layers", None) or getattr(config, "decoder_layers", None)
+    heads = getattr(config, "decoder_attention_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "d_kv", None) or config.d_model // heads
+    return layers or config.num_hidden_layers, heads, head_dim
+
+
 def cache_kinds(config) -> list[str]:
     """Per decoder layer, what its cache layer keeps (`CACHE_KINDS`), as transformers' DynamicCache builds it."""
     from transformers.cache_utils import get_layer_types_and_kwargs
 
+    if config.is_encoder_decoder:
+        return ["attention+cross"] * decoder_shape(config)[0]
     text = text_config(config)
     types, _ = get_layer_types_and_kwargs(text)
     declared = layer_types(config)
@@ -129,10 +145,13 @@ class Geometry:
     layer_token_bytes: tuple[int, ...] = ()  # per layer: keys + values (+ indexer keys) one token adds
     layer_state_bytes: tuple[int | None, ...] = ()  # per layer: its fixed state (0: none; None: no formula)
     latent: tuple[int, int] | None = None  # multi-head latent attention's (kv_lora_rank, qk_rope_head_dim)
+    encoder_decoder: bool = False  # every layer also keeps cross-attention keys and values of the encoder's output
     batch: int = 1
 
     @classmethod
     def of(cls, config, dtype: torch.dtype) -> Geometry:
+        if config.is_encoder_decoder:
+            return cls.of_encoder_decoder(config, dtype)
         text = text_config(config)
         kinds = cache_kinds(config)
         window = getattr(text, "sliding_window", None)
@@ -162,6 +181,30 @@ class Geometry:
             latent=latent,
         )
 
+    @classmethod
+    def of_encoder_decoder(cls, config, dtype: torch.dtype) -> Geometry:
+        layers, heads, head_dim = decoder_shape(config)
+        element = torch.empty((), dtype=dtype).element_size()
+        return cls(
+            num_layers=layers,
+            num_attention_heads=heads,
+            kv_heads=heads,
+            head_dim=head_dim,
+            element=element,
+            windows=(None,) * layers,
+            layer_types=("full_attention",) * layers,
+            context=getattr(config, "max_position_embeddings", None) or None,
+            kinds=("attention+cross",) * layers,
+            layer_token_bytes=(2 * heads * head_dim * element,) * layers,
+            layer_state_bytes=(0,) * layers,
+            encoder_decoder=True,
+        )
+
+    def cross_bytes(self, encoder_tokens: int) -> int:
+        """Cross-attention keys and values of every layer once the encoder has read `encoder_tokens` tokens (0 for
+        a decoder-only model): what attending to the encoder's output costs, fixed for the rest of the run."""
+        return self.batch * encoder_tokens * sum(self.layer_token_bytes) if self.encoder_decoder else 0
+
     @property
     def hybrid(self) -> bool:
         """True when some layers use sliding-window attention."""
@@ -183,6 +226,7 @@ class Geometry:
             "indexed": "indexed attention layers (indexer keys beside keys and values)",
             "shared": "layers that share another layer's keys and values",
             "none": "layers without attention",
+            "attention+cross": "an encoder-decoder's cross-attention (keys and values of the encoder's output)",
         }
         found = [words[kind] for kind in dict.fromkeys(self.kinds) if kind in words and kind not in accepted]
         if self.latent is not None and not latent:

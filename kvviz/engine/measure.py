@@ -23,6 +23,7 @@ from transformers.cache_utils import (
     BaseQuantizedLayer,
     DummyLayer,
     DynamicLayer,
+    EncoderDecoderCache,
     LinearAttentionCacheLayerMixin,
     StaticLayer,
     StaticSlidingWindowLayer,
@@ -156,8 +157,22 @@ def measure_cache(cache, seen: int, slots: bool = True,
     if cache is None:
         return []
     counter = StorageCounter()
-    carried = carried or [None] * len(cache.layers)
-    return [measure_layer(layer, counter, seen, c, slots) for layer, c in zip(cache.layers, carried, strict=True)]
+    layers = cache_layers(cache)
+    carried = carried or [None] * len(layers)
+    records = [measure_layer(layer, counter, seen, c, slots) for layer, c in zip(layers, carried, strict=True)]
+    if isinstance(cache, EncoderDecoderCache):
+        for record, cross in zip(records, cache.cross_attention_cache.layers, strict=True):
+            record.cross_tokens = held_tokens(cross)
+            record.cross_bytes = counter.bytes_of([cross.keys, cross.values]) if record.cross_tokens else 0
+            if record.cross_bytes:
+                record.storage["cross"] = record.cross_bytes
+    return records
+
+
+def cache_layers(cache) -> list:
+    """The layers of a cache that hold what the decoder's own tokens add: an encoder-decoder's self-attention
+    layers (its cross-attention layers are measured beside them), every layer of any other cache."""
+    return cache.self_attention_cache.layers if isinstance(cache, EncoderDecoderCache) else cache.layers
 
 
 def tokens_dropped(cache, seen: int, windows: tuple[int | None, ...]) -> int:
@@ -167,7 +182,7 @@ def tokens_dropped(cache, seen: int, windows: tuple[int | None, ...]) -> int:
     if cache is None:
         return 0
     return max((min(seen, seen if window is None else window - 1) - held_tokens(layer)
-                for layer, window in zip(cache.layers, windows, strict=True) if _keeps_tokens(layer)), default=0)
+                for layer, window in zip(cache_layers(cache), windows, strict=True) if _keeps_tokens(layer)), default=0)
 
 
 def _state_only(layer) -> bool:

@@ -2,8 +2,9 @@
 
 Everything kvviz cannot run is refused here, before any weights are read where the files or the
 config already tell: an empty or incomplete folder (naming what is missing), a folder without a
-tokenizer, an encoder or an encoder-decoder, a model type with no causal language-model head. A
-model that loads is refused if one forward pass keeps no keys and values in transformers' cache.
+tokenizer, an encoder, a speech encoder-decoder, a model type with no causal language-model head. Text-to-text
+encoder-decoders (T5, BART) load as such. A model that loads is refused if one forward pass keeps nothing in
+transformers' cache.
 """
 
 from __future__ import annotations
@@ -17,8 +18,19 @@ from pathlib import Path
 
 import torch
 import transformers
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    DynamicCache,
+    PreTrainedModel,
+)
+from transformers.models.auto.modeling_auto import (
+    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+    MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
+    MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES,
+)
 from transformers.utils import (
     CONFIG_NAME,
     SAFE_WEIGHTS_INDEX_NAME,
@@ -110,11 +122,18 @@ def check_runnable(config, where: str) -> None:
     """Refuse configs that are not decoder-only causal language models, with the reason."""
     model_type = config.model_type
     kind = ", ".join(config.architectures or []) or model_type
-    if config.is_encoder_decoder:
+    if config.is_encoder_decoder and model_type in MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES:
         raise ModelError(
-            f"{where} is {kind}, an encoder-decoder model: kvviz follows the KV cache of decoder-only causal "
-            "language models (Llama, Qwen, Gemma, GPT-2, SmolLM, ...), which encoder-decoders are not"
+            f"{where} is {kind}, a speech encoder-decoder: its encoder reads audio features, not text, and kvviz "
+            "feeds text prompts; kvviz runs text decoders and text-to-text encoder-decoders (T5, BART)"
         )
+    if config.is_encoder_decoder and model_type not in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
+        raise ModelError(
+            f"{where} is {kind}, an encoder-decoder without a text-to-text head in transformers: kvviz runs text "
+            "decoders and text-to-text encoder-decoders (T5, BART)"
+        )
+    if config.is_encoder_decoder:
+        return
     if getattr(config, "is_decoder", True) is False:
         raise ModelError(
             f"{where} is {kind}, an encoder (its config says is_decoder: false): it reads a whole text at once "
@@ -125,6 +144,12 @@ def check_runnable(config, where: str) -> None:
             f"{where} is {kind}: transformers has no causal language-model head for model_type {model_type!r}, "
             "so it cannot generate text; kvviz needs a decoder-only causal language model"
         )
+
+
+def model_class(config):
+    """The transformers auto class that builds a generating model of this config: text-to-text for an
+    encoder-decoder (T5, BART), causal language model otherwise."""
+    return AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
 
 
 def load_directory(directory: Path, dtype: torch.dtype, progress: Progress):
@@ -149,7 +174,7 @@ def load_directory(directory: Path, dtype: torch.dtype, progress: Progress):
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ModelError(f"the tokenizer files in {directory} cannot be read (run with --debug for why)") from exc
         try:
-            model = AutoModelForCausalLM.from_pretrained(directory, config=config, dtype=dtype)
+            model = model_class(config).from_pretrained(directory, config=config, dtype=dtype)
         except (OSError, ValueError, KeyError, RuntimeError) as exc:
             raise ModelError(
                 f"the weights in {directory} cannot be loaded into a {config.model_type} model: damaged, or saved "
@@ -233,7 +258,7 @@ def load_hub(spec: str, dtype: torch.dtype, progress: Progress):
             config = AutoConfig.from_pretrained(spec)
             check_runnable(config, spec)
             tokenizer = AutoTokenizer.from_pretrained(spec)
-            model = AutoModelForCausalLM.from_pretrained(spec, config=config, dtype=dtype)
+            model = model_class(config).from_pretrained(spec, config=config, dtype=dtype)
     except OSError as exc:
         offline = os.environ.get("HF_HUB_OFFLINE") == "1"
         reason = "offline mode is on (HF_HUB_OFFLINE=1)" if offline else "the Hugging Face Hub cannot be reached"
@@ -263,6 +288,8 @@ def check_keeps_kv_cache(model: PreTrainedModel, where: str) -> None:
     from kvviz.engine.geometry import HAS_STATE, cache_kinds
     from kvviz.engine.measure import measure_cache
 
+    if model.config.is_encoder_decoder:  # text-to-text (check_runnable): its decoder keeps keys and values
+        return
     cache = DynamicCache(config=model.config)
     token = torch.zeros((1, 1), dtype=torch.long, device=model.device)
     name = type(model).__name__

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import PreTrainedModel
 
 from kvviz.engine.geometry import Geometry
 from kvviz.engine.measure import weight_read_bytes
@@ -29,6 +29,7 @@ from kvviz.engine.model_files import (
     load_directory,
     load_gguf,
     load_hub,
+    model_class,
     no_progress,
 )
 from kvviz.errors import ModelError
@@ -136,14 +137,19 @@ def model_card(model: PreTrainedModel, name: str) -> dict[str, Any]:
         "layer_state_bytes": list(geometry.layer_state_bytes),
         "fixed_state_bytes": geometry.fixed_state_bytes,
         "latent_attention": latent_attention(config, geometry),
+        # an encoder-decoder's cross-attention keys and values, all layers, per token of the prompt its encoder read
+        "cross_bytes_per_prompt_token": geometry.cross_bytes(1) if geometry.encoder_decoder else None,
     }
 
 
 def latent_attention(config, geometry: Geometry) -> dict[str, Any] | None:
-    """What multi-head latent attention caches per token and layer, next to what it is computed from and what
-    per-head attention would cache (None for other attention). transformers caches the compressed latent
-    (kv_lora_rank) and the shared rotary key part (qk_rope_head_dim), the same latent serving engines (vLLM,
-    SGLang) cache; keys and values expanded per head would take `expanded_bytes`."""
+    """What multi-head latent attention caches per token and layer, next to what per-head attention would cache
+    (None for other attention). transformers 5.24 (modeling_deepseek_v3.py) caches the compressed latent after its
+    norm, ``[batch, 1, tokens, kv_lora_rank]``, as a layer's keys and the rotated shared key part, ``[batch, 1,
+    tokens, qk_rope_head_dim]``, as its values, and expands them through kv_b_proj into per-head keys and values
+    at every step: the same latent serving engines (vLLM, SGLang) cache. Keys and values expanded per head would
+    take `expanded_bytes`: heads x (qk_nope_head_dim + qk_rope_head_dim) for keys plus heads x v_head_dim for
+    values."""
     if geometry.latent is None:
         return None
     rank, rope = geometry.latent
@@ -152,8 +158,8 @@ def latent_attention(config, geometry: Geometry) -> dict[str, Any] | None:
     v_dim = getattr(config, "v_head_dim", 0) or 0
     stored = (rank + rope) * geometry.element
     expanded = heads * (nope + rope + v_dim) * geometry.element
-    return {"kv_lora_rank": rank, "qk_rope_head_dim": rope, "stored_bytes": stored, "latent_bytes": stored,
-            "expanded_bytes": expanded, "factor": expanded / stored}
+    return {"kv_lora_rank": rank, "qk_rope_head_dim": rope, "stored_bytes": stored, "expanded_bytes": expanded,
+            "factor": expanded / stored}
 
 
 # -- built-in models -------------------------------------------------------------------------------
@@ -184,7 +190,7 @@ def build_random_model(config, dtype: torch.dtype = torch.float32, seed: int = 0
     """A model of any architecture with seeded random weights (for tests and instant demos)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        model = model_class(config).from_config(config, dtype=dtype)
     if not model.config.architectures:
         model.config.architectures = [type(model).__name__]
     return model

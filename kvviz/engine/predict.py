@@ -20,6 +20,11 @@ class CachePredictor:
         self.seen = [0] * geometry.num_layers  # per layer: tokens fed to it, the latest feed included
         self.last = [0] * geometry.num_layers  # per layer: tokens of its latest feed
         self.holds_state = [False] * geometry.num_layers  # per layer: its fixed-size state is allocated
+        self.encoder_tokens = 0  # an encoder-decoder's: what its cross-attention keys and values hold
+
+    def encoded(self, tokens: int) -> None:
+        """An encoder-decoder's encoder read `tokens` tokens: the cross-attention layers will hold them all."""
+        self.encoder_tokens = tokens
 
     def feed(self, new_tokens: int) -> None:
         """A forward fed `new_tokens` tokens through every layer."""
@@ -44,13 +49,14 @@ class CachePredictor:
         """A subclass's own state of layer i after a feed of `new` tokens (`seen` and `last` already count it)."""
 
     def cache_bytes(self) -> int | None:
-        """Bytes the whole cache should hold now: every layer's tokens (`layer_bytes`) and the fixed states of the
-        layers fed so far; None where a state's size has no formula (`geometry.state_bytes`)."""
+        """Bytes the whole cache should hold now: every layer's tokens (`layer_bytes`), the fixed states of the
+        layers fed so far and an encoder-decoder's cross-attention keys and values; None where a state's size has no
+        formula (`geometry.state_bytes`)."""
         states = [size for size, held in zip(self.geometry.layer_state_bytes, self.holds_state, strict=True) if held]
         if any(size is None for size in states):
             return None
         tokens = sum(self.layer_bytes(i, window) for i, window in enumerate(self.geometry.windows))
-        return tokens + self.geometry.batch * sum(states)
+        return tokens + self.geometry.batch * sum(states) + self.geometry.cross_bytes(self.encoder_tokens)
 
     def layer_bytes(self, i: int, window: int | None) -> int:
         """Bytes of what layer i keeps per token (keys, values, indexer keys), whose native sliding window is

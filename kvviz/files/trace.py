@@ -43,7 +43,7 @@ class SlotState(IntEnum):
     SHARED = 8  # read from another layer's keys and values (a KV-shared layer keeps none of its own)
 
 
-STORAGE_KINDS = ("full", "quantized", "residual", "indexer", "state")
+STORAGE_KINDS = ("full", "quantized", "residual", "indexer", "state", "cross")
 
 
 @dataclass
@@ -69,10 +69,18 @@ class LayerRecord:
     indexer_bytes: int = 0
     state_bytes: int = 0
     state_shapes: list[list[int]] | None = None
+    # An encoder-decoder's cross-attention keys and values (of the encoder's output: fixed once the prompt is read)
+    cross_bytes: int = 0
+    cross_tokens: int = 0
 
     @property
     def total_bytes(self) -> int:
-        return self.keys_bytes + self.values_bytes + self.indexer_bytes + self.state_bytes
+        return self.keys_bytes + self.values_bytes + self.indexer_bytes + self.state_bytes + self.cross_bytes
+
+    @property
+    def fixed_bytes(self) -> int:
+        """What does not grow with the tokens generated: a fixed-size state, cross-attention keys and values."""
+        return self.state_bytes + self.cross_bytes
 
 
 @dataclass

@@ -64,6 +64,8 @@ _LAYER = Record(
         "indexer_bytes": optional(_BYTES, 0),
         "state_bytes": optional(_BYTES, 0),
         "state_shapes": optional(ListOf(ListOf(Int(0, MAX_BYTES, what="a tensor dimension")), null=True)),
+        "cross_bytes": optional(_BYTES, 0),
+        "cross_tokens": optional(_POSITIONS, 0),
     },
     what="a layer record (an object)",
 )
@@ -101,8 +103,8 @@ _SWITCH = Record(
 
 
 def _layer_total(layer: dict) -> int:
-    """Keys, values, indexer keys and fixed state of a layer record (`LayerRecord.total_bytes`)."""
-    return layer["keys_bytes"] + layer["values_bytes"] + layer["indexer_bytes"] + layer["state_bytes"]
+    """Keys, values, indexer keys, fixed state and cross-attention of a layer record (`LayerRecord.total_bytes`)."""
+    return sum(layer[name] for name in ("keys_bytes", "values_bytes", "indexer_bytes", "state_bytes", "cross_bytes"))
 
 
 def _step_adds_up(step: dict, where) -> None:

@@ -86,7 +86,25 @@ ARCHITECTURES = {
 }
 
 
-def tiny_architecture(name: str, tokenizer) -> LoadedModel:
-    model = build_random_model(ARCHITECTURES[name]())
+def tiny_architecture(name: str, tokenizer, dtype=None) -> LoadedModel:
+    model = build_random_model(ARCHITECTURES[name](), **({"dtype": dtype} if dtype else {}))
+    model.eval()
+    return LoadedModel(model=model, tokenizer=tokenizer, card=model_card(model, f"tiny-{name}"), spec=name)
+
+
+# -- encoder-decoders (text to text): T5 and BART, two layers each --------------------------------------------------
+# eos out of reach of a random model's greedy picks, so that generate's min_new_tokens changes nothing
+SEQ2SEQ = dict(vocab_size=49152, d_model=64, eos_token_id=49151, pad_token_id=0, forced_eos_token_id=None)
+ENCODER_DECODERS = {
+    "t5": lambda: transformers.T5Config(**SEQ2SEQ, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
+                                        decoder_start_token_id=0),
+    "bart": lambda: transformers.BartConfig(**SEQ2SEQ, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                                            decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
+                                            max_position_embeddings=256, decoder_start_token_id=2),
+}
+
+
+def tiny_encoder_decoder(name: str, tokenizer) -> LoadedModel:
+    model = build_random_model(ENCODER_DECODERS[name]())
     model.eval()
     return LoadedModel(model=model, tokenizer=tokenizer, card=model_card(model, f"tiny-{name}"), spec=name)

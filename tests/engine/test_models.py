@@ -1,3 +1,4 @@
+import json
 import shutil
 
 import pytest
@@ -108,13 +109,28 @@ def test_an_encoder_is_refused_with_the_reason(tmp_path):
     )
 
 
-def test_an_encoder_decoder_is_refused_with_the_reason(tmp_path, converted_copy):
+def test_a_text_to_text_folder_runs_and_a_speech_one_is_refused_with_the_reason(tmp_path, converted_copy):
+    from tests.commands import kvviz
+
     config = transformers.BartConfig(
-        vocab_size=100, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
+        vocab_size=49152, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64,
     )
-    bart = model_folder(tmp_path, config, tokenizer_from=converted_copy)
-    assert refusal(bart).startswith(f"{bart} is BartForConditionalGeneration, an encoder-decoder model: kvviz follows")
+    bart = model_folder(tmp_path / "bart", config, tokenizer_from=converted_copy)
+    ran = kvviz("run", "--model", bart, "--prompt", "Summarise this.", "--raw", "--max-new-tokens", 3, "--ignore-eos",
+                "--json", "--no-trace")
+    assert ran.returncode == 0, ran.stderr
+    summary = json.loads(ran.stdout)
+    # 256 bytes per token (1 layer x 2 heads x 16 x keys and values x 4 bytes): cross-attention keeps the prompt's
+    # tokens, self-attention the decoder's start token and the two new tokens fed back
+    assert summary["final_cache_bytes"] == (summary["prompt_tokens"] + summary["new_tokens"]) * 256
+    whisper = tmp_path / "whisper"
+    transformers.WhisperConfig(d_model=32, encoder_layers=1, decoder_layers=1).save_pretrained(whisper)
+    (whisper / "model.safetensors").write_bytes(b"")  # never read: the config already says no
+    (whisper / "tokenizer.json").write_text("{}")
+    assert refusal(whisper).startswith(
+        f"{whisper} is WhisperForConditionalGeneration, a speech encoder-decoder: its encoder reads audio features"
+    )
 
 
 def test_a_model_type_without_a_causal_head_is_refused(tmp_path):

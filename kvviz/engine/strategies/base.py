@@ -125,6 +125,8 @@ class Strategy:
     # True: rounds what it keeps to a few bits, so a difference in float rounding (a batched forward's) can
     # move a value to the neighbouring level; an evaluation feeds it alone
     quantizes: ClassVar[bool] = False
+    # True: also runs an encoder-decoder's cache (self-attention keys and values beside cross-attention ones)
+    encoder_decoder: ClassVar[bool] = False
 
     # -- options -------------------------------------------------------------------------------------
 
@@ -155,7 +157,12 @@ class Strategy:
         """Why `model` cannot use this strategy with `options` (defaults if None), or None."""
         if options is None:
             options = {o.name: o.default for o in self.options}
-        return self.model_problem(model, Geometry.of(model.config, model.dtype), options)
+        geometry = Geometry.of(model.config, model.dtype)
+        if geometry.encoder_decoder and not self.encoder_decoder:
+            return ("acts on a decoder-only model's keys and values, and this model is an encoder-decoder (its decoder "
+                    "attends to the encoder's output through cross-attention keys and values kept whole); run "
+                    "dynamic, static or none")
+        return self.model_problem(model, geometry, options)
 
     def model_problem(self, model, geometry: Geometry, options: dict) -> str | None:
         return None
@@ -219,6 +226,15 @@ def only_full_attention(geometry: Geometry) -> str | None:
     if geometry.hybrid:
         return "works only with models whose layers all use full attention; this model has sliding-window layers"
     return None
+
+
+def encoder_decoder_cache(model, self_attention):
+    """An encoder-decoder's cache: `self_attention` (a cache of the decoder's own tokens) beside a DynamicCache
+    that the first forward fills with the cross-attention keys and values of the encoder's output, as generate
+    builds it."""
+    from transformers import DynamicCache, EncoderDecoderCache
+
+    return EncoderDecoderCache(self_attention, DynamicCache())
 
 
 def max_cache_len_option() -> Option:

@@ -1,6 +1,6 @@
 """transformers' DynamicCache: keys and values grow by one token per step."""
 
-from kvviz.engine.strategies.base import Strategy
+from kvviz.engine.strategies.base import Strategy, encoder_decoder_cache
 
 
 class Dynamic(Strategy):
@@ -8,8 +8,11 @@ class Dynamic(Strategy):
     description = "DynamicCache: keys and values grow by one token per step"
     reference = "transformers' DynamicCache"
     exact = True
+    encoder_decoder = True
 
     def make_cache(self, model, options, capacity):
         from transformers import DynamicCache
 
+        if model.config.is_encoder_decoder:  # its layers are built as the decoder's forward reaches them
+            return encoder_decoder_cache(model, DynamicCache())
         return DynamicCache(config=model.config)

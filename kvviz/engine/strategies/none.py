@@ -15,6 +15,7 @@ class NoCache(Strategy):
     reference = "transformers with use_cache=False"
     has_cache = False
     exact = True
+    encoder_decoder = True
 
     def make_cache(self, model, options, capacity):
         return None

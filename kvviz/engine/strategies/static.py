@@ -4,7 +4,7 @@ import os
 import shutil
 
 from kvviz.engine.predict import CachePredictor
-from kvviz.engine.strategies.base import Option, Strategy, max_cache_len_option
+from kvviz.engine.strategies.base import Option, Strategy, encoder_decoder_cache, max_cache_len_option
 
 
 class StaticPredictor(CachePredictor):
@@ -27,10 +27,18 @@ class Static(Strategy):
     )
     preallocates = True
     exact = True
+    encoder_decoder = True
 
     def model_problem(self, model, geometry, options):
+        encoder_layers = model.config.num_hidden_layers
+        if geometry.encoder_decoder and encoder_layers != geometry.num_layers:
+            return (f"cannot preallocate this encoder-decoder's cache: transformers' StaticCache sizes it by the "
+                    f"encoder's {encoder_layers} layers, not the decoder's {geometry.num_layers}; run dynamic")
         if not options["compile"]:
             return None
+        if geometry.encoder_decoder:
+            return ("cannot run with compile=true on an encoder-decoder (kvviz compiles decoder-only steps); run with "
+                    "compile=false")
         if not getattr(model, "_can_compile_fullgraph", False):
             return f"cannot run with compile=true: transformers does not compile {type(model).__name__} as one graph"
         compiler = os.environ.get("CXX") or "g++"
@@ -44,6 +52,8 @@ class Static(Strategy):
     def make_cache(self, model, options, capacity):
         from transformers import StaticCache
 
+        if model.config.is_encoder_decoder:  # the decoder's tokens preallocated; the encoder's output as it comes
+            return encoder_decoder_cache(model, StaticCache(config=model.config, max_cache_len=capacity))
         return StaticCache(config=model.config, max_cache_len=capacity)
 
     def predictor(self, options, geometry, capacity):
