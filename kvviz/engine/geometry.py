@@ -87,37 +87,51 @@ def cache_kinds(config) -> list[str]:
     return kinds
 
 
+# transformers' PyTorch implementations of every linear-attention and state-space mixer (gated DeltaNet, Kimi delta
+# attention, Mamba 1 and 2) compute the recurrent state in float32 and cache it so, whatever the model's dtype (measured
+# under bfloat16: `tests/engine/test_architectures.py`); the convolution state keeps the model's dtype
+RECURRENT_STATE_ELEMENT = 4
+
+
 def state_bytes(config, element: int) -> int | None:
-    """Bytes of the fixed-size state of one linear-attention or state-space layer (convolution plus recurrent
-    state, batch 1), from the config: one formula per family of mixer, as its transformers module sizes it. None
-    where kvviz knows no formula for the config's mixer."""
+    """Bytes of the fixed-size state of one linear-attention or state-space layer (convolution state in the model's
+    dtype of `element` bytes, recurrent state in float32; batch 1), from the config. None where kvviz knows no
+    formula for the config's mixer."""
+    sizes = state_elements(config)
+    if sizes is None:
+        return None
+    conv, recurrent = sizes
+    return conv * element + recurrent * RECURRENT_STATE_ELEMENT
+
+
+def state_elements(config) -> tuple[int, int] | None:
+    """(convolution state, recurrent state) elements of one linear-attention or state-space layer: one formula per
+    family of mixer, as its transformers module sizes it; None for a mixer kvviz knows no formula for."""
     c = text_config(config)
     get = lambda name, default=None: getattr(c, name, default)  # noqa: E731 - short reads of optional fields
     if get("linear_key_head_dim"):  # gated DeltaNet (Qwen3-Next, Qwen3.5, OLMo-hybrid): q, k, v convolved
         key_dim = c.linear_num_key_heads * c.linear_key_head_dim
         value_dim = c.linear_num_value_heads * c.linear_value_head_dim
         conv = (2 * key_dim + value_dim) * c.linear_conv_kernel_dim
-        return (conv + c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim) * element
-    if get("linear_head_dim") and get("linear_num_heads"):  # Kimi delta attention: recurrent state in float32
+        return conv, c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim
+    if get("linear_head_dim") and get("linear_num_heads"):  # Kimi delta attention
         width = c.linear_num_heads * c.linear_head_dim
-        return 3 * width * c.linear_conv_kernel_dim * element + c.linear_num_heads * c.linear_head_dim**2 * 4
+        return 3 * width * c.linear_conv_kernel_dim, c.linear_num_heads * c.linear_head_dim**2
     if get("conv_L_cache"):  # LFM2's short convolution: no recurrent state
-        return c.hidden_size * c.conv_L_cache * element
+        return c.hidden_size * c.conv_L_cache, 0
     if get("mamba_d_state"):  # Mamba mixers inside hybrids (Jamba, Bamba, Granite 4, Zamba2, Falcon-H1)
         inner = get("mamba_d_ssm") or int(c.mamba_expand * c.hidden_size)
         heads = get("mamba_n_heads") or get("n_mamba_heads")
         if not heads:  # Mamba-1 (Jamba): one state per channel
-            return inner * (c.mamba_d_conv + c.mamba_d_state) * element
+            return inner * c.mamba_d_conv, inner * c.mamba_d_state
         groups = get("mamba_n_groups") or get("mamba_ngroups") or 1
         head_dim = get("mamba_d_head") if isinstance(get("mamba_d_head"), int) else get("mamba_headdim")
-        conv = (inner + 2 * groups * c.mamba_d_state) * c.mamba_d_conv
-        return (conv + heads * head_dim * c.mamba_d_state) * element
+        return (inner + 2 * groups * c.mamba_d_state) * c.mamba_d_conv, heads * head_dim * c.mamba_d_state
     if c.model_type == "mamba":
-        return c.intermediate_size * (c.conv_kernel + c.state_size) * element
+        return c.intermediate_size * c.conv_kernel, c.intermediate_size * c.state_size
     if c.model_type == "mamba2":
         inner = int(c.expand * c.hidden_size)
-        conv = (inner + 2 * c.n_groups * c.state_size) * c.conv_kernel
-        return (conv + c.num_heads * c.head_dim * c.state_size) * element
+        return (inner + 2 * c.n_groups * c.state_size) * c.conv_kernel, c.num_heads * c.head_dim * c.state_size
     return None
 
 
