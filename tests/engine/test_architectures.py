@@ -137,3 +137,42 @@ def test_models_that_keep_their_cache_elsewhere_are_refused_with_the_reason():
         model_files.check_keeps_kv_cache(minimax.eval(), "mm")
     mamba = build_random_model(ARCHITECTURES["mamba"]())
     model_files.check_keeps_kv_cache(mamba.eval(), "mamba")  # a state-space model keeps a state: it runs
+
+
+@pytest.mark.parametrize("family", ["bamba", "jamba", "lfm2"])
+def test_window_and_eviction_act_on_the_attention_layers_alone(architectures, family):
+    loaded = architectures[family]
+    kinds, states = loaded.card["cache_kinds"], loaded.card["layer_state_bytes"]
+    for spec, kept in (("sliding:window=4", 4), ("sink:sink_tokens=2:window=3", 5), ("h2o:budget=5", 5)):
+        settings = decode.GenerationSettings(max_new_tokens=3, raw=True, stop_at_eos=False)
+        try:
+            steps = list(decode.Decoder(loaded, strategies.parse_spec(spec), settings, PROMPT))
+        except OptionError as refused:  # Jamba's attention layers have no rotary embedding to re-rotate
+            assert family == "jamba" and spec.startswith("sink"), refused
+            assert str(refused).endswith("needs a model with one rotary position embedding (RoPE) to re-rotate kept "
+                                         "keys; this model has none")
+            continue
+        for step in steps:
+            assert step.cache_bytes == step.predicted_cache_bytes, f"{spec} step {step.index}"
+            seen = step.position + 1
+            for kind, state, layer in zip(kinds, states, step.layers, strict=True):
+                if kind == "state":  # left to transformers, as it is: the whole state, no positions
+                    assert (layer.state_bytes, layer.seq_len) == (state, 0), spec
+                else:  # the attention layers keep at most what the strategy keeps, and lose the rest for real
+                    assert layer.state_bytes == 0 and layer.seq_len <= kept < seen, spec
+
+
+@pytest.mark.parametrize("family", ["jamba", "lfm2", "mamba2", "qwen3_next"])
+def test_bfloat16_states_are_predicted_in_the_dtypes_transformers_keeps_them(tiny_model, family):
+    loaded = tiny_architecture(family, tiny_model.tokenizer, dtype=torch.bfloat16)
+    tokens, decoder = kvviz_tokens(loaded, "dynamic", {}, 3)
+    for step in decoder.trace.steps:
+        assert step.cache_bytes == step.predicted_cache_bytes, f"step {step.index}"
+    cache = transformers.DynamicCache(config=loaded.model.config)
+    with torch.inference_mode():
+        loaded.model(input_ids=torch.tensor([[5, 6, 7]]), cache=cache, use_cache=True)
+    dtypes = {(name, tensor.dtype) for layer in cache.layers for name in ("conv_states", "recurrent_states")
+              for tensor in getattr(layer, name, {}).values() if isinstance(tensor, torch.Tensor)}
+    # the convolution state in the model's dtype, the recurrent state in float32 (LFM2 has none)
+    assert dtypes == {("conv_states", torch.bfloat16)} | ({("recurrent_states", torch.float32)} if family != "lfm2"
+                                                          else set())
