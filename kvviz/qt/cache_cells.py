@@ -22,6 +22,9 @@ def token_at(trace: Trace, position: int) -> str | None:
     the trace does not say (a file written before kvviz kept prompt pieces, or a position not reached)."""
     if position < 0:
         return None
+    if "attention+cross" in ((trace.model or {}).get("cache_kinds") or ()):  # an encoder-decoder's decoder:
+        index = position - 1  # its start token (unnamed), then the tokens it generated; the prompt went to the encoder
+        return trace.steps[index].token if 0 <= index < len(trace.steps) else None
     if position < trace.prompt_tokens:
         pieces = trace.prompt_pieces
         return pieces[position] if position < len(pieces) else None

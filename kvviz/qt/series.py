@@ -15,9 +15,11 @@ from kvviz.qt.cache_cells import head_counts, kv_heads, shade_partial
 
 # Columns of the per-step table. KL is NaN where no reference ran; FLOOR_MS, the step's memory-bound floor
 # (Trace.floor_ms), is NaN at the prefill and where the bandwidth or the bytes read are not known.
-# STATE_MIB: the part of the cache that does not grow with the tokens (linear-attention and state-space layers'
-# fixed-size states).
-X, WALL_MS, CACHE_MIB, PREDICTED_MIB, RSS_MIB, KL, FLOOR_MS, STATE_MIB = range(8)
+# FIXED_MIB: the part of the cache that does not grow with the tokens generated (`RunSeries.fixed_kind`).
+X, WALL_MS, CACHE_MIB, PREDICTED_MIB, RSS_MIB, KL, FLOOR_MS, FIXED_MIB = range(8)
+# What a cache's fixed part is: linear-attention and state-space layers' states, or an encoder-decoder's
+# cross-attention keys and values (of the encoder's output)
+FIXED_STATE, FIXED_CROSS = "fixed-size state", "cross-attention"
 _NCOLS = 8
 
 
@@ -68,7 +70,7 @@ class RunSeries:
         self.switches: list[tuple[float, str]] = []  # (x, strategy switched to) of trace.switches drawn
         self.attention_step: StepRecord | None = None  # the newest step drawn that carries its attention matrix
         self.has_reference = False
-        self.has_state = False  # some step held a fixed-size state (linear-attention or state-space layers)
+        self.fixed_kind: str | None = None  # FIXED_STATE or FIXED_CROSS once a step held a part that does not grow
 
     @classmethod
     def from_trace(cls, run_id: int, trace: Trace) -> RunSeries:
@@ -106,8 +108,10 @@ class RunSeries:
             row[CACHE_MIB] = _mib(step.cache_bytes)
             row[PREDICTED_MIB] = _mib(step.predicted_cache_bytes)
             row[RSS_MIB] = _mib(step.rss_bytes)
-            row[STATE_MIB] = _mib(sum(layer.state_bytes for layer in step.layers))
-            self.has_state = self.has_state or row[STATE_MIB] > 0
+            state, cross = (sum(getattr(layer, name) for layer in step.layers) for name in ("state_bytes",
+                                                                                              "cross_bytes"))
+            row[FIXED_MIB] = _mib(state + cross)
+            self.fixed_kind = self.fixed_kind or (FIXED_CROSS if cross else FIXED_STATE if state else None)
             row[KL] = np.nan if step.kl is None else step.kl
             self.has_reference = self.has_reference or step.kl is not None
             self.latest = step
@@ -192,15 +196,15 @@ class RunSeries:
         return self.latest.cache_bytes if self.latest is not None else None
 
     def layer_bytes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Key, value and fixed-state bytes of each layer after the latest step (keys with an indexed layer's
-        indexer keys)."""
+        """Key, value and fixed bytes (`fixed_kind`) of each layer after the latest step (keys with an indexed
+        layer's indexer keys)."""
         if self.latest is None:
             return np.zeros(0), np.zeros(0), np.zeros(0)
         layers = self.latest.layers
         keys = np.array([layer.keys_bytes + layer.indexer_bytes for layer in layers], dtype=np.float64)
         values = np.array([layer.values_bytes for layer in layers], dtype=np.float64)
-        states = np.array([layer.state_bytes for layer in layers], dtype=np.float64)
-        return keys, values, states
+        fixed = np.array([layer.fixed_bytes for layer in layers], dtype=np.float64)
+        return keys, values, fixed
 
     def layer_ms_mean(self) -> np.ndarray | None:
         """Mean time of each layer over the decode steps, or None where the engine did not measure it."""

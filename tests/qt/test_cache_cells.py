@@ -12,7 +12,7 @@ from PySide6.QtGui import QColor
 from kvviz.files.trace import LayerRecord, SlotState, StepRecord, Trace
 from kvviz.qt import theme
 from kvviz.qt.cache_cells import RAMP_START, RAMP_STEPS, head_counts, heads_at, quoted, token_at
-from kvviz.qt.plots.layer_plots import HELD_BY_SOME
+from kvviz.qt.plots.layer_plots import HELD_BY_SOME, bar_places
 from kvviz.qt.series import RunSeries
 
 PIECES = ["<s>", "The", " cat", " sat", "\n", " on"]
@@ -155,3 +155,14 @@ def test_positions_some_heads_hold_are_a_fainter_blue_never_a_grey(name):
         nearness.append(theme.contrast_ratio(colour, background))
     assert nearness == sorted(nearness)  # more heads: further from the background
     assert nearness[0] > 1.3 > theme.contrast_ratio(QColor(palette.unseen), background)  # and never "not yet used"
+
+
+def test_each_layers_bars_sit_centred_on_its_tick():
+    # layers: a state layer, a plain one, a hybrid one (state + keys and values), an empty one
+    keys = values = np.array([0.0, 5.0, 5.0, 0.0])
+    states = np.array([3.0, 0.0, 3.0, 0.0])
+    (key_x, width), (value_x, _), (state_x, _) = bar_places(keys, values, states)
+    drawn = [[state_x[0]], [key_x[1], value_x[1]], [key_x[2], value_x[2], state_x[2]], [key_x[3], value_x[3]]]
+    for layer, centres in enumerate(drawn):
+        assert np.mean(centres) == pytest.approx(layer)
+        assert np.diff(centres) == pytest.approx(width[layer])  # side by side, not overlapping

@@ -13,12 +13,65 @@ from kvviz.qt.cache_cells import RAMP_START, cell_name, heads_at, kv_heads
 from kvviz.qt.plots.base import PlotPanel
 from kvviz.qt.plots.legend import Entry
 from kvviz.qt.plots.note import NotePlot
+from kvviz.qt.series import FIXED_CROSS
 
 HELD_BY_SOME = "held by some KV heads (fainter: fewer)"  # the cache map's legend entry for per-head eviction
 KEYS_COLOUR = theme.BLUE
 VALUES_COLOUR = theme.ORANGE
 STATE_COLOUR = theme.YELLOW  # the cache map's colour of a fixed-size state
+CROSS_COLOUR = theme.PURPLE  # an encoder-decoder's cross-attention keys and values
 ALWAYS_SHOWN = tuple(s for s in SlotState if s not in (SlotState.STATE, SlotState.SHARED))  # the rest when present
+
+
+def bar_places(keys: np.ndarray, values: np.ndarray, states: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(x, width) per layer of the keys, values and state bars: each layer's bars side by side, centred on its tick
+    (a plain layer two bars, a state layer one, a layer with a state and keys and values three)."""
+    layers = np.arange(len(keys), dtype=float)
+    tokens = (keys > 0) | (values > 0)
+    count = 2 * tokens + (states > 0)
+    count = np.where(count == 0, 2, count)  # an empty layer: its keys and values bars, flat
+    width = np.where(count == 1, 0.4, 0.8 / count)
+    left = layers - count * width / 2  # where the layer's first bar begins
+    key_x = left + width / 2
+    value_x = key_x + width
+    state_x = np.where(tokens, value_x + width, key_x)
+    return [(key_x, width), (value_x, width), (state_x, width)]
+
+
+PLAIN_NAMES = (("keys", ""), ("values", ""))  # the per-layer plot's first two bars, with their legend tooltips
+
+
+def latent_names(latent: dict) -> tuple[tuple[str, str], tuple[str, str]]:
+    """The first two bars' names under multi-head latent attention (the model card's `latent_attention`): the cache
+    holds the compressed latent where keys would be and the rotary key part where values would be."""
+    return (
+        ("latent", f"the compressed latent (kv_lora_rank {latent['kv_lora_rank']}), cached where keys would be: "
+                   "every head's keys and values are computed from it at each step"),
+        ("rotary key part", f"the rotated key part shared by all heads (qk_rope_head_dim "
+                            f"{latent['qk_rope_head_dim']}), cached where values would be"),
+    )
+
+
+def latent_words(trace) -> str:
+    """For the cache map's hover: what a latent-attention model caches per position ("" for other models)."""
+    latent = (trace.model or {}).get("latent_attention") if trace is not None else None
+    if not latent:
+        return ""
+    return (f"; cached as the compressed latent, {latent['stored_bytes']:,} bytes per token (per-head keys and "
+            f"values would take {latent['expanded_bytes']:,}, {latent['factor']:.1f}x)")
+
+
+def beside_positions(record) -> str:
+    """What a layer keeps beside the positions the cache map draws, for its hover text ("" if nothing): a hybrid
+    layer's fixed-size state, an encoder-decoder's cross-attention keys and values."""
+    if record is None:
+        return ""
+    if record.cross_bytes:
+        return (f"; beside them, cross-attention keys and values of the {record.cross_tokens:,} prompt tokens the "
+                f"encoder read ({record.cross_bytes:,} bytes, fixed)")
+    if record.state_bytes:
+        return f"; beside them, a fixed-size state of {record.state_bytes:,} bytes"
+    return ""
 
 
 class LayerBytesPlot(PlotPanel):
@@ -37,10 +90,18 @@ class LayerBytesPlot(PlotPanel):
         self._drawn = (None, -1)
         self._unit = (1024.0, "KiB")
         self._data = (np.zeros(0), np.zeros(0), np.zeros(0))
+        self._fixed_kind: str | None = None  # what the third bar is (RunSeries.fixed_kind)
+        self._names = PLAIN_NAMES  # what the first two bars are
 
     def legend_entries(self):
-        entries = [Entry("keys", KEYS_COLOUR, kind="box"), Entry("values", VALUES_COLOUR, kind="box")]
-        if self._data[2].any():
+        (keys, key_tip), (values, value_tip) = self._names
+        entries = [Entry(keys, KEYS_COLOUR, kind="box", tooltip=key_tip),
+                   Entry(values, VALUES_COLOUR, kind="box", tooltip=value_tip)]
+        if self._fixed_kind == FIXED_CROSS:
+            entries.append(Entry("cross-attention keys + values", CROSS_COLOUR, kind="box",
+                                 tooltip="an encoder-decoder's keys and values of the encoder's output (the prompt): "
+                                 "fixed once the prompt is read"))
+        elif self._fixed_kind:
             entries.append(Entry("fixed-size state", STATE_COLOUR, kind="box",
                                  tooltip="a linear-attention or state-space layer's convolution and recurrent "
                                  "states: the same size whatever the context"))
@@ -53,23 +114,23 @@ class LayerBytesPlot(PlotPanel):
             return
         self._drawn = key
         keys, values, states = primary.layer_bytes() if primary else (np.zeros(0), np.zeros(0), np.zeros(0))
-        had_state = self._data[2].any()
         self._data = (keys, values, states)
-        if had_state != states.any():
+        fixed_kind = primary.fixed_kind if primary else None
+        latent = (primary.trace.model or {}).get("latent_attention") if primary else None
+        names = latent_names(latent) if latent else PLAIN_NAMES
+        if (fixed_kind, names) != (self._fixed_kind, self._names):
+            self._fixed_kind, self._names = fixed_kind, names
+            self.states.setOpts(brush=CROSS_COLOUR if fixed_kind == FIXED_CROSS else STATE_COLOUR)
             self.update_legend()
         peak = max(keys.max(initial=0), values.max(initial=0), states.max(initial=0))
         unit = (1024.0 * 1024.0, "MiB") if peak >= 1024 * 1024 else (1024.0, "KiB")
         if unit != self._unit:
             self._unit = unit
             self.plot.setLabel("left", f"bytes ({unit[1]})")
-        layers = np.arange(len(keys), dtype=float)
-        # a layer with a state and keys and values (a hybrid layer) gets three thinner bars; a state layer one
-        width = 0.27 if (states.any() and keys.any()) else 0.4
-        offset = width if states.any() and keys.any() else width / 2
-        self.keys.setOpts(x=layers - offset, height=keys / unit[0], width=width)
-        self.values.setOpts(x=layers + (0 if states.any() and keys.any() else offset), height=values / unit[0],
-                            width=width)
-        self.states.setOpts(x=layers + (offset if keys.any() else 0), height=states / unit[0], width=width)
+        places = bar_places(keys, values, states)
+        for item, heights, (x, width) in zip((self.keys, self.values, self.states), (keys, values, states), places,
+                                             strict=True):
+            item.setOpts(x=x, height=heights / unit[0], width=width)
 
     def hover_text(self, x, y):
         keys, values, states = self._data
@@ -77,8 +138,9 @@ class LayerBytesPlot(PlotPanel):
         if not 0 <= i < len(keys):
             return ""
         scale, name = self._unit
-        text = f"layer {i}: keys {keys[i] / scale:.1f} {name}, values {values[i] / scale:.1f} {name}"
-        return text + (f", fixed-size state {states[i] / scale:.1f} {name}" if states[i] else "")
+        (first, _), (second, _) = self._names
+        text = f"layer {i}: {first} {keys[i] / scale:.1f} {name}, {second} {values[i] / scale:.1f} {name}"
+        return text + (f", {self._fixed_kind} {states[i] / scale:.1f} {name}" if states[i] else "")
 
 
 class LayerTimePlot(NotePlot):
@@ -225,7 +287,8 @@ class CacheMapPlot(PlotPanel):
             return (f"layer {layer}: a fixed-size state of {record.state_bytes:,} bytes (convolution and recurrent "
                     f"states {shapes}): every token so far folded in, no positions held")
         if held is None:
-            return f"{where}: {theme.STATE_LABELS[SlotState(value)]}"
+            words = latent_words(self._primary.trace if self._primary else None) if value == SlotState.FULL else ""
+            return f"{where}: {theme.STATE_LABELS[SlotState(value)]}" + words + beside_positions(record)
         heads = kv_heads(self._primary.trace, record)
         if value >= RAMP_START:
             return f"{where}: held by {held} of {heads} KV heads"

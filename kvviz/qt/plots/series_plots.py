@@ -13,10 +13,11 @@ from kvviz.qt.plots.base import PlotPanel
 from kvviz.qt.plots.legend import Entry
 from kvviz.qt.series import (
     CACHE_MIB,
+    FIXED_CROSS,
+    FIXED_MIB,
     FLOOR_MS,
     KL,
     PREDICTED_MIB,
-    STATE_MIB,
     WALL_MS,
     RunSeries,
     X,
@@ -229,10 +230,12 @@ class MemoryPlot(SeriesPlot):
             Entry("measured", colour, width=MEASURED_WIDTH),
             Entry("predicted", colour, style=Qt.PenStyle.DashLine, width=PREDICTED_WIDTH),
         ]
-        if any(series.has_state for series in self._runs):
-            entries.append(Entry("of it fixed-size state", colour, style=Qt.PenStyle.DotLine, width=PREDICTED_WIDTH,
-                                 tooltip="the part that does not grow: linear-attention and state-space layers' "
-                                 "states; the rest grows with every token"))
+        kinds = {series.fixed_kind for series in self._runs} - {None}
+        if kinds:
+            entries.append(Entry("of it " + " or ".join(sorted(kinds)), colour, style=Qt.PenStyle.DotLine,
+                                 width=PREDICTED_WIDTH, tooltip="the part that does not grow with the tokens "
+                                 "generated: linear-attention and state-space layers' states, or an encoder-decoder's "
+                                 f"{FIXED_CROSS} keys and values of the prompt; the rest grows with every token"))
         return entries
 
     def make_curves(self, series):
@@ -255,8 +258,8 @@ class MemoryPlot(SeriesPlot):
         x = series.column(X)
         curves.items[0].setData(x, series.column(CACHE_MIB))
         curves.items[1].setData(x, series.column(PREDICTED_MIB))
-        if series.has_state:
-            curves.items[2].setData(x, series.column(STATE_MIB))
+        if series.fixed_kind:
+            curves.items[2].setData(x, series.column(FIXED_MIB))
 
     def after_redraw(self, runs, primary):
         if primary is not None and primary.prefill_x is not None:
@@ -273,9 +276,9 @@ class MemoryPlot(SeriesPlot):
                 measured = series.column(CACHE_MIB)[i]
                 predicted = series.column(PREDICTED_MIB)[i]
                 text = f"{measured:.3f} MiB (pred. {predicted:.3f})"
-                if series.has_state:
-                    fixed = series.column(STATE_MIB)[i]
-                    text += f", {measured - fixed:.3f} growing + {fixed:.3f} fixed state"
+                if series.fixed_kind:
+                    fixed = series.column(FIXED_MIB)[i]
+                    text += f", {measured - fixed:.3f} growing + {fixed:.3f} {series.fixed_kind}"
                 parts.append(self.swatch(theme.run_colour(series.run_id), text))
         return " &nbsp; ".join(parts)
 
