@@ -7,12 +7,19 @@ import torch
 
 from kvviz.engine.geometry import Geometry
 from kvviz.engine.predict import CachePredictor
-from kvviz.engine.strategies.base import Option, Strategy, attention_layers_problem, only_full_attention
+from kvviz.engine.strategies.base import (
+    Option,
+    Strategy,
+    attention_layers_problem,
+    keep_own_layers,
+    only_full_attention,
+)
 from kvviz.errors import OptionError
 
 NBITS = {"quanto": (2, 4), "hqq": (1, 2, 3, 4, 8)}
 AXES = {"quanto": (0, -1), "hqq": (0, 1)}
 PACKAGES = {"quanto": "optimum.quanto", "hqq": "hqq"}
+LAYER_CLASSES = {"quanto": "QuantoQuantizedLayer", "hqq": "HQQQuantizedLayer", "fp8": "Fp8QuantizedLayer"}
 GROUP_WISE = ("nbits", "axis_key", "axis_value", "q_group_size", "residual_length")
 
 
@@ -56,6 +63,8 @@ class QuantizedPredictor(CachePredictor):
             self.residual[i] += new
 
     def layer_bytes(self, i, window) -> int:
+        if not self.geometry.layer_token_bytes[i]:  # a state layer: transformers' own, never quantized
+            return 0
         o = self.options
         group = o.get("q_group_size", 64)
         q = quantized_bytes(self.geometry, self.quantized[i], o["backend"], o.get("nbits", 8), group)
@@ -108,11 +117,7 @@ class Quantized(Strategy):
         return None
 
     def model_problem(self, model, geometry, options):
-        problem = only_full_attention(geometry)
-        if not problem and not geometry.plain:
-            problem = attention_layers_problem(geometry, "quantizes keys and values") or (
-                "quantizes keys and values with transformers' QuantizedCache, which takes only models whose layers "
-                f"all use full attention, and this model has {geometry.unusual_layers()}; run dynamic or static")
+        problem = only_full_attention(geometry) or attention_layers_problem(geometry, "quantizes keys and values")
         if problem or options["backend"] == "fp8":
             return problem
         # quanto and HQQ cut a layer's whole [batch, kv_heads, tokens, head_dim] tensor into groups,
@@ -137,13 +142,18 @@ class Quantized(Strategy):
         return True
 
     def make_cache(self, model, options, capacity):
-        from transformers import QuantizedCache
+        from transformers import QuantizedCache, cache_utils
 
         backend = options["backend"]
-        if backend == "fp8":
-            return QuantizedCache("fp8", model.config)
-        kwargs = {k: options[k] for k in GROUP_WISE}
-        return QuantizedCache(backend, model.config, **kwargs)
+        kwargs = {} if backend == "fp8" else {k: options[k] for k in GROUP_WISE}
+        geometry = Geometry.of(model.config, model.dtype)
+        if geometry.plain:
+            return QuantizedCache(backend, model.config, **kwargs)
+        # QuantizedCache takes models of full attention alone: its layer class on the attention layers of a hybrid,
+        # transformers' own cache layers (a fixed-size state) on the others
+        layer_class = getattr(cache_utils, LAYER_CLASSES[backend])
+        layers = [layer_class(**kwargs) for _ in range(geometry.num_layers)]
+        return cache_utils.Cache(layers=keep_own_layers(model, layers))
 
     def predictor(self, options, geometry, capacity):
         return QuantizedPredictor(geometry, options)
