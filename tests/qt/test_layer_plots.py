@@ -74,6 +74,7 @@ def test_an_encoder_decoders_cross_attention_is_drawn_as_its_fixed_part(qtbot, t
     assert "cross-attention keys + values" in bars.legend_bar.texts()
     assert "cross-attention" in bars.hover_text(0, 0)
     assert "of it cross-attention" in memory.legend_bar.texts()
+    assert memory.y_bounds()[0] == 0  # from 0: the dotted fixed part stays off the axis
     prompt = decoder.prompt_tokens
     # the map's positions are the decoder's: its start token, then the tokens generated; the prompt went to the encoder
     first = quoted(decoder.trace.steps[0].token)

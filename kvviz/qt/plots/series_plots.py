@@ -224,6 +224,14 @@ class MemoryPlot(SeriesPlot):
         self.prefill_line.setVisible(False)
         self.plot.addItem(self.prefill_line, ignoreBounds=True)
 
+    def y_bounds(self):
+        # with a fixed part drawn, from 0: the dotted line is then a floor with the growing part over it, not a
+        # line lost on the axis at the bottom of the range
+        bounds = super().y_bounds()
+        if bounds is None or not any(series.fixed_kind for series in self._runs):
+            return bounds
+        return 0.0, bounds[1]
+
     def legend_entries(self):
         colour = self.palette_.foreground
         entries = [
