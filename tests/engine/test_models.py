@@ -125,7 +125,8 @@ def test_a_text_to_text_folder_runs_and_a_speech_one_is_refused_with_the_reason(
     # tokens, self-attention the decoder's start token and the two new tokens fed back
     assert summary["final_cache_bytes"] == (summary["prompt_tokens"] + summary["new_tokens"]) * 256
     whisper = tmp_path / "whisper"
-    transformers.WhisperConfig(d_model=32, encoder_layers=1, decoder_layers=1).save_pretrained(whisper)
+    transformers.WhisperConfig(d_model=32, encoder_layers=1, decoder_layers=1,
+                               architectures=["WhisperForConditionalGeneration"]).save_pretrained(whisper)
     (whisper / "model.safetensors").write_bytes(b"")  # never read: the config already says no
     (whisper / "tokenizer.json").write_text("{}")
     assert refusal(whisper).startswith(
