@@ -189,9 +189,13 @@ class Decoder:
             weight_bytes=loaded.card.get("weight_bytes"),
             bandwidth_bytes_per_s=memory_bandwidth(self.model.device),
         )
-        total = self.prompt_tokens + settings.max_new_tokens
-        _check_context(self.model, get(choice.name).positions_needed(choice.options, total), self.prompt_tokens,
-                       settings.max_new_tokens)
+        if self.model.config.is_encoder_decoder:  # the encoder reads the prompt; the decoder keeps its own tokens
+            _check_encoder_decoder_context(self.model, self.prompt_tokens, settings.max_new_tokens)
+            total = 1 + settings.max_new_tokens  # its start token and the new tokens
+        else:
+            total = self.prompt_tokens + settings.max_new_tokens
+            _check_context(self.model, get(choice.name).positions_needed(choice.options, total), self.prompt_tokens,
+                           settings.max_new_tokens)
         self.capacity = capacity_for(choice, total)
         self.run = CacheRun(self.model, choice, self.capacity)
         self.run.check_memory()
@@ -432,3 +436,15 @@ def _check_context(model, positions: int, prompt_tokens: int, new_tokens: int) -
             f"tokens, longer than the model's context of {context} tokens; shorten the prompt or ask for at most "
             f"{max(context - prompt_tokens, 0)} new tokens"
         )
+
+
+def _check_encoder_decoder_context(model, prompt_tokens: int, new_tokens: int) -> None:
+    """Refuse an encoder-decoder run whose encoder (the prompt) or decoder (its start token and the new tokens) would
+    go past the positions the model was built for."""
+    context = Geometry.of(model.config, model.dtype).context
+    if context and prompt_tokens > context:
+        raise OptionError(f"the prompt ({prompt_tokens} tokens) is longer than the model's context of {context} "
+                          "tokens, which its encoder reads whole; shorten the prompt")
+    if context and 1 + new_tokens > context:
+        raise OptionError(f"max new tokens ({new_tokens}) and the decoder's start token pass the model's context of "
+                          f"{context} tokens; ask for at most {context - 1} new tokens")

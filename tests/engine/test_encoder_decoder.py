@@ -64,6 +64,8 @@ def test_static_and_no_cache_run_exactly_and_the_rest_are_refused_by_name(models
         steps, _ = run(loaded, spec)
         assert [step.token_id for step in steps] == dynamic, spec
         assert all(step.cache_bytes == step.predicted_cache_bytes for step in steps), spec
+        if spec == "static":  # slots for the decoder's own tokens (its start token and the new ones), not the prompt
+            assert {layer.capacity for layer in steps[-1].layers} == {NEW_TOKENS + 1}
     for spec in ("sliding:window=4", "sink:sink_tokens=2:window=4", "h2o:budget=4", "quantized:backend=hqq"):
         with pytest.raises(OptionError, match="is an encoder-decoder .*; run dynamic, static or none$"):
             run(loaded, spec)
@@ -78,6 +80,10 @@ def test_switching_evaluating_and_comparing_to_a_reference_are_refused_with_the_
         decoder.request_switch(strategies.choose("static"))
     with pytest.raises(OptionError, match="is an encoder-decoder"):
         decode.Decoder(loaded, strategies.choose("dynamic"), settings, PROMPT, reference=True)
+    with pytest.raises(OptionError, match="^max new tokens .300. and the decoder's start token pass the model's "
+                       "context of 256 tokens; ask for at most 255 new tokens$"):
+        bart = models["bart"]
+        decode.Decoder(bart, strategies.choose("dynamic"), decode.GenerationSettings(max_new_tokens=300), PROMPT)
     document = Document(name="text", source="text.txt", text=PROMPT * 4)
     with pytest.raises(OptionError, match="T5ForConditionalGeneration is an encoder-decoder: .* with kvviz run$"):
         evaluate.prepare(loaded, document, [strategies.choose("dynamic")])
