@@ -31,7 +31,10 @@ VIEWS: list[tuple[str, str]] = [
         "counted once, quantized tensors walked to their packed payload, scales and zero points). "
         "<b>Predicted</b> (thin dashed line on top) is what the model's config and the strategy's "
         "allocation rule alone say it should be; for the dynamic and static caches the two agree exactly. "
-        "The dotted line marks the end of the prompt (prefill); a dash-dotted line marks a switch of strategy.",
+        "The dotted line marks the end of the prompt (prefill); a dash-dotted line marks a switch of strategy. "
+        "A thin dotted line in the run's colour is the part that does not grow with the tokens generated: the "
+        "fixed-size states of linear-attention and state-space layers, or an encoder-decoder's cross-attention keys "
+        "and values of the prompt (the plot then starts at 0).",
     ),
     (
         "Step latency",
@@ -78,7 +81,11 @@ VIEWS: list[tuple[str, str]] = [
     (
         "Cache bytes per layer, now",
         "Bytes of keys and of values each layer holds after the latest step, in KiB (or MiB for large "
-        "caches). Layers that share or skip their cache show it here.",
+        "caches), each layer's bars centred on its number. Layers that share or skip their cache show it here. A "
+        "third bar is what does not grow: a linear-attention or state-space layer's fixed-size state (yellow), or "
+        "an encoder-decoder's cross-attention keys and values of the prompt (purple). Under multi-head latent "
+        "attention (DeepSeek-V3) the two bars are the compressed latent and the rotary key part, what the cache "
+        "stores in place of per-head keys and values.",
     ),
     (
         "Time per layer",
