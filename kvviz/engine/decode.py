@@ -202,7 +202,8 @@ class Decoder:
         self.encoder_decoder = self.run.geometry.encoder_decoder
         if reference and self.encoder_decoder:
             raise OptionError("the exact-cache reference runs decoder-only models; this model is an encoder-decoder, "
-                              "and its dynamic cache is already exact: run without the reference")
+                              "and its dynamic cache is already exact: run without the reference (kvviz compare "
+                              "--no-reference; in the window, Compare with the exact cache off)")
         self.reference = Reference(self.model) if reference else None
         self.eos_ids = self._eos_ids()
         self._processors = self._make_processors()
