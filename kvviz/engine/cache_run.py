@@ -52,12 +52,11 @@ def model_forward(model, input_ids: torch.Tensor, cache, position_ids: torch.Ten
     if cache is None:
         kwargs["use_cache"] = False
     else:
-        kwargs.update(use_cache=True, position_ids=position_ids, **{_cache_keyword(model): cache})
-    if encoder_outputs is not None:
-        kwargs.pop("position_ids", None)
+        kwargs.update(use_cache=True, **{_cache_keyword(model): cache})
+    if encoder_outputs is not None:  # an encoder-decoder's decoder: it numbers its tokens from its cache
         kwargs.update(encoder_outputs=encoder_outputs, decoder_input_ids=input_ids)
     else:
-        kwargs["input_ids"] = input_ids
+        kwargs.update(input_ids=input_ids, **({} if cache is None else {"position_ids": position_ids}))
     with attention_scores.one_forward():
         logits = (forward or model)(**kwargs).logits
     return logits if _keeps_logits(model) or not logits_to_keep else logits[:, -logits_to_keep:]

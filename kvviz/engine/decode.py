@@ -204,6 +204,7 @@ class Decoder:
             raise OptionError("the exact-cache reference runs decoder-only models; this model is an encoder-decoder, "
                               "and its dynamic cache is already exact: run without the reference (kvviz compare "
                               "--no-reference; in the window, Compare with the exact cache off)")
+        self.decoder_start = self._decoder_start() if self.encoder_decoder else None
         self.reference = Reference(self.model) if reference else None
         self.eos_ids = self._eos_ids()
         self._processors = self._make_processors()
@@ -302,7 +303,7 @@ class Decoder:
         prompt = torch.tensor([self.prompt_ids], device=device)
         # what the decoder has read and written: the prompt then each new token, or an encoder-decoder's decoder
         # start token then each new token (its prompt goes to the encoder)
-        ids = torch.tensor([[self._decoder_start()]], device=device) if self.encoder_decoder else prompt
+        ids = torch.tensor([[self.decoder_start]], device=device) if self.encoder_decoder else prompt
         first_new = ids.shape[-1]
         timer = LayerTimer(self.model, device, enabled=not self._compile)
         compiled = None
