@@ -72,3 +72,24 @@ def test_run_row_names_switches_pauses_and_the_memory_bound_share(tmp_path):
     csv = dict(zip(header.split(","), values.split(","), strict=True))
     assert csv["compile ms"] == "38250.0" and csv["warm-up ms"] == ""
     assert float(csv["share of memory-bound speed"]) == pytest.approx(0.5, rel=0.01)
+
+
+def test_the_card_says_per_kind_of_cache_layer_what_one_token_adds_and_what_stays_fixed():
+    hybrid = {"cache_kinds": ["state", "state", "attention"], "layer_token_bytes": [0, 0, 256],
+              "layer_state_bytes": [2048, 2048, 0], "fixed_state_bytes": 4096}
+    assert present.cache_kind_rows(hybrid) == [("2 x linear-attention / state-space", "2,048 B fixed state"),
+                                       ("1 x attention", "256 B/token"),
+                                       ("fixed state", "4,096 bytes, whatever the context")]
+    t5 = {"cache_kinds": ["attention+cross"] * 2, "layer_token_bytes": [512, 512], "layer_state_bytes": [0, 0],
+          "fixed_state_bytes": 0, "cross_bytes_per_prompt_token": 1024}
+    assert present.cache_kind_rows(t5) == [("2 x self-attention", "512 B/token"),
+                                   ("cross-attention", "1,024 B per prompt token (the encoder's output, all layers), "
+                                                       "fixed once the prompt is read")]
+    latent = {"kv_lora_rank": 16, "qk_rope_head_dim": 8, "stored_bytes": 96, "expanded_bytes": 512, "factor": 512 / 96}
+    deepseek = {"cache_kinds": ["attention"] * 2, "layer_token_bytes": [96, 96], "layer_state_bytes": [0, 0],
+                "latent_attention": latent}
+    assert present.cache_kind_rows(deepseek)[-1] == (
+        "latent attention", "caches 96 B/token/layer: the latent (kv_lora_rank 16 + rope 8), as serving engines do; "
+        "per-head keys and values would be 512 B (5.3x)")
+    plain = {"cache_kinds": ["attention"], "layer_token_bytes": [256]}
+    assert present.cache_kind_rows(plain) == []  # nothing to add to the card
