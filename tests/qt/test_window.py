@@ -48,9 +48,10 @@ def test_tiny_run_draws_exactly_its_records(qtbot, drive, window):
     assert table.cell(run_id, "status") == "finished"
 
     last = trace.steps[-1]
-    keys, values = window.local_view.layer_bytes_plot._data
+    keys, values, fixed = window.local_view.layer_bytes_plot._data
     assert list(keys) == [layer.keys_bytes for layer in last.layers]
     assert list(values) == [layer.values_bytes for layer in last.layers]
+    assert not fixed.any()  # a plain model: no state, no cross-attention
     image = window.local_view.cache_map._image
     assert image.shape == (len(last.layers), last.layers[0].seq_len)
     assert (image == SlotState.FULL).all()

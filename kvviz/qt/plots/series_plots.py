@@ -183,11 +183,13 @@ class SeriesPlot(PlotPanel):
         pass
 
     def curve_data(self, run_id: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        """(x, y) of each curve of a run, for tests and readouts."""
+        """(x, y) of each curve of a run that draws something, for tests and readouts (the memory plot's fixed part
+        only where the run has one)."""
         curves = self._curves.get(run_id)
         if curves is None:
             return []
-        return [item.getOriginalDataset() for item in curves.items if isinstance(item, pg.PlotDataItem)]
+        data = [item.getOriginalDataset() for item in curves.items if isinstance(item, pg.PlotDataItem)]
+        return [(x, y) for x, y in data if x is not None]
 
     @staticmethod
     def nearest(series: RunSeries, x: float) -> int | None:
