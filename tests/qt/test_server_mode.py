@@ -53,6 +53,8 @@ def test_attach_plots_scrapes_and_own_request_joins_the_runs(qtbot, window, repl
     assert window.views.currentIndex() == SERVER
     assert "Disconnect" == server.panel.connect_button.text()
     qtbot.waitUntil(lambda: server.series.n >= len(PHASES) + 1, timeout=10000)
+    # the prediction comes once the window's worker has imported the engine: later than the scrapes on a busy machine
+    qtbot.waitUntil(lambda: "23,040 B" in server.panel.card.text(), timeout=60000)
     card = server.panel.card.text()
     assert "46,592 tokens" in card and "23,040 B (bfloat16)" in card  # the prediction from the model's config
     assert "1.0002" in card  # allocated 23,045.6 B / predicted 23,040 B
