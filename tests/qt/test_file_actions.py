@@ -165,3 +165,29 @@ def test_dialogs_start_in_the_last_folder_of_their_kind_also_in_the_next_session
     (prompts / "story.txt").unlink()
     prompts.rmdir()
     assert later.start("prompts") == ""
+
+
+def test_a_journal_a_killed_run_left_opens_as_a_partial_run(window, tmp_path):
+    from kvviz.files import evaluation
+    from kvviz.files.trace import TraceJournal
+    from tests.files.test_journal import make_eval, make_trace
+
+    journaled = TraceJournal(tmp_path / "run.json", make_trace(5))
+    journaled.update()
+    journaled.journal.close()  # as a killed process leaves it
+    run_id = window.file_actions.open_trace(journaled.journal.path)
+    assert run_id in window.store.runs and len(window.store.runs[run_id].trace.steps) == 5
+    window.redraw()
+    table = window.runs_table
+    row = table.row_text(run_id)
+    assert "failed" in row
+    status = table.item(table.run_ids().index(run_id), row.index("failed"))
+    assert status.toolTip() == "stopped after 5 of 1,499 tokens; the process ended without saving"
+
+    run = make_eval(0)
+    kept = evaluation.EvalJournal(tmp_path / "eval-1-dynamic.json", run, {})
+    run.records = make_eval(412).records
+    kept.update()
+    kept.journal.close()
+    opened = window.file_actions.open_trace(kept.journal.path)
+    assert opened is not None and len(opened.records) == 412 and opened.error.startswith("stopped after 412 of 1,499")
