@@ -276,7 +276,7 @@ def _save(evaluations, journals, out: Path) -> dict[int, str]:
         if not e.started:
             continue
         journal = journals[i]
-        if journal.journal is not None and journal.journal.problem:
+        if journal.journal.problem:
             common.log(journal.journal.problem)
         try:
             path = journal.save()

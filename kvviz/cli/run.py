@@ -133,12 +133,12 @@ def command(args) -> int:
     if stream:
         print()
     if kept is not None:
-        if kept.journal is not None and kept.journal.problem:
+        if kept.journal.problem:
             common.log(kept.journal.problem)
         try:
             kept.save()
         except OSError as exc:
-            where = f"; what was measured is in {kept.journal.path}" if kept.journal is not None else ""
+            where = f"; what was measured is in {kept.journal.path}" if kept.journal.started else ""
             raise RuntimeError(f"cannot write the trace to {trace_path}: {exc.strerror or exc}{where}") from None
     summary = decoder.trace.summary()
     if args.json:

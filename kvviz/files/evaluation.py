@@ -128,9 +128,6 @@ class EvalRun:
 
 # -- the journal of an evaluation while it runs -------------------------------------------------------
 
-JOURNALED = ("records", "summary", "cancelled", "error", "first_eviction")  # not in a journal's header
-
-
 class EvalJournal:
     """One strategy's evaluation kept as it is measured (`kvviz.files.journal`), beside the file it becomes:
     `update()` after records arrive (with `end=True` once the strategy is over: fsynced), `save()` writes the file,
@@ -145,7 +142,7 @@ class EvalJournal:
         self.path = Path(path)
         self.run = run
         self.resume = resume
-        self.journal: Journal | None = None
+        self.journal = Journal(journal_path(self.path), FORMAT)
         self._written = 0
         self._first_eviction: int | None = None
         self.ended = False
@@ -164,9 +161,9 @@ class EvalJournal:
             self.ended = True
         if not lines:
             return
-        if self.journal is None:
-            header = {key: value for key, value in run.to_dict().items() if key not in JOURNALED}
-            self.journal = Journal.create(journal_path(self.path), FORMAT, dict(header, resume=self.resume), lines)
+        if not self.journal.started:  # (not to_dict: its summary reads every record)
+            self.journal.start({"format": FORMAT, "version": VERSION, "model": run.model, "strategy": run.strategy,
+                                "document": run.document, "method": run.method, "resume": self.resume}, lines)
         else:
             self.journal.extend(lines)
         if end:
@@ -178,8 +175,7 @@ class EvalJournal:
 
     def remove(self) -> None:
         """The files are written: the journal goes."""
-        if self.journal is not None:
-            self.journal.remove()
+        self.journal.remove()
 
 
 @dataclass

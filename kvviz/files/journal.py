@@ -8,9 +8,9 @@ A journal lies beside the file it will become (`journal_path`: ``run.json.journa
 
 `Journal` hands every line to the operating system as it is appended, so that a killed process loses nothing
 appended and a write cut short loses only its own line; it fsyncs at `sync()` (the end of a strategy, of a turn)
-and at least every SYNC_S seconds while lines come, so that a power cut loses at most those seconds. It is
-created whole (header and any lines carried over, written to a hidden file that is renamed into place), so that
-a journal never exists without its header. The measurement's owner writes the final file atomically at the end,
+and at least every SYNC_S seconds while lines come, so that a power cut loses at most those seconds. It starts
+whole (header and any lines carried over, written to a hidden file that is renamed into place), so that a journal
+never exists without its header. The measurement's owner writes the final file atomically at the end,
 as always, then `remove()`s the journal.
 
 `parse_journal` gives the kind, the header and the lines; a last line cut mid-write is dropped. Each kind of kept
@@ -57,51 +57,57 @@ def ended_without_saving(done: int, planned: int | None, unit: str = "token") ->
 
 
 class Journal:
-    """An open journal, appended to as a measurement goes. Use `create`."""
+    """The journal at `path` of a kind of kept file: `start` it with its header (when the first records are known),
+    then `extend` it. Writing never stops the measurement: a journal that cannot be created or written (a full disk,
+    a folder gone) stops, and says why in `problem`."""
 
-    def __init__(self, path: Path, fd: int):
-        self.path = path
-        self._fd: int | None = fd
+    def __init__(self, path: str | os.PathLike, kind: str):
+        self.path = Path(path)
+        self.kind = kind
+        self.started = False
+        self.problem: str | None = None
+        self._fd: int | None = None
         self._synced = time.monotonic()
-        self.problem: str | None = None  # why the journal stopped being written (a full disk), or None
 
-    @classmethod
-    def create(cls, path: str | os.PathLike, kind: str, header: dict[str, Any], lines: list[Any] = ()) -> Journal:
-        """A new journal at `path` holding the header and `lines`, in place at once and durable (it replaces any
-        journal there, whole). Raises OSError if it cannot be written."""
-        path = Path(path)
-        first = {"format": FORMAT, "version": VERSION, "kind": kind, "header": header}
+    def start(self, header: dict[str, Any], lines: list[Any] = ()) -> None:
+        """Create the journal holding the header and `lines`, in place at once and durable (it replaces any
+        journal there, whole: a process killed meanwhile leaves the one before)."""
+        self.started = True
+        first = {"format": FORMAT, "version": VERSION, "kind": self.kind, "header": header}
         content = b"".join(encode_json(value) + b"\n" for value in (first, *lines))
-        with deferred_signals():
-            remove_stale_parts(path)
-            part = part_name(path, os.getpid(), "journal")
-            fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o666)
-            try:
-                _write_all(fd, content)
-                os.fsync(fd)
-                os.replace(part, path)  # the open descriptor follows the file to its name
-            except BaseException:
-                os.close(fd)
-                with contextlib.suppress(OSError):
-                    os.unlink(part)
-                raise
-            sync_folder(path.parent)
-        return cls(path, fd)
+        try:
+            with deferred_signals():
+                remove_stale_parts(self.path)
+                part = part_name(self.path, os.getpid(), "journal")
+                fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o666)
+                try:
+                    _write_all(fd, content)
+                    os.fsync(fd)
+                    os.replace(part, self.path)  # the open descriptor follows the file to its name
+                except BaseException:
+                    os.close(fd)
+                    with contextlib.suppress(OSError):
+                        os.unlink(part)
+                    raise
+                sync_folder(self.path.parent)
+        except OSError as exc:
+            self._stop(exc)
+            return
+        self._fd = fd
+        self._synced = time.monotonic()
 
     def extend(self, lines: list[Any]) -> None:
-        """Append these values, one line each, handed to the operating system now (one write). A journal that
-        cannot be written any more (a full disk) stops, and says why in `problem`; the measurement goes on."""
+        """Append these values, one line each, handed to the operating system now (one write)."""
         if self._fd is None or not lines:
             return
         content = b"".join(encode_json(value) + b"\n" for value in lines)
         try:
-            with deferred_signals():  # a line is written whole or, if the process is killed, cut only at its end
-                _write_all(self._fd, content)
+            # one write: a file's write is not cut by a signal (Ctrl-C acts after it), only by the process's death
+            _write_all(self._fd, content)
             if time.monotonic() - self._synced >= SYNC_S:
                 self.sync()
         except OSError as exc:
-            self.problem = f"the journal {self.path} could not be written: {exc.strerror or exc}"
-            self.close()
+            self._stop(exc)
 
     def sync(self) -> None:
         """Make what was appended durable (the end of a strategy or a turn)."""
@@ -110,22 +116,26 @@ class Journal:
         try:
             os.fsync(self._fd)
         except OSError as exc:
-            self.problem = f"the journal {self.path} could not be written: {exc.strerror or exc}"
-            self.close()
+            self._stop(exc)
         self._synced = time.monotonic()
 
     def close(self) -> None:
-        """Stop appending; the journal stays (the final file could not be written)."""
+        """Stop appending; the journal stays."""
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
 
     def remove(self) -> None:
-        """The final file is written: the journal goes."""
+        """The final file is written: the journal goes (if this process wrote one)."""
         self.close()
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
-        remove_stale_parts(self.path)  # a journal's creation a killed process left half done
+        if self.started:
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+            remove_stale_parts(self.path)  # a creation a killed process left half done
+
+    def _stop(self, exc: OSError) -> None:
+        self.problem = f"the journal {self.path} could not be written: {exc.strerror or exc}"
+        self.close()
 
 
 def _write_all(fd: int, content: bytes) -> None:

@@ -206,7 +206,7 @@ def remove_stale_parts(path: Path) -> list[Path]:
     for candidate in candidates:
         if candidate.name != path.name + ".part":
             pid_text = candidate.name[len(path.name) + 2 :].split("-", 1)[0]
-            if not pid_text.isdigit() or _alive(int(pid_text)):
+            if not pid_text.isdigit() or process_alive(int(pid_text)):
                 continue
         try:
             candidate.unlink()
@@ -229,7 +229,8 @@ def _create_part(path: Path) -> tuple[Path, int]:
             raise type(exc)(exc.errno, exc.strerror, str(path.parent)) from None
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` runs (ours, or anyone's)."""
     if pid == os.getpid():
         return True
     try:

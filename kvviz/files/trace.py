@@ -193,7 +193,7 @@ class TraceJournal:
     def __init__(self, path: str | os.PathLike, trace: Trace):
         self.path = Path(path)
         self.trace = trace
-        self.journal: Journal | None = None
+        self.journal = Journal(journal_path(self.path), FORMAT)
         self._steps = self._switches = 0
 
     def update(self) -> None:
@@ -204,17 +204,15 @@ class TraceJournal:
         if not lines:
             return
         self._steps, self._switches = len(trace.steps), len(trace.switches)
-        if self.journal is None:
-            header = {key: value for key, value in trace.to_dict().items() if key not in JOURNALED}
-            self.journal = Journal.create(journal_path(self.path), FORMAT, header, lines)
+        if not self.journal.started:
+            self.journal.start({key: value for key, value in trace.to_dict().items() if key not in JOURNALED}, lines)
         else:
             self.journal.extend(lines)
 
     def save(self) -> Path:
         """The trace file, written whole; then the journal goes. Raises OSError (the journal stays)."""
         saved = self.trace.save(self.path)
-        if self.journal is not None:
-            self.journal.remove()
+        self.journal.remove()
         return saved
 
 

@@ -191,3 +191,24 @@ def test_a_journal_a_killed_run_left_opens_as_a_partial_run(window, tmp_path):
     kept.journal.close()
     opened = window.file_actions.open_trace(kept.journal.path)
     assert opened is not None and len(opened.records) == 412 and opened.error.startswith("stopped after 412 of 1,499")
+
+
+def test_the_window_journals_its_runs_until_it_closes(window, drive, tmp_path):
+    import os
+    import shutil
+
+    from kvviz.files.jsonfile import process_alive
+    from kvviz.qt import unsaved
+
+    drive.load(window, "tiny")
+    run_id = drive.run(window, "dynamic", tokens=6)
+    journal = unsaved.folder() / f"run-{os.getpid()}-{run_id}.json.journal"
+    partial = window.file_actions.open_trace(journal)  # what a crash now would leave
+    steps = window.store.runs[run_id].trace.steps
+    assert [s.token_id for s in window.store.runs[partial].trace.steps] == [s.token_id for s in steps]
+    dead = next(pid for pid in range(2**22 - 1, 2**21, -1) if not process_alive(pid))
+    left = shutil.copy(journal, unsaved.folder() / f"run-{dead}-1.json.journal")  # a window killed before this one
+    assert window.say_left_behind() == [left] and str(unsaved.folder()) in window.statusBar().currentMessage()
+    window.close()
+    assert not journal.exists() and left.exists()  # closed normally: its own go, the other window's stay
+    left.unlink()
