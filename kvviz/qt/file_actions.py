@@ -73,7 +73,10 @@ class FileActions(QObject):
         except KeptFileError as exc:
             self.show_message("Could not open", f"Could not open {Path(path).name}: {exc}")
             return None
-        return self.window.show_kept(kept)
+        shown = self.window.show_kept(kept)
+        if str(path).endswith(JOURNAL_SUFFIX) and shown is not None and kept.error:  # why it is partial
+            self.window.statusBar().showMessage(f"{Path(path).name}: {kept.error}", 30_000)
+        return shown
 
     def open_prompt_file(self, path: str | os.PathLike) -> str | None:
         """Put a UTF-8 .txt or .md file's text in the prompt; returns it, or shows why not and returns None."""
