@@ -75,7 +75,7 @@ class FileActions(QObject):
             return None
         shown = self.window.show_kept(kept)
         if str(path).endswith(JOURNAL_SUFFIX) and shown is not None and kept.error:  # why it is partial
-            self.window.statusBar().showMessage(f"{Path(path).name}: {kept.error}", 30_000)
+            self.window.statusBar().showMessage(kept.error, 30_000)
         return shown
 
     def open_prompt_file(self, path: str | os.PathLike) -> str | None:

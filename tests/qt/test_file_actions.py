@@ -177,8 +177,7 @@ def test_a_journal_a_killed_run_left_opens_as_a_partial_run(window, tmp_path):
     journaled.journal.close()  # as a killed process leaves it
     run_id = window.file_actions.open_trace(journaled.journal.path)
     assert run_id in window.store.runs and len(window.store.runs[run_id].trace.steps) == 5
-    assert window.statusBar().currentMessage() == ("run.json.journal: stopped after 5 of 1,499 tokens; the process "
-                                                   "ended without saving")
+    assert window.statusBar().currentMessage() == "stopped after 5 of 1,499 tokens; the process ended without saving"
     window.redraw()
     table = window.runs_table
     row = table.row_text(run_id)
