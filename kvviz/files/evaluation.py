@@ -458,6 +458,10 @@ def _build(data: dict) -> EvalRun:
                    data["cancelled"], data["error"], data["first_eviction"])
 
 
+def _from_journal(header: dict, lines: list, source: str) -> EvalRun:
+    """The partial evaluation a killed process's journal holds (`EvalJournal`), said so in its error."""
+    return _journaled(header, lines, source).run
+
+
 FILE_FORMAT = FileFormat(name=FORMAT, version=VERSION, kind="kvviz evaluation", schema=_EVAL, build=_build,
-                         error=EvalFileError, from_journal=lambda header, lines, source: _journaled(
-                             header, lines, source).run)
+                         error=EvalFileError, from_journal=_from_journal)
