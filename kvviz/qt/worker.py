@@ -235,7 +235,7 @@ class Worker(QObject):
                     decoder.cancel()
             if self._attention:
                 self._apply_attention(decoder, run_id)
-            kept = unsaved.trace_journal(run_id, decoder.trace)  # on disk as it is measured, until saved or closed
+            kept = unsaved.trace_journal(run_id, decoder.trace)  # on disk as it is measured, until the window closes
             self.sigRunStarted.emit(run_id, decoder.trace)
             for step in decoder:
                 if self._notice:  # a step came: the pause it announced is over

@@ -150,7 +150,9 @@ class Evaluator(QObject):
                     shown, last = active, now
                     self.sigProgress.emit(eval_id, active)
         finally:  # the window always learns that the evaluation is over, whatever happened
-            for _, journal in kept:
+            for e, journal in kept:  # how each ended (a failure, a Stop), then closed: it stays until the window does
+                if not journal.ended:
+                    journal.update(end=e.finished)
                 journal.journal.close()
             self.sigFinished.emit(eval_id, [_state(e) for e in evaluations])
 
