@@ -100,6 +100,9 @@ def test_a_run_killed_at_any_step_keeps_every_step_written_before(tmp_path, prel
         assert list(files) == ["run.json.journal"], SEED
         assert [s.token_id for s in partial.steps] == tokens[: kill_at - 1], SEED  # the write cut short is lost
         assert partial.error.startswith(f"stopped after {kill_at - 1} of 40 tokens"), SEED
+    shown = kvviz("trace", folder / "run.json.journal")  # the last one killed, as `kvviz trace` says it
+    assert shown.returncode == 0 and f"ended  stopped after {kill_at - 1} of 40 tokens; the process ended without " \
+        "saving" in shown.stdout, shown.stdout + shown.stderr
 
 
 def nll(folder: Path) -> dict[str, list[float]]:
@@ -144,5 +147,7 @@ def test_resume_refuses_a_journal_of_other_settings_naming_the_differences(tmp_p
     assert "Traceback" not in result.stderr
     kept = evaluation.read_journal(tmp_path / "eval-1-dynamic.json.journal").run.records
     assert 256 <= len(kept) < 299  # the third chunk's records cut mid-write: those written whole are kept, untouched
+    shown = kvviz("trace", tmp_path / "eval-1-dynamic.json.journal")
+    assert f"stopped after {len(kept)} of 299 tokens; the process ended without saving" in shown.stdout
     empty = kvviz(*EXACT, "--out", tmp_path / "empty", "--resume")
     assert empty.returncode == 2 and "holds no journal to resume" in empty.stderr
