@@ -5,7 +5,8 @@ every token exactly: a chunk per forward; strategies that evict: together, one b
 `--one-at-a-time`), and the command prints per strategy the perplexity
 overall and over segments, the cache's size and the speed; `--out DIR` keeps one `kvviz-eval` file
 per strategy and `summary.csv`. Ctrl-C or SIGTERM stops the evaluation, keeps and writes what was
-measured, and exits 130 or 143; a strategy that fails does not stop the others (exit status 1 then).
+measured, keeps the journals for `--resume`, and exits 130 or 143; a strategy that fails does not stop the
+others (exit status 1 then).
 `kvviz trace FILE` prints a kept evaluation file's summary.
 """
 
@@ -39,7 +40,7 @@ def add_parser(subparsers) -> None:
         "token exactly: a chunk per forward; strategies that evict read it together, one batch row each) and score "
         "every next token. Prints per strategy the perplexity overall, "
         "by quarter of the document and before/after the cache first dropped a token, the cache's size and tokens/s. "
-        "Ctrl-C keeps and writes what was measured.",
+        "Ctrl-C keeps and writes what was measured (with --out, --resume continues it).",
     )
     common.add_model_args(parser)
     text = parser.add_mutually_exclusive_group(required=True)
@@ -58,9 +59,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--out", type=Path, metavar="DIR", help="write a kvviz-eval file per strategy and summary.csv "
                         "(each kept as a journal while it is measured, so that a killed process loses almost nothing)")
     parser.add_argument("--resume", action="store_true",
-                        help="continue the evaluation a killed process left in --out DIR (same model, text, settings "
-                        "and strategies): strategies that ended are kept, exact caches continue from their last "
-                        "token, caches that evict start again")
+                        help="continue an evaluation stopped (Ctrl-C, SIGTERM) or killed in --out DIR (same model, "
+                        "text, settings and strategies): strategies that ended are kept, exact caches continue from "
+                        "their last whole forward, caches that evict start again")
     parser.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
 
 
@@ -129,9 +130,12 @@ def command(args) -> int:
             for e in evaluations:
                 if e.started and not e.result.error and len(e.result.records) < e.ids.shape[-1] - 1:
                     e.result.cancelled = True
+            for e, journal in zip(evaluations, kept, strict=False):  # what came since, and how each ended
+                if not journal.ended:
+                    journal.update(end=e.finished)
         progress.clear()
         rows.show(rows.ready(final=True))
-        files = _save(evaluations, kept, out) if out else {}
+        files = _save(evaluations, kept, out, keep_journals=interrupted is not None) if out else {}
         if args.json:
             print(json.dumps([_json_result(e.result, files.get(i)) for i, e in enumerate(evaluations) if e.started],
                              indent=2, allow_nan=False))
@@ -139,6 +143,8 @@ def command(args) -> int:
             _print_footer(evaluations)
         if out:
             common.log(f"wrote {len(files)} evaluation file(s) and {out / 'summary.csv'}")
+            if interrupted is not None and any(j.journal.started for j in kept):
+                common.log(f"the journals stay in {out}: the same command with --resume continues this evaluation")
     if interrupted is not None:
         raise interrupted
     return 1 if any(e.result.error for e in evaluations) else 0
@@ -215,8 +221,8 @@ def _journals(out: Path, evaluations, key: dict, resume: bool) -> list:
                        "it (--resume would have continued it)")
         return journals
     if not left:
-        raise UsageError(f"--resume: {out} holds no journal to resume (an evaluation that ended, or was stopped with "
-                         "Ctrl-C, wrote its files and removed its journals)")
+        raise UsageError(f"--resume: {out} holds no journal to resume (an evaluation that ended wrote its files and "
+                         "removed its journals)")
     for path in left:
         try:
             found = evaluation.read_journal(path)
@@ -266,9 +272,9 @@ def _file(out: Path, i: int, e) -> Path:
     return out / f"eval-{i + 1}-{e.result.strategy['name']}.json"
 
 
-def _save(evaluations, journals, out: Path) -> dict[int, str]:
-    """Write every started evaluation and the summary CSV, then remove the journals; returns the files by evaluation
-    index."""
+def _save(evaluations, journals, out: Path, keep_journals: bool) -> dict[int, str]:
+    """Write every started evaluation and the summary CSV, then remove the journals unless `keep_journals` (an
+    interrupted evaluation: `--resume` continues from them); returns the files by evaluation index."""
     from kvviz.files import evaluation
 
     files: dict[int, str] = {}
@@ -289,7 +295,10 @@ def _save(evaluations, journals, out: Path) -> dict[int, str]:
     except OSError as exc:
         raise RuntimeError(f"cannot write {out / 'summary.csv'}: {exc.strerror or exc}") from None
     for journal in journals:  # only now: killed before this, --resume still finds every journal
-        journal.remove()
+        if keep_journals:
+            journal.journal.close()
+        else:
+            journal.remove()
     return files
 
 

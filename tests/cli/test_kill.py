@@ -151,3 +151,30 @@ def test_resume_refuses_a_journal_of_other_settings_naming_the_differences(tmp_p
     assert f"stopped after {len(kept)} of 299 tokens; the process ended without saving" in shown.stdout
     empty = kvviz(*EXACT, "--out", tmp_path / "empty", "--resume")
     assert empty.returncode == 2 and "holds no journal to resume" in empty.stderr
+
+
+def test_an_evaluation_stopped_with_ctrl_c_keeps_its_journals_and_resumes_as_an_uninterrupted_one(tmp_path, preloaded,
+                                                                                                    monkeypatch):
+    args = [*EXACT[:6], "200", "--strategies", "dynamic"]  # two chunks: stopped after the first
+    assert kvviz(*args, "--out", tmp_path / "whole").returncode == 0
+    expected = nll(tmp_path / "whole")
+    update, stopped = evaluation.EvalJournal.update, []
+
+    def ctrl_c_after_a_chunk(journal, end=False):  # as a terminal's Ctrl-C: a KeyboardInterrupt between tokens
+        if not stopped and len(journal.run.records) == 128:
+            stopped.append(True)
+            raise KeyboardInterrupt
+        update(journal, end)
+
+    monkeypatch.setattr(evaluation.EvalJournal, "update", ctrl_c_after_a_chunk)
+    folder = tmp_path / "stopped"
+    interrupted = kvviz(*args, "--out", folder)
+    assert interrupted.returncode == 130 and "with --resume continues this evaluation" in interrupted.stderr
+    partial = evaluation.load(folder / "eval-1-dynamic.json")  # written as before, and its journal kept
+    assert partial.status == "cancelled" and len(partial.records) == 128
+    assert [p.name for p in folder.glob("*.journal")] == ["eval-1-dynamic.json.journal"]
+    resumed = kvviz(*args, "--out", folder, "--resume")
+    assert resumed.returncode == 0 and "continues after token 128 of 199" in resumed.stderr, resumed.stderr
+    assert not list(folder.glob("*.journal"))
+    for name, values in nll(folder).items():
+        assert values == pytest.approx(expected[name], abs=1e-6), name
