@@ -97,7 +97,8 @@ class EvalRun:
 
     @property
     def status(self) -> str:
-        return "error" if self.error else "cancelled" if self.cancelled else "finished"
+        # stopped before its end is "cancelled" even with an error: the reason (a journal: the process ended)
+        return "cancelled" if self.cancelled else "error" if self.error else "finished"
 
     def column(self, name: str) -> np.ndarray:
         """One column of the records as floats (None becomes NaN, for plotting)."""

@@ -170,6 +170,7 @@ def test_dialogs_start_in_the_last_folder_of_their_kind_also_in_the_next_session
 def test_a_journal_a_killed_run_left_opens_as_a_partial_run(window, tmp_path):
     from kvviz.files import evaluation
     from kvviz.files.trace import TraceJournal
+    from kvviz.qt.evaluate.view import cells
     from tests.files.test_journal import make_eval, make_trace
 
     journaled = TraceJournal(tmp_path / "run.json", make_trace(5))
@@ -181,8 +182,8 @@ def test_a_journal_a_killed_run_left_opens_as_a_partial_run(window, tmp_path):
     window.redraw()
     table = window.runs_table
     row = table.row_text(run_id)
-    assert "failed" in row
-    status = table.item(table.run_ids().index(run_id), row.index("failed"))
+    assert "cancelled" in row and "failed" not in row  # stopped, as a run stopped with Stop or Ctrl-C; not failed
+    status = table.item(table.run_ids().index(run_id), row.index("cancelled"))
     assert status.toolTip() == "stopped after 5 of 1,499 tokens; the process ended without saving"
 
     run = make_eval(0)
@@ -192,6 +193,8 @@ def test_a_journal_a_killed_run_left_opens_as_a_partial_run(window, tmp_path):
     kept.journal.close()
     opened = window.file_actions.open_trace(kept.journal.path)
     assert opened is not None and len(opened.records) == 412 and opened.error.startswith("stopped after 412 of 1,499")
+    shown = window.eval_mode.series[-1]
+    assert shown.state == "cancelled" and cells(shown)[-1] == f"cancelled: {opened.error}"
 
 
 def test_the_window_journals_its_runs_until_it_closes(window, drive, tmp_path):
