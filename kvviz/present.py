@@ -13,8 +13,9 @@ UNKNOWN = "–"
 MIB = 1024 * 1024
 
 # Run statuses, as the Runs table, its CSV and the reports write them. Live: starting (asked of the
-# engine), running (the engine generates), streaming (a server sends tokens). Final: a run that could
-# not finish is "failed", everywhere.
+# engine), running (the engine generates), streaming (a server sends tokens). Final: a run stopped
+# before its end (Stop, Esc, Ctrl-C, or a process that ended without saving: its journal) is "cancelled",
+# with why in its error where there is more to say; one that could not finish is "failed", everywhere.
 STARTING, RUNNING, STREAMING = "starting", "running", "streaming"
 FINISHED, CANCELLED, FAILED = "finished", "cancelled", "failed"
 FINAL_STATUSES = (FINISHED, CANCELLED, FAILED)
@@ -104,10 +105,10 @@ def strategy_path(trace, options: bool = True) -> str:
 
 
 def final_status(trace) -> str:
-    """How a finished run ended: failed (an error), cancelled (stopped) or finished."""
-    if trace.error:
-        return FAILED
-    return CANCELLED if trace.cancelled else FINISHED
+    """How a finished run ended: cancelled (stopped: its error, if any, says why), failed (an error) or finished."""
+    if trace.cancelled:
+        return CANCELLED
+    return FAILED if trace.error else FINISHED
 
 
 # -- one run as a row: the Runs table, its CSV export and the comparison report ---------------------
@@ -193,7 +194,8 @@ RUN_TABLE: list[tuple[str, Callable[[Mapping[str, Any]], str], bool]] = [
 # What a column means, where its title cannot say it all (the Runs table's header tooltips).
 RUN_TABLE_HELP = {
     "status": f"{STARTING} or {RUNNING} while it generates ({STREAMING} for a server's reply), then {FINISHED}, "
-    f"{CANCELLED} (stopped with Stop or Esc: what it generated is kept) or {FAILED} (hover it for why)",
+    f"{CANCELLED} (stopped with Stop or Esc, or a journal of a process that ended without saving: what it "
+    f"generated is kept) or {FAILED} (hover either for why)",
     "strategy": "the strategy the run started with; a live switch reads \"-> new strategy @N\": from step N on",
     "one-time s": "seconds spent once and in no step's time: the strategy's warm-up before the prefill (quanto's "
     "kernels) and torch.compile before the first decode step",

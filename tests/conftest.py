@@ -4,6 +4,10 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+if "KVVIZ_UNSAVED_DIR" not in os.environ:  # the windows of the suite journal their runs here, not in the user's folder
+    import tempfile
+
+    os.environ["KVVIZ_UNSAVED_DIR"] = tempfile.mkdtemp(prefix="kvviz-unsaved-")
 
 import pytest  # noqa: E402
 

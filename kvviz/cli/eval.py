@@ -5,7 +5,8 @@ every token exactly: a chunk per forward; strategies that evict: together, one b
 `--one-at-a-time`), and the command prints per strategy the perplexity
 overall and over segments, the cache's size and the speed; `--out DIR` keeps one `kvviz-eval` file
 per strategy and `summary.csv`. Ctrl-C or SIGTERM stops the evaluation, keeps and writes what was
-measured, and exits 130 or 143; a strategy that fails does not stop the others (exit status 1 then).
+measured, keeps the journals for `--resume`, and exits 130 or 143; a strategy that fails does not stop the
+others (exit status 1 then).
 `kvviz trace FILE` prints a kept evaluation file's summary.
 """
 
@@ -39,7 +40,7 @@ def add_parser(subparsers) -> None:
         "token exactly: a chunk per forward; strategies that evict read it together, one batch row each) and score "
         "every next token. Prints per strategy the perplexity overall, "
         "by quarter of the document and before/after the cache first dropped a token, the cache's size and tokens/s. "
-        "Ctrl-C keeps and writes what was measured.",
+        "Ctrl-C keeps and writes what was measured (with --out, --resume continues it).",
     )
     common.add_model_args(parser)
     text = parser.add_mutually_exclusive_group(required=True)
@@ -55,7 +56,12 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--one-at-a-time", action="store_true",
                         help="feed each strategy alone, so that its tokens/s is its own (by default the strategies "
                         "that evict read the document together, one batch row each, sharing each forward's time)")
-    parser.add_argument("--out", type=Path, metavar="DIR", help="write a kvviz-eval file per strategy and summary.csv")
+    parser.add_argument("--out", type=Path, metavar="DIR", help="write a kvviz-eval file per strategy and summary.csv "
+                        "(each kept as a journal while it is measured, so that a killed process loses almost nothing)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue an evaluation stopped (Ctrl-C, SIGTERM) or killed in --out DIR (same model, "
+                        "text, settings and strategies): strategies that ended are kept, exact caches continue from "
+                        "their last whole forward, caches that evict start again")
     parser.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
 
 
@@ -103,11 +109,15 @@ def command(args) -> int:
     evaluations = [evaluate.Evaluation(loaded, c, ids, record) for c in choices]
     common.log(f"{loaded.card['name']}, document {document.name}, {counted(len(ids), 'token')}, "
                f"{counted(len(choices), 'strategy', 'strategies')}")
+    kept = _journals(out, evaluations, _resume_key(args, loaded.card, ids, choices), args.resume) if out else []
     rows = Rows(evaluations, args.json)
     progress = Progress(evaluations)
     interrupted = None
     try:
         for index, _ in evaluate.evaluate_all(evaluations, together=not args.one_at_a_time):
+            for e, journal in zip(evaluations, kept, strict=False):  # what was measured, on disk as it comes
+                if not journal.ended:
+                    journal.update(end=e.finished)
             ready = rows.ready()
             if ready:
                 progress.clear()
@@ -120,9 +130,12 @@ def command(args) -> int:
             for e in evaluations:
                 if e.started and not e.result.error and len(e.result.records) < e.ids.shape[-1] - 1:
                     e.result.cancelled = True
+            for e, journal in zip(evaluations, kept, strict=False):  # what came since, and how each ended
+                if not journal.ended:
+                    journal.update(end=e.finished)
         progress.clear()
         rows.show(rows.ready(final=True))
-        files = _save(evaluations, out) if out else {}
+        files = _save(evaluations, kept, out, keep_journals=interrupted is not None) if out else {}
         if args.json:
             print(json.dumps([_json_result(e.result, files.get(i)) for i, e in enumerate(evaluations) if e.started],
                              indent=2, allow_nan=False))
@@ -130,6 +143,8 @@ def command(args) -> int:
             _print_footer(evaluations)
         if out:
             common.log(f"wrote {len(files)} evaluation file(s) and {out / 'summary.csv'}")
+            if interrupted is not None and any(j.journal.started for j in kept):
+                common.log(f"the journals stay in {out}: the same command with --resume continues this evaluation")
     if interrupted is not None:
         raise interrupted
     return 1 if any(e.result.error for e in evaluations) else 0
@@ -179,25 +194,111 @@ def _print_footer(evaluations) -> None:
         print(f"not run: {', '.join(not_run)}")
 
 
-def _save(evaluations, out: Path) -> dict[int, str]:
-    """Write every started evaluation and the summary CSV; returns the files by evaluation index."""
+def _resume_key(args, card: dict, ids: list[int], choices) -> dict:
+    """What an evaluation's journal keeps for `--resume` to check: the same model, tokens, settings and
+    strategies give the same numbers."""
+    import hashlib
+
+    return {
+        "model": card,
+        "tokens_sha256": hashlib.sha256(json.dumps(ids).encode("ascii")).hexdigest(),
+        "settings": {"tokens": args.tokens, "one_at_a_time": args.one_at_a_time},
+        "strategies": [{"name": c.name, "options": dict(c.options)} for c in choices],
+    }
+
+
+def _journals(out: Path, evaluations, key: dict, resume: bool) -> list:
+    """A journal per evaluation (`EvalJournal`, written as records arrive); with `resume`, what the journals a killed
+    evaluation left in `out` hold is taken up first (`Evaluation.resume`), after checking they match `key`."""
+    from kvviz.files import evaluation
+
+    journals = [evaluation.EvalJournal(_file(out, i, e), e.result, dict(key, index=i))
+                for i, e in enumerate(evaluations)]
+    left = sorted(out.glob("eval-*.json.journal"))
+    if not resume:
+        if left:
+            common.log(f"{out} holds the journal of an evaluation that did not end ({left[0].name}); this one replaces "
+                       "it (--resume would have continued it)")
+        return journals
+    if not left:
+        raise UsageError(f"--resume: {out} holds no journal to resume (an evaluation that ended wrote its files and "
+                         "removed its journals)")
+    for path in left:
+        try:
+            found = evaluation.read_journal(path)
+        except evaluation.EvalFileError as exc:
+            raise UsageError(f"--resume: {exc}") from None
+        theirs = {k: v for k, v in found.resume.items() if k != "index"}
+        differences = _differences(theirs, key)
+        if differences:
+            raise UsageError(f"--resume: {path} was measured with other settings than these, so its numbers would not "
+                             "continue: " + "; ".join(differences))
+        i = found.resume.get("index")
+        if not isinstance(i, int) or not 0 <= i < len(evaluations) or journals[i].path != path.with_suffix(""):
+            raise UsageError(f"--resume: {path} is not the journal of one of these strategies")
+        common.log(evaluations[i].resume(found.run, found.ended in ("finished", "error")))
+        journals[i].run = evaluations[i].result
+        if evaluations[i].finished:  # kept whole: its journal is written again at once, ended
+            journals[i].update(end=True)
+    return journals
+
+
+def _differences(theirs: dict, ours: dict) -> list[str]:
+    """What differs between the resume keys of a journal and of this command, in words."""
+    names = {"model": "the model", "tokens_sha256": "the document's tokens", "settings": "--tokens or "
+             "--one-at-a-time", "strategies": "the strategies"}
+    differences = []
+    for key, name in names.items():
+        if theirs.get(key) != ours.get(key):
+            if key == "tokens_sha256":
+                differences.append(f"{name} (another text, or another part of it)")
+            elif key == "model":
+                differences.append(f"{name} ({(theirs.get(key) or {}).get('name', '?')} there, "
+                                   f"{ours[key].get('name')} here, or its dtype or device)")
+            else:
+                differences.append(f"{name} ({_short(theirs.get(key))} there, {_short(ours[key])} here)")
+    return differences
+
+
+def _short(value) -> str:
+    if isinstance(value, list):  # strategies
+        from kvviz.present import strategy_label
+
+        return ", ".join(strategy_label(v) if isinstance(v, dict) else str(v) for v in value)
+    return json.dumps(value)
+
+
+def _file(out: Path, i: int, e) -> Path:
+    return out / f"eval-{i + 1}-{e.result.strategy['name']}.json"
+
+
+def _save(evaluations, journals, out: Path, keep_journals: bool) -> dict[int, str]:
+    """Write every started evaluation and the summary CSV, then remove the journals unless `keep_journals` (an
+    interrupted evaluation: `--resume` continues from them); returns the files by evaluation index."""
     from kvviz.files import evaluation
 
     files: dict[int, str] = {}
     for i, e in enumerate(evaluations):
         if not e.started:
             continue
-        path = out / f"eval-{i + 1}-{e.result.strategy['name']}.json"
+        journal = journals[i]
+        if journal.journal.problem:
+            common.log(journal.journal.problem)
         try:
-            e.result.save(path)
+            path = journal.save()
         except OSError as exc:
-            raise RuntimeError(f"cannot write {path}: {exc.strerror or exc}") from None
+            raise RuntimeError(f"cannot write {journal.path}: {exc.strerror or exc}") from None
         files[i] = str(path)
     rows = [evaluation.summary_row(e.result, files.get(i)) for i, e in enumerate(evaluations) if e.started]
     try:
         evaluation.write_summary_csv(rows, out / "summary.csv")
     except OSError as exc:
         raise RuntimeError(f"cannot write {out / 'summary.csv'}: {exc.strerror or exc}") from None
+    for journal in journals:  # only now: killed before this, --resume still finds every journal
+        if keep_journals:
+            journal.journal.close()
+        else:
+            journal.remove()
     return files
 
 

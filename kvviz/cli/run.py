@@ -11,6 +11,7 @@ from pathlib import Path
 from kvviz import interrupts
 from kvviz.cli import common
 from kvviz.errors import OptionError, UsageError
+from kvviz.files.trace import TraceJournal
 
 
 def add_parser(subparsers) -> None:
@@ -108,8 +109,11 @@ def command(args) -> int:
         common.log(decoder.prompt_note)
     interrupted = refused = None
     last_progress = time.monotonic()
+    kept = TraceJournal(trace_path, decoder.trace) if trace_path is not None else None  # survives a kill -9
     try:
         for step in decoder:
+            if kept is not None:
+                kept.update()
             if stream:
                 sys.stdout.write(step.token)
                 sys.stdout.flush()
@@ -128,11 +132,14 @@ def command(args) -> int:
         interrupted = exc
     if stream:
         print()
-    if trace_path is not None:
+    if kept is not None:
+        if kept.journal.problem:
+            common.log(kept.journal.problem)
         try:
-            decoder.trace.save(trace_path)
+            kept.save()
         except OSError as exc:
-            raise RuntimeError(f"cannot write the trace to {trace_path}: {exc.strerror or exc}") from None
+            where = f"; what was measured is in {kept.journal.path}" if kept.journal.started else ""
+            raise RuntimeError(f"cannot write the trace to {trace_path}: {exc.strerror or exc}{where}") from None
     summary = decoder.trace.summary()
     if args.json:
         out = {"model": loaded.card["name"], "strategy": decoder.trace.strategy, "prompt_tokens": decoder.prompt_tokens}
@@ -177,6 +184,8 @@ def print_summary(trace, summary, trace_path) -> None:
         rows.append(("compile", f"{trace.compile_ms / 1000:.1f} s (not in the step times)"))
     if trace.warm_up_ms is not None:
         rows.append(("warm-up", f"{trace.warm_up_ms / 1000:.1f} s before the first step (not in the step times)"))
+    if trace.error:
+        rows.append(("ended", trace.error))
     if trace_path:
         rows.append(("trace", str(trace_path)))
     for key, value in rows:

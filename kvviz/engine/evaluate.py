@@ -170,6 +170,7 @@ class Evaluation:
         self.prompt = prompt_tokens(choice, len(token_ids))
         self._cancel = cancel or threading.Event()
         self.started = False
+        self.replay = 0  # document tokens fed again, unscored, to rebuild the cache of a resumed evaluation
         method = {"mode": "token-by-token" if self.chunk == 1 else "chunked", "chunk": self.chunk}
         if self.prompt:
             method["prompt"] = self.prompt
@@ -204,6 +205,29 @@ class Evaluation:
         return (self.chunk == 1 and not self.prompt and self.run.cache is not None
                 and not self.run.strategy.quantizes and cache_rows.unsupported(self.model) is None)
 
+    def resume(self, kept: EvalRun, ended: bool) -> str:
+        """Take up what an earlier process measured (`kept`, from its journal; `ended`: the strategy was over
+        there). Returns what was done, in words: kept as it was (ended); continued from the last whole forward
+        (a strategy that keeps every token exactly: the forwards before it are fed again, in the same chunks and
+        unscored, which rebuilds the very same cache, so every later prediction is the one an uninterrupted run
+        makes); or started again from the first token (a cache that evicts or quantizes, whose state its
+        measurements do not hold)."""
+        label = self.result.label()
+        if ended:
+            self.result = kept
+            self.started = True
+            return f"{label}: kept as measured ({kept.status}, {len(kept.records):,} tokens)"
+        done = 0
+        if self.chunk > 1 and kept.method == self.result.method:
+            done = max((end for _, end in self.feeds() if end <= len(kept.records)), default=0)
+        if not done:
+            return (f"{label}: starts again from the first token ({len(kept.records):,} measured before; a cache that "
+                    "evicts or quantizes cannot be rebuilt from its measurements)")
+        self.result.records = kept.records[:done]
+        self.replay = done
+        return (f"{label}: continues after token {done:,} of {self.predictions:,} (its cache rebuilt by feeding those "
+                "again)")
+
     def start(self) -> None:
         self.started = True
         self.run.warm_up(lambda message: None)  # kernel builds before the first token, not in its time
@@ -223,6 +247,11 @@ class Evaluation:
             if self._cancel.is_set():
                 self.result.cancelled = True
                 return
+            if end <= self.replay:  # measured before (`resume`): only the cache is rebuilt
+                if self.run.cache is not None:
+                    with torch.inference_mode():
+                        self.run.forward(self.ids[:, start:end], logits_to_keep=1)
+                continue
             self.note_eviction(start)
             started = time.perf_counter()
             fed = self.ids[:, :end] if self.run.cache is None else self.ids[:, start:end]
@@ -324,13 +353,13 @@ def evaluate_all(evaluations: list[Evaluation], together: bool = False) -> Itera
     A failure in one (its message kept in its result's `error`) does not stop the others; once one
     is cancelled, the ones not started are left unstarted.
     """
-    batch = [i for i, e in enumerate(evaluations) if e.batchable()] if together else []
+    batch = [i for i, e in enumerate(evaluations) if e.batchable() and not e.finished] if together else []
     if len(batch) < 2:
         batch = []
     for index, evaluation in enumerate(evaluations):
         if evaluation.cancelled:
             return
-        if index in batch[1:]:
+        if evaluation.finished or index in batch[1:]:  # finished: kept from a journal (`Evaluation.resume`)
             continue
         if batch and index == batch[0]:
             for row, record in evaluate_together([evaluations[i] for i in batch]):

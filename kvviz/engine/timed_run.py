@@ -6,7 +6,8 @@
 prints one JSON line: the decode rate (tokens/s between the first and the last new token, so the
 prefill is left out), the torch thread count and the environment's OMP settings. Side "generate" is
 plain `model.generate` with the strategy's cache, as a user's own script would run it; side "kvviz"
-is kvviz's instrumented decoder. Each runs a short warm-up first (kernels, quanto's first build),
+is kvviz's instrumented decoder as a default `kvviz run` uses it: its trace journaled step by step in
+the working folder (then removed). Each runs a short warm-up first (kernels, quanto's first build),
 and each side gets a process of its own, started from the user's environment, so neither inherits
 the other's state.
 """
@@ -16,12 +17,15 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 from transformers.generation.streamers import BaseStreamer
 
 from kvviz.engine import decode, models, strategies
+from kvviz.files.trace import TraceJournal
 
 WARM_UP_TOKENS = 8
 
@@ -63,9 +67,18 @@ def generate_times(loaded, choice, prompt_ids: list[int], new_tokens: int) -> li
 def kvviz_times(loaded, choice, prompt: str, new_tokens: int) -> list[float]:
     settings = decode.GenerationSettings(max_new_tokens=new_tokens, raw=True, stop_at_eos=False)
     decoder = decode.Decoder(loaded, choice, settings, prompt)
-    # A torch.compile run compiles between its first two records (timed apart in trace.compile_ms); this clock
-    # leaves it out, as generate's compile falls in its warm-up run. Counted, it made the rate 1.8 tokens/s.
-    return [time.perf_counter() - (decoder.trace.compile_ms or 0.0) / 1000.0 for _ in decoder]
+    times = []
+    # where `kvviz run` writes its trace by default (and `kvviz bench` its figures): the same disk's writes
+    with tempfile.TemporaryDirectory(prefix=".kvviz-bench-", dir=os.getcwd()) as folder:
+        kept = TraceJournal(Path(folder) / "run.json", decoder.trace)
+        for _ in decoder:
+            # A torch.compile run compiles between its first two records (timed apart in trace.compile_ms); this
+            # clock leaves it out, as generate's compile falls in its warm-up run. Counted, it made the rate 1.8
+            # tokens/s.
+            times.append(time.perf_counter() - (decoder.trace.compile_ms or 0.0) / 1000.0)
+            kept.update()  # in the next step's time, as in `kvviz run`
+        kept.journal.remove()
+    return times
 
 
 def main(request: dict) -> dict:

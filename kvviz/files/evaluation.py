@@ -32,7 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from kvviz.files.jsonfile import KeptFileError, write_atomic, write_json
+from kvviz.files.journal import Journal, ended_without_saving, is_journal, journal_path, parse_journal
+from kvviz.files.jsonfile import KeptFileError, read_text, write_atomic, write_json
 from kvviz.files.schema import (
     MAX_BYTES,
     FileFormat,
@@ -96,7 +97,8 @@ class EvalRun:
 
     @property
     def status(self) -> str:
-        return "error" if self.error else "cancelled" if self.cancelled else "finished"
+        # stopped before its end is "cancelled" even with an error: the reason (a journal: the process ended)
+        return "cancelled" if self.cancelled else "error" if self.error else "finished"
 
     def column(self, name: str) -> np.ndarray:
         """One column of the records as floats (None becomes NaN, for plotting)."""
@@ -123,6 +125,106 @@ class EvalRun:
     def save(self, path: str | os.PathLike) -> Path:
         """Write atomically and completely, even when Ctrl-C comes during the save (`kvviz.files.jsonfile`)."""
         return write_json(path, self.to_dict)
+
+
+# -- the journal of an evaluation while it runs -------------------------------------------------------
+
+class EvalJournal:
+    """One strategy's evaluation kept as it is measured (`kvviz.files.journal`), beside the file it becomes:
+    `update()` after records arrive (with `end=True` once the strategy is over: fsynced), `save()` writes the file,
+    `remove()` the journal once every file of the evaluation is written.
+
+    The header is the run's fields when its first record arrives (its method is known by then) and `resume`:
+    what `kvviz eval --resume` checks before it continues (the token ids' hash, the settings, the strategies).
+    Each line is a record (a list of its COLUMNS), ``{"first_eviction": position}`` or, last,
+    ``{"end": status, "error": text or null}``."""
+
+    def __init__(self, path: str | os.PathLike, run: EvalRun, resume: dict[str, Any]):
+        self.path = Path(path)
+        self.run = run
+        self.resume = resume
+        self.journal = Journal(journal_path(self.path), FORMAT)
+        self._written = 0
+        self._first_eviction: int | None = None
+        self.ended = False
+
+    def update(self, end: bool = False) -> None:
+        """Append the records that arrived since the last call (and with `end`, the run's end)."""
+        run = self.run
+        lines: list[Any] = []
+        if run.first_eviction != self._first_eviction:
+            self._first_eviction = run.first_eviction
+            lines.append({"first_eviction": run.first_eviction})
+        lines += [[getattr(r, name) for name in COLUMNS] for r in run.records[self._written :]]
+        self._written = len(run.records)
+        if end:
+            lines.append({"end": run.status, "error": run.error})
+            self.ended = True
+        if not lines:
+            return
+        if not self.journal.started:  # (not to_dict: its summary reads every record)
+            self.journal.start({"format": FORMAT, "version": VERSION, "model": run.model, "strategy": run.strategy,
+                                "document": run.document, "method": run.method, "resume": self.resume}, lines)
+        else:
+            self.journal.extend(lines)
+        if end:
+            self.journal.sync()
+
+    def save(self) -> Path:
+        """The evaluation file, written whole. Raises OSError. The journal stays until `remove`."""
+        return self.run.save(self.path)
+
+    def remove(self) -> None:
+        """The files are written: the journal goes."""
+        self.journal.remove()
+
+
+@dataclass
+class Journaled:
+    """What an evaluation's journal holds: the run so far, what a resume checks, and how it ended (None: it did
+    not; else the status its last line gives)."""
+
+    run: EvalRun
+    resume: dict[str, Any]
+    ended: str | None
+
+
+def read_journal(path: str | os.PathLike) -> Journaled:
+    """An evaluation's journal, checked like an evaluation file. Raises EvalFileError naming what is wrong."""
+    text = read_text(path, "kvviz journal", EvalFileError)
+    if not is_journal(text):
+        raise EvalFileError(f"{path} is not a kvviz journal")
+    kind, header, lines = parse_journal(text, str(path), EvalFileError)
+    if kind != FORMAT:
+        raise EvalFileError(f"{path} is the journal of a {kind}, not of an evaluation")
+    return _journaled(header, lines, str(path))
+
+
+def _journaled(header: dict, lines: list, source: str) -> Journaled:
+    rows, first_eviction, end = [], None, None
+    for number, line in enumerate(lines, start=2):
+        if isinstance(line, list) and len(line) == len(COLUMNS):
+            rows.append(line)
+        elif isinstance(line, dict) and "first_eviction" in line:
+            first_eviction = line["first_eviction"]
+        elif isinstance(line, dict) and "end" in line:
+            end = line
+        else:
+            raise EvalFileError(f"{source}: line {number:,} of the journal is not a record of {len(COLUMNS)} values, "
+                                "a first eviction or an end")
+    data = {key: value for key, value in header.items() if key != "resume"}
+    data["records"] = {name: [row[i] for row in rows] for i, name in enumerate(COLUMNS)}
+    data["first_eviction"] = first_eviction
+    ended = end.get("end") if end else None
+    if end is None:
+        planned = header.get("document", {}).get("tokens") if isinstance(header.get("document"), dict) else None
+        data.update(cancelled=True,
+                    error=ended_without_saving(len(rows), planned - 1 if isinstance(planned, int) else None))
+    else:
+        data.update(cancelled=ended == "cancelled", error=end.get("error"))
+    run = FILE_FORMAT.parse(data, source)
+    resume = header.get("resume")
+    return Journaled(run, resume if isinstance(resume, dict) else {}, ended if isinstance(ended, str) else None)
 
 
 def token_count_problem(tokens: int | None) -> str | None:
@@ -357,5 +459,10 @@ def _build(data: dict) -> EvalRun:
                    data["cancelled"], data["error"], data["first_eviction"])
 
 
+def _from_journal(header: dict, lines: list, source: str) -> EvalRun:
+    """The partial evaluation a killed process's journal holds (`EvalJournal`), said so in its error."""
+    return _journaled(header, lines, source).run
+
+
 FILE_FORMAT = FileFormat(name=FORMAT, version=VERSION, kind="kvviz evaluation", schema=_EVAL, build=_build,
-                         error=EvalFileError)
+                         error=EvalFileError, from_journal=_from_journal)

@@ -52,8 +52,16 @@ _DEFERRED_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM"
 def read_json(path: str | os.PathLike, kind: str = "kvviz file", error: type[KeptFileError] = KeptFileError) -> Any:
     """The parsed JSON of a file kvviz keeps. NaN and Infinity literals come back as floats for the
     schema to judge by field; everything that stops the file from being parsed raises `error`."""
-    raw = _read_bytes(Path(path), error)
-    text = _decode(raw, path, kind, error)
+    return parse_json(read_text(path, kind, error), path, kind, error)
+
+
+def read_text(path: str | os.PathLike, kind: str = "kvviz file", error: type[KeptFileError] = KeptFileError) -> str:
+    """The UTF-8 text of a file kvviz keeps, refused by name where it is not a regular file of sane size."""
+    return decode_text(_read_bytes(Path(path), error), path, kind, error)
+
+
+def parse_json(text: str, path, kind: str = "kvviz file", error: type[KeptFileError] = KeptFileError) -> Any:
+    """`text` (read from `path`) parsed as JSON; what stops it raises `error` naming the file and the place."""
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
@@ -113,7 +121,9 @@ def _cannot_open(path: Path, exc: OSError) -> str:
     return f"cannot read {path}: {exc.strerror or 'the system refused to open it'}"
 
 
-def _decode(raw: bytes, path, kind: str, error: type[KeptFileError]) -> str:
+def decode_text(raw: bytes, path, kind: str = "kvviz file", error: type[KeptFileError] = KeptFileError) -> str:
+    """A file's bytes as text; a character cut short at the very end (a write cut mid-way) is left out, so that
+    what precedes it still reads (a journal) or the file is said to be cut off (JSON)."""
     if raw.startswith((b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")):
         raise error(f"{path} is not a {kind}: it is UTF-32 text; kvviz files are UTF-8")
     if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
@@ -123,6 +133,8 @@ def _decode(raw: bytes, path, kind: str, error: type[KeptFileError]) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
+        if exc.reason == "unexpected end of data":
+            return raw[: exc.start].decode("utf-8")
         bad = raw[exc.start]
         raise error(
             f"{path} is not a {kind}: it is not UTF-8 text"
@@ -141,14 +153,15 @@ def write_json(path: str | os.PathLike, data: Any | Callable[[], Any]) -> Path:
     """Save `data` (or what the callable `data` returns, built while signals wait) as JSON at `path`:
     `write_atomic`, with NaN and infinities written as null."""
 
-    def encoded() -> bytes:
-        content = data() if callable(data) else data
-        try:
-            return _dumps(content)
-        except (ValueError, UnicodeEncodeError):  # a NaN or a lone surrogate somewhere: walk and mend, then dump
-            return _dumps(_finite(content))
+    return write_atomic(path, lambda: encode_json(data() if callable(data) else data))
 
-    return write_atomic(path, encoded)
+
+def encode_json(content: Any) -> bytes:
+    """`content` as compact UTF-8 JSON on one line, NaN and infinities written as null."""
+    try:
+        return _dumps(content)
+    except (ValueError, UnicodeEncodeError):  # a NaN or a lone surrogate somewhere: walk and mend, then dump
+        return _dumps(_finite(content))
 
 
 def write_atomic(path: str | os.PathLike, data: bytes | Callable[[], bytes]) -> Path:
@@ -174,7 +187,7 @@ def write_atomic(path: str | os.PathLike, data: bytes | Callable[[], bytes]) -> 
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
-        _sync_folder(path.parent)
+        sync_folder(path.parent)
     return path
 
 
@@ -193,7 +206,7 @@ def remove_stale_parts(path: Path) -> list[Path]:
     for candidate in candidates:
         if candidate.name != path.name + ".part":
             pid_text = candidate.name[len(path.name) + 2 :].split("-", 1)[0]
-            if not pid_text.isdigit() or _alive(int(pid_text)):
+            if not pid_text.isdigit() or process_alive(int(pid_text)):
                 continue
         try:
             candidate.unlink()
@@ -216,7 +229,8 @@ def _create_part(path: Path) -> tuple[Path, int]:
             raise type(exc)(exc.errno, exc.strerror, str(path.parent)) from None
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` runs (ours, or anyone's)."""
     if pid == os.getpid():
         return True
     try:
@@ -232,7 +246,7 @@ def _glob_escape(name: str) -> str:
     return "".join(f"[{c}]" if c in "*?[]" else c for c in name)
 
 
-def _sync_folder(folder: Path) -> None:
+def sync_folder(folder: Path) -> None:
     """Make the rename itself durable (a power cut after it keeps the new file)."""
     with contextlib.suppress(OSError, AttributeError):
         fd = os.open(folder, os.O_RDONLY)

@@ -409,6 +409,8 @@ class FileFormat:
     build: Callable[[dict], Any]  # checked JSON -> kvviz's object
     error: type[KeptFileError] = KeptFileError
     hints: dict[str, str] = field(default_factory=dict)  # another format's name -> what to do with it
+    # (header, lines, source) of a journal a killed process left (kvviz.files.journal) -> the partial object
+    from_journal: Callable[[dict, list, str], Any] | None = None
 
     def read(self, path: str | os.PathLike) -> Any:
         """Read, check and build a file that must be of this format."""

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from kvviz.files.formats import file_format
+from kvviz.files.journal import Journal, journal_path
 from kvviz.files.jsonfile import KeptFileError, write_json
 
 FORMAT = "kvviz-trace"
@@ -186,7 +187,7 @@ class Trace:
             "weight_bytes": self.weight_bytes,
             "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
             "switches": [asdict(s) for s in self.switches],
-            "steps": [_step_dict(s) for s in self.steps],
+            "steps": [step_dict(s) for s in self.steps],
             "summary": self.summary(),
         }
 
@@ -195,7 +196,42 @@ class Trace:
         return write_json(path, self.to_dict)
 
 
-def _step_dict(step: StepRecord) -> dict[str, Any]:
+# what a trace's journal holds besides its header (the trace's own fields, less these)
+JOURNALED = ("steps", "switches", "summary", "cancelled", "error")
+
+
+class TraceJournal:
+    """A run's trace kept as it is measured (`kvviz.files.journal`), beside the trace file it becomes: call
+    `update()` after each step; `save()` writes the trace file and removes the journal. The journal's header is
+    the trace's fields at its first step; each line is ``{"step": ...}`` or ``{"switch": ...}``."""
+
+    def __init__(self, path: str | os.PathLike, trace: Trace):
+        self.path = Path(path)
+        self.trace = trace
+        self.journal = Journal(journal_path(self.path), FORMAT)
+        self._steps = self._switches = 0
+
+    def update(self) -> None:
+        """Append what the trace gained since the last call."""
+        trace = self.trace
+        lines = [{"switch": asdict(s)} for s in trace.switches[self._switches :]]
+        lines += [{"step": step_dict(s)} for s in trace.steps[self._steps :]]
+        if not lines:
+            return
+        self._steps, self._switches = len(trace.steps), len(trace.switches)
+        if not self.journal.started:
+            self.journal.start({key: value for key, value in trace.to_dict().items() if key not in JOURNALED}, lines)
+        else:
+            self.journal.extend(lines)
+
+    def save(self) -> Path:
+        """The trace file, written whole; then the journal goes. Raises OSError (the journal stays)."""
+        saved = self.trace.save(self.path)
+        self.journal.remove()
+        return saved
+
+
+def step_dict(step: StepRecord) -> dict[str, Any]:
     """A step as written to a file: `asdict(step)` without its deep copies (about 2.5x faster: a save holds
     Ctrl-C back while it runs), and without the fields marked not saved (the live attention rows)."""
     layers = [

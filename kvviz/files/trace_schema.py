@@ -6,6 +6,7 @@ the short way to it. A refusal names the file, the field path and what was expec
 
 from __future__ import annotations
 
+from kvviz.files.journal import ended_without_saving
 from kvviz.files.schema import (
     MAX_BYTES,
     FileFormat,
@@ -290,6 +291,17 @@ def _build(data: dict) -> Trace:
     )
 
 
+def _from_journal(header: dict, lines: list, source: str) -> Trace:
+    """The partial trace a killed run's journal holds (`TraceJournal`), said so in its error."""
+    steps = [line["step"] for line in lines if isinstance(line, dict) and "step" in line]
+    switches = [line["switch"] for line in lines if isinstance(line, dict) and "switch" in line]
+    settings = header.get("settings")
+    planned = settings.get("max_new_tokens") if isinstance(settings, dict) else None
+    data = dict(header, steps=steps, switches=switches, cancelled=True,
+                error=ended_without_saving(len(steps), planned if isinstance(planned, int) else None))
+    return FILE_FORMAT.parse(data, source)
+
+
 FILE_FORMAT = FileFormat(
     name=FORMAT,
     version=VERSION,
@@ -298,4 +310,5 @@ FILE_FORMAT = FileFormat(
     build=_build,
     error=TraceError,
     hints={"kvviz-attach": " (it is a server session: open it in the window or with `kvviz attach FILE`)"},
+    from_journal=_from_journal,
 )

@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.connect:
         window.connect_server(args.connect)
     window.show()
+    window.say_left_behind()
     if args.quit_after is not None:
         QTimer.singleShot(int(args.quit_after * 1000), window.close)
     outcome = {"status": 0 if not problems else 1}

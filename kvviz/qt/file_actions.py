@@ -35,11 +35,13 @@ from PySide6.QtWidgets import (
 from kvviz import present
 from kvviz.files import report
 from kvviz.files.formats import read_kept
+from kvviz.files.journal import SUFFIX as JOURNAL_SUFFIX
 from kvviz.files.jsonfile import KeptFileError
 from kvviz.qt.file_dialogs import FileDialogs
 from kvviz.qt.plots.base import DEFAULT_EXPORT_WIDTH, short_forms
 
-TRACE_FILTER = "kvviz traces, evaluations and server sessions (*.json);;All files (*)"
+TRACE_FILTER = ("kvviz traces, evaluations and server sessions (*.json *.journal);;"
+                "Journals a killed run or evaluation left (*.journal);;All files (*)")
 PROMPT_SUFFIXES = (".txt", ".md")
 PROMPT_MAX_BYTES = 1024 * 1024
 EXPORT_WIDTHS = (320, 7680)  # px: the widths an export may have
@@ -71,7 +73,10 @@ class FileActions(QObject):
         except KeptFileError as exc:
             self.show_message("Could not open", f"Could not open {Path(path).name}: {exc}")
             return None
-        return self.window.show_kept(kept)
+        shown = self.window.show_kept(kept)
+        if str(path).endswith(JOURNAL_SUFFIX) and shown is not None and kept.error:  # why it is partial
+            self.window.statusBar().showMessage(kept.error, 30_000)
+        return shown
 
     def open_prompt_file(self, path: str | os.PathLike) -> str | None:
         """Put a UTF-8 .txt or .md file's text in the prompt; returns it, or shows why not and returns None."""
@@ -383,7 +388,8 @@ class ExportDialog(QDialog):
 def _trace_paths(mime) -> list[str]:
     if mime is None or not mime.hasUrls():
         return []
-    return [u.toLocalFile() for u in mime.urls() if u.isLocalFile() and u.toLocalFile().lower().endswith(".json")]
+    return [u.toLocalFile() for u in mime.urls()
+            if u.isLocalFile() and u.toLocalFile().lower().endswith((".json", JOURNAL_SUFFIX))]
 
 
 def _snake(name: str) -> str:

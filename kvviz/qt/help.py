@@ -108,7 +108,8 @@ VIEWS: list[tuple[str, str]] = [
         "process RSS MiB, "
         "scoring ms, the fidelity columns and the model. Status: <i>{STARTING}</i> or <i>{RUNNING}</i> while it "
         "generates (<i>{STREAMING}</i> for a server's reply), then <i>{FINISHED}</i>, <i>{CANCELLED}</i> (stopped "
-        "with Stop or Esc; what it generated is kept) or <i>{FAILED}</i> (hover it for why). Select several rows "
+        "with Stop or Esc, or opened from the journal of a process that ended without saving; what it generated is "
+        "kept) or <i>{FAILED}</i> (hover either for why). Select several rows "
         "(Ctrl or Shift + click) to overlay them; their colours are the plots' colours.",
     ),
     (

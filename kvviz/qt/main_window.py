@@ -22,7 +22,7 @@ from PySide6.QtWidgets import QApplication, QMainWindow, QVBoxLayout, QWidget
 from kvviz.files.evaluation import EvalRun
 from kvviz.files.trace import Trace
 from kvviz.present import final_status
-from kvviz.qt import theme, wheel_guard, window_settings
+from kvviz.qt import theme, unsaved, wheel_guard, window_settings
 from kvviz.qt.controls import EVALUATE, SERVER, Controls
 from kvviz.qt.evaluate.mode import EvalMode
 from kvviz.qt.help import HelpMenu
@@ -377,7 +377,17 @@ class MainWindow(QMainWindow):
         if not self.closing:
             self.save_settings()
             self.shutdown()
+            unsaved.remove_own()  # closed normally: what was not saved goes with the window, as always
         event.accept()
+
+    def say_left_behind(self) -> list:
+        """Say where the runs and evaluations of a window that ended without closing are kept; returns them."""
+        left = unsaved.left_behind()
+        if left:
+            self.statusBar().showMessage(
+                f"{len(left)} unsaved run(s) or evaluated strateg{'y' if len(left) == 1 else 'ies'} of a kvviz window "
+                f"that ended without closing are kept in {unsaved.folder()}: File ▸ Open shows them", 60_000)
+        return left
 
     def shutdown(self, timeout_ms: int = 1800) -> bool:
         """Stop the worker thread; True if it ended within timeout_ms (else engine.stuck is set)."""

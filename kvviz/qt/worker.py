@@ -19,6 +19,7 @@ from typing import Any
 from PySide6.QtCore import QCoreApplication, QEvent, QObject, QThread, Signal, Slot
 
 from kvviz.errors import OptionError, failure
+from kvviz.qt import unsaved
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +216,7 @@ class Worker(QObject):
     def run(self, run_id: int, request: dict[str, Any]) -> None:
         """Decode one prompt. request: strategy, options, settings (GenerationSettings fields), prompt,
         reference (run a full-precision reference in lockstep)."""
-        decoder = None
+        decoder = kept = None
         try:
             from kvviz.engine import decode, strategies
 
@@ -234,11 +235,14 @@ class Worker(QObject):
                     decoder.cancel()
             if self._attention:
                 self._apply_attention(decoder, run_id)
+            kept = unsaved.trace_journal(run_id, decoder.trace)  # on disk as it is measured, until the window closes
             self.sigRunStarted.emit(run_id, decoder.trace)
             for step in decoder:
                 if self._notice:  # a step came: the pause it announced is over
                     self._notify(run_id, "")
                 self.sigStep.emit(run_id, step)
+                if kept is not None:
+                    kept.update()
                 self.desk.serve()
             self.sigRunFinished.emit(run_id, decoder.trace)
         except Exception as exc:  # noqa: BLE001 - any failure is reported, the worker lives on
@@ -247,6 +251,8 @@ class Worker(QObject):
                 decoder.trace.error = message
             self.sigRunFailed.emit(run_id, message)
         finally:
+            if kept is not None:
+                kept.journal.close()
             if self._notice:
                 self._notify(run_id, "")
             with self._lock:

@@ -17,3 +17,20 @@ def test_bench_compares_with_generate_in_clean_processes(tmp_path):
         assert len(row["generate_runs"]) == len(row["kvviz_runs"]) == 2
         assert row["ratio"] == row["kvviz_tokens_per_s"] / row["generate_tokens_per_s"] > 0
     assert "ratio" in result.stdout and "sliding (window=8)" in result.stdout
+
+
+def test_the_kvviz_side_journals_its_steps_as_a_default_run_does(tiny_model, monkeypatch, tmp_path):
+    from kvviz.engine import strategies, timed_run
+    from kvviz.files.trace import TraceJournal
+
+    update, journaled = TraceJournal.update, []
+
+    def spied(journal):
+        update(journal)
+        journaled.append(len(journal.journal.path.read_text().splitlines()))  # header + a line per step
+
+    monkeypatch.setattr(TraceJournal, "update", spied)
+    monkeypatch.chdir(tmp_path)
+    times = timed_run.kvviz_times(tiny_model, strategies.choose("dynamic", {}), "Hello", 4)
+    assert len(times) == 4 and journaled == [2, 3, 4, 5]
+    assert list(tmp_path.iterdir()) == []  # its journal removed with its folder

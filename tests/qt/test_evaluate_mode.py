@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import threading
 
 import numpy as np
@@ -13,7 +14,9 @@ from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
 from PySide6.QtGui import QDropEvent
 
 from kvviz.files import evaluation
+from kvviz.files.formats import read_kept
 from kvviz.present import MIB, mib, number
+from kvviz.qt import unsaved
 from kvviz.qt.controls import EVALUATE, LOCAL
 from tests.qt.conftest import load, run
 
@@ -134,6 +137,9 @@ def test_two_strategies_end_to_end_rows_and_curves(window, qtbot, monkeypatch):
                                atol=1e-3)  # the same cache until the window is full
     legend = mode.view.perplexity_plot.legend_bar.texts()
     assert legend[:2] == ["dynamic", "sliding (window=8)"] and "first eviction" in legend
+    # each strategy kept on disk as it was measured, until the window closes: what a crash would leave
+    kept = sorted(unsaved.folder().glob(f"eval-{os.getpid()}-*.json.journal"))[-2:]
+    assert [read_kept(path).records for path in kept] == [s.run.records for s in mode.series]
 
 
 def test_a_document_longer_than_the_context_is_cut_with_a_notice(window, qtbot, short_context_model):

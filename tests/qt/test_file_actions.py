@@ -165,3 +165,54 @@ def test_dialogs_start_in_the_last_folder_of_their_kind_also_in_the_next_session
     (prompts / "story.txt").unlink()
     prompts.rmdir()
     assert later.start("prompts") == ""
+
+
+def test_a_journal_a_killed_run_left_opens_as_a_partial_run(window, tmp_path):
+    from kvviz.files import evaluation
+    from kvviz.files.trace import TraceJournal
+    from kvviz.qt.evaluate.view import cells
+    from tests.files.test_journal import make_eval, make_trace
+
+    journaled = TraceJournal(tmp_path / "run.json", make_trace(5))
+    journaled.update()
+    journaled.journal.close()  # as a killed process leaves it
+    run_id = window.file_actions.open_trace(journaled.journal.path)
+    assert run_id in window.store.runs and len(window.store.runs[run_id].trace.steps) == 5
+    assert window.statusBar().currentMessage() == "stopped after 5 of 1,499 tokens; the process ended without saving"
+    window.redraw()
+    table = window.runs_table
+    row = table.row_text(run_id)
+    assert "cancelled" in row and "failed" not in row  # stopped, as a run stopped with Stop or Ctrl-C; not failed
+    status = table.item(table.run_ids().index(run_id), row.index("cancelled"))
+    assert status.toolTip() == "stopped after 5 of 1,499 tokens; the process ended without saving"
+
+    run = make_eval(0)
+    kept = evaluation.EvalJournal(tmp_path / "eval-1-dynamic.json", run, {})
+    run.records = make_eval(412).records
+    kept.update()
+    kept.journal.close()
+    opened = window.file_actions.open_trace(kept.journal.path)
+    assert opened is not None and len(opened.records) == 412 and opened.error.startswith("stopped after 412 of 1,499")
+    shown = window.eval_mode.series[-1]
+    assert shown.state == "cancelled" and cells(shown)[-1] == f"cancelled: {opened.error}"
+
+
+def test_the_window_journals_its_runs_until_it_closes(window, drive, tmp_path):
+    import os
+    import shutil
+
+    from kvviz.files.jsonfile import process_alive
+    from kvviz.qt import unsaved
+
+    drive.load(window, "tiny")
+    run_id = drive.run(window, "dynamic", tokens=6)
+    journal = unsaved.folder() / f"run-{os.getpid()}-{run_id}.json.journal"
+    partial = window.file_actions.open_trace(journal)  # what a crash now would leave
+    steps = window.store.runs[run_id].trace.steps
+    assert [s.token_id for s in window.store.runs[partial].trace.steps] == [s.token_id for s in steps]
+    dead = next(pid for pid in range(2**22 - 1, 2**21, -1) if not process_alive(pid))
+    left = shutil.copy(journal, unsaved.folder() / f"run-{dead}-1.json.journal")  # a window killed before this one
+    assert window.say_left_behind() == [left] and str(unsaved.folder()) in window.statusBar().currentMessage()
+    window.close()
+    assert not journal.exists() and left.exists()  # closed normally: its own go, the other window's stay
+    left.unlink()

@@ -21,6 +21,7 @@ from typing import Any
 from PySide6.QtCore import QObject, Signal, Slot
 
 from kvviz.errors import failure
+from kvviz.qt import unsaved
 from kvviz.qt.evaluate.series import CANCELLED, FAILED, FINISHED, NOT_RUN
 from kvviz.qt.worker import Worker
 
@@ -135,14 +136,24 @@ class Evaluator(QObject):
                 log.debug("warm-up failed: %s", exc)
         self.sigNotice.emit(eval_id, "")
         shown, last = None, 0.0
+        # on disk as they are measured, until the window closes (`kvviz.qt.unsaved`)
+        kept = [(e, unsaved.eval_journal(eval_id, i, e.result)) for i, e in enumerate(evaluations) if e is not None]
+        kept = [(e, journal) for e, journal in kept if journal is not None]
         try:
             for _ in evaluate.evaluate_all(runnable, together=True):
+                for e, journal in kept:
+                    if not journal.ended:
+                        journal.update(end=e.finished)
                 now = time.perf_counter()
                 active = [i for i, e in enumerate(evaluations) if e is not None and e.started and not e.finished]
                 if active != shown or now - last >= PROGRESS_INTERVAL_S:
                     shown, last = active, now
                     self.sigProgress.emit(eval_id, active)
         finally:  # the window always learns that the evaluation is over, whatever happened
+            for e, journal in kept:  # how each ended (a failure, a Stop), then closed: it stays until the window does
+                if not journal.ended:
+                    journal.update(end=e.finished)
+                journal.journal.close()
             self.sigFinished.emit(eval_id, [_state(e) for e in evaluations])
 
 

@@ -77,7 +77,7 @@ class StrategySeries:
         """A strategy whose evaluation is over (opened from a file)."""
         series = cls(index, run.strategy, run, capacity=len(run.records) + 16)
         series.sync()
-        series.finish(FAILED if run.error else run.status)
+        series.finish(FAILED if run.status == "error" else run.status)
         return series
 
     # -- filling ------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from PySide6.QtWidgets import (
 from kvviz.present import UNKNOWN, number
 from kvviz.qt import theme
 from kvviz.qt.evaluate.plots import EvalMemoryPlot, PerplexityPlot
-from kvviz.qt.evaluate.series import FAILED, RUNNING, StrategySeries
+from kvviz.qt.evaluate.series import CANCELLED, FAILED, RUNNING, StrategySeries
 from kvviz.qt.plots.series_plots import share_x_zoom
 
 # (title, right-aligned, tooltip)
@@ -40,7 +40,8 @@ COLUMNS = (
     ("tokens/s", True, "Predictions per second of forward time (a chunked evaluation scores many per forward; "
                         "strategies read together by kvviz eval share each forward)"),
     ("evicts from", True, "The first position predicted after the cache had dropped a token"),
-    ("status", False, "finished, running, cancelled, not run (stopped before it started), or failed and why"),
+    ("status", False, "finished, running, cancelled (and why, for a journal of a process that ended), not run "
+              "(stopped before it started), or failed and why"),
 )
 TABLE_REFRESH_S = 0.5  # while evaluating, the rows are rewritten at most this often
 TABLE_SHARE = 0.4  # of the tab's height, at most, for the table
@@ -53,8 +54,8 @@ def cells(series: StrategySeries) -> list[str]:
     cache = series.cache_mib()
     first = series.first_eviction
     status = series.state
-    if series.state == FAILED and series.error:
-        status = f"failed: {series.error}"
+    if series.state in (FAILED, CANCELLED) and series.error:  # cancelled with a reason: a journal's
+        status = f"{series.state}: {series.error}"
     elif series.state == RUNNING and series.run is not None and series.run.method.get("mode") == "chunked":
         status = f"running ({series.run.method.get('chunk')} tokens per forward)"
     return [

@@ -67,6 +67,8 @@ class RunsTable(QTableWidget):
                 item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
             if COLUMNS[column] == "strategy":
                 item.setToolTip(text)
+            if COLUMNS[column] == "status" and self.store.runs[run_id].trace.error:  # a file of a run that failed
+                item.setToolTip(self.store.runs[run_id].trace.error)  # (or a journal: why it stopped)
             if column == 0:
                 item.setIcon(QIcon(pixmap))
                 item.setData(Qt.ItemDataRole.UserRole, run_id)

@@ -1,0 +1,70 @@
+"""Runs and evaluations the window measured and nobody has saved yet, kept on disk as they are measured
+(`kvviz.files.journal`), so that a crash, kill -9 or a power cut does not take them with the window.
+
+Each run and each evaluated strategy has a journal in the user's state folder (`folder()`; KVVIZ_UNSAVED_DIR
+overrides it), named after the window's process. A window that closes normally removes its own: what was not saved
+goes with it, as it always did. The journals of a window that ended without closing stay; the next window says where
+they are (`left_behind`), and File ▸ Open shows each as the partial run or evaluation it holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+from pathlib import Path
+
+import platformdirs
+
+from kvviz.files.evaluation import EvalJournal, EvalRun
+from kvviz.files.journal import SUFFIX
+from kvviz.files.jsonfile import process_alive
+from kvviz.files.trace import Trace, TraceJournal
+
+log = logging.getLogger(__name__)
+_OWNED = re.compile(r"^(?:run|eval)-(\d+)-.*\.json" + re.escape(SUFFIX) + "$")  # the owner's process id
+
+
+def folder() -> Path:
+    return Path(os.environ.get("KVVIZ_UNSAVED_DIR") or platformdirs.user_state_dir("kvviz")) / "unsaved"
+
+
+def trace_journal(run_id: int, trace: Trace) -> TraceJournal | None:
+    """The journal of a run of this window (None where the folder cannot be written: the run goes on)."""
+    path = _file(f"run-{os.getpid()}-{run_id}.json")
+    return TraceJournal(path, trace) if path else None
+
+
+def eval_journal(eval_id: int, index: int, run: EvalRun) -> EvalJournal | None:
+    """Likewise for one strategy of an evaluation."""
+    path = _file(f"eval-{os.getpid()}-{eval_id}-{index + 1}-{run.strategy['name']}.json")
+    return EvalJournal(path, run, {}) if path else None
+
+
+def _file(name: str) -> Path | None:
+    try:
+        folder().mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        log.info("what the window measures is not journaled: %s", exc)
+        return None
+    return folder() / name
+
+
+def _journals() -> list[tuple[Path, int]]:
+    with contextlib.suppress(OSError):
+        return [(p, int(m.group(1))) for p in folder().iterdir() if (m := _OWNED.match(p.name))]
+    return []
+
+
+def left_behind() -> list[Path]:
+    """Journals of windows that ended without closing (their process is gone)."""
+    return sorted(path for path, pid in _journals() if not process_alive(pid))
+
+
+def remove_own() -> None:
+    """This window closes normally: its journals go (what was not saved goes with it, as always)."""
+    for path, pid in _journals():
+        if pid == os.getpid():
+            with contextlib.suppress(OSError):
+                path.unlink()
