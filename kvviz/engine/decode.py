@@ -162,14 +162,19 @@ class Decoder:
         prompt: str,
         reference: bool = False,
         notify: Callable[[str], None] | None = None,
+        prompt_ids: list[int] | None = None,
+        run: CacheRun | None = None,
     ):
+        """`prompt_ids`: the prompt's tokens as given (a conversation's templated history) instead of `prompt`
+        encoded; `run`: a cache run that already holds the first `run.seen` of them (a conversation's kept cache),
+        continued with only the rest fed (the conversation checks the context and the cache's room per turn)."""
         settings.check()
         self.notify = notify or (lambda message: None)  # what a long one-time pause is doing
         self.loaded = loaded
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.settings = settings
-        self.prompt_ids = encode_prompt(self.tokenizer, prompt, settings.raw)
+        self.prompt_ids = encode_prompt(self.tokenizer, prompt, settings.raw) if prompt_ids is None else prompt_ids
         if not self.prompt_ids:
             raise OptionError("the prompt is empty; type some text to continue")
         self.prompt_tokens = len(self.prompt_ids)
@@ -188,12 +193,16 @@ class Decoder:
             weight_bytes=loaded.card.get("weight_bytes"),
             bandwidth_bytes_per_s=memory_bandwidth(self.model.device),
         )
-        total = self.prompt_tokens + settings.max_new_tokens
-        _check_context(self.model, get(choice.name).positions_needed(choice.options, total), self.prompt_tokens,
-                       settings.max_new_tokens)
-        self.capacity = capacity_for(choice, total)
-        self.run = CacheRun(self.model, choice, self.capacity)
-        self.run.check_memory()
+        if run is None:
+            total = self.prompt_tokens + settings.max_new_tokens
+            _check_context(self.model, get(choice.name).positions_needed(choice.options, total), self.prompt_tokens,
+                           settings.max_new_tokens)
+            self.capacity = capacity_for(choice, total)
+            self.run = CacheRun(self.model, choice, self.capacity)
+            self.run.check_memory()
+        else:
+            self.capacity, self.run = run.capacity, run
+        self.prefill_logits: torch.Tensor | None = None  # the prefill's next-token logits [vocab] (float32, CPU)
         self.reference = Reference(self.model) if reference else None
         self.eos_ids = self._eos_ids()
         self._processors = self._make_processors()
@@ -293,7 +302,7 @@ class Decoder:
         timer = LayerTimer(self.model, device, enabled=not self._compile)
         compiled = None
         text = ""
-        new = ids  # what the next step feeds a cache: the prompt, then each new token
+        new = ids[:, self.run.seen :]  # what the next step feeds a cache: the prompt's uncached rest, then each token
         try:
             with torch.inference_mode():
                 self.trace.warm_up_ms = self.run.warm_up(self.notify)  # before the prefill, apart from its time
@@ -315,6 +324,8 @@ class Decoder:
                     started = time.perf_counter()
                     logits = self.run.forward(fed, forward)[:, -1, :]
                     token = self._pick(ids, logits)
+                    if prefill:
+                        self.prefill_logits = logits[0].float().cpu()
                     if device.type == "cuda":
                         torch.cuda.synchronize(device)
                     wall_ms = (time.perf_counter() - started) * 1000.0
