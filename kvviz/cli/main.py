@@ -16,7 +16,7 @@ import sys
 import traceback
 
 from kvviz import __version__, interrupts
-from kvviz.cli import attach, bench, chat, compare, demo, model, run, strategies, trace
+from kvviz.cli import attach, bench, chat, chat_bench, compare, demo, model, run, strategies, trace
 from kvviz.cli import eval as evaluate
 from kvviz.errors import ModelError, OptionError, UsageError
 
@@ -32,6 +32,7 @@ COMMANDS = {
     "model": model,
     "trace": trace,
     "bench": bench,
+    "chat-bench": chat_bench,
 }
 
 

@@ -78,3 +78,15 @@ def test_typed_messages_refuse_an_empty_one_and_go_on(monkeypatch):
     assert ran.returncode == 0, ran.stderr
     assert "the message is empty" in ran.stderr
     assert "turn 2: 1 tokens fed" in ran.stderr  # the regenerated answer fed only the last token of the prompt
+
+
+def test_chat_bench_prints_each_target(tmp_path):
+    out = tmp_path / "bench.json"
+    ran = kvviz("chat-bench", "--model", "tiny", "--reuse-turns", 2, "--reuse-new-tokens", 2, "--bounded",
+                "sink:sink_tokens=4:window=12", "--bounded-turns", 10, "--bounded-new-tokens", 2, "--out", out)
+    assert ran.returncode == 0, ran.stderr
+    figures = json.loads(out.read_text())
+    assert figures["reuse"]["turns"][1]["logit_diff"] < 1e-4
+    assert figures["bounded"][0]["budget_bytes"] == figures["bounded"][0]["max_bytes"]
+    for target in ("first token", "largest deviation", "ratio"):
+        assert target in ran.stdout
