@@ -14,6 +14,7 @@ from pathlib import Path
 from kvviz import interrupts
 from kvviz.cli import common
 from kvviz.errors import OptionError, UsageError
+from kvviz.present import conversation_turn
 
 NEW_CHAT = "/new"  # a script line (or a typed one) that starts a new chat from the cached system prompt
 REGENERATE = "/regenerate"  # typed: the last answer again
@@ -137,7 +138,7 @@ def command(args) -> int:
             if args.compare_reprefill:
                 conversation.reprefill(turn)
             if not args.json:
-                common.log(turn_line(turn.record, total))
+                common.log(conversation_turn(turn.record, total))
     except KeyboardInterrupt as exc:
         conversation.trace.cancelled = True
         interrupted = exc
@@ -173,23 +174,6 @@ def _say_new_chat(conversation) -> None:
                    f"{mib(copied)} copied for this chat; saves its prefill ({ms(prefix.prefill_ms)})")
 
 
-def turn_line(turn, total: int | None) -> str:
-    """One turn's figures, for a person (`kvviz chat` after each turn, `kvviz trace` for a kept conversation)."""
-    from kvviz.present import mib, ms, number
-
-    of = f"/{total}" if total else ""
-    parts = [f"turn {turn.index + 1}{of}: {turn.recomputed:,} tokens fed, {turn.kept:,} kept, {turn.new_tokens:,} new "
-             f"({turn.end:,} in context)",
-             f"first token {ms(turn.ttft_ms)}", f"{number(turn.decode_tokens_per_s)} tokens/s",
-             f"cache {mib(turn.cache_bytes)}", f"{turn.evicted:,} evicted"]
-    if turn.reprefill_ms is not None:
-        parts.append(f"full re-prefill {ms(turn.reprefill_ms)} (max logit difference {turn.reprefill_logit_diff:.2g})")
-    if turn.cancelled:
-        parts.append("stopped")
-    line = ", ".join(parts)
-    return f"{line}\n  {turn.note}" if turn.note else line
-
-
 def show_conversation(trace, path, as_json: bool) -> None:
     """`kvviz trace FILE` for a kept conversation."""
     from dataclasses import asdict
@@ -206,4 +190,4 @@ def show_conversation(trace, path, as_json: bool) -> None:
     print(f"  time to first token {ms(summary['ttft_ms_mean'])} mean; cache {mib(summary['final_cache_bytes'])} at "
           f"the end, {mib(summary['peak_cache_bytes'])} peak; {summary['evicted']:,} tokens evicted")
     for turn in trace.turns:
-        print("  " + turn_line(turn, len(trace.turns)).replace("\n", "\n  "))
+        print("  " + conversation_turn(turn, len(trace.turns)).replace("\n", "\n  "))

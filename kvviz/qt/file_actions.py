@@ -200,7 +200,7 @@ class FileActions(QObject):
     # -- dialogs ------------------------------------------------------------------------------------
 
     def _ask_open(self) -> None:
-        path = self.dialogs.open_file("kept", "Open trace, evaluation or server session", TRACE_FILTER)
+        path = self.dialogs.open_file("kept", "Open trace, conversation, evaluation or server session", TRACE_FILTER)
         if path:
             self.open_trace(path)
 

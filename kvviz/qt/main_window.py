@@ -19,6 +19,7 @@ from typing import Any
 from PySide6.QtCore import QSettings, Qt, Signal
 from PySide6.QtWidgets import QApplication, QMainWindow, QVBoxLayout, QWidget
 
+from kvviz.files.conversation import ConversationTrace
 from kvviz.files.evaluation import EvalRun
 from kvviz.files.trace import Trace
 from kvviz.present import final_status
@@ -317,12 +318,16 @@ class MainWindow(QMainWindow):
 
     def show_kept(self, kept):
         """A trace opened from a file into the Runs table (returns its run id), an evaluation into the Evaluate
-        tab or a server session into the server view (returns it; None for an evaluation refused)."""
+        tab, a conversation into the Conversation tab or a server session into the server view (returns it; None
+        for an evaluation or a conversation refused)."""
         if isinstance(kept, Trace):
             return self.store.add(kept, final_status(kept))
         if isinstance(kept, EvalRun):
             self.set_mode(EVALUATE)
             return self.eval_mode.open_run(kept)
+        if isinstance(kept, ConversationTrace):
+            self.set_mode(CONVERSATION)
+            return self.chat_mode.open_trace(kept)
         self.server.open_session(kept)
         self.set_mode(SERVER)
         return kept

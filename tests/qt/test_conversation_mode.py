@@ -40,5 +40,13 @@ def test_a_chat_with_a_bounded_cache_is_drawn_by_turn_and_role(qtbot, window):
         mode.view.new_chat_button.click()
     send(qtbot, window, "Hello there.", 5)
     assert mode.trace.turns[4].kept == mode.trace.prefix.tokens and mode.trace.turns[4].chat == 1
+
+    path = mode.trace.save(window.settings.fileName() + ".conversation.json")  # as `kvviz chat --trace` keeps it
     window.set_mode(0)
     assert window.runs_dock.isVisible()
+    from kvviz.files.formats import read_kept
+
+    assert window.show_kept(read_kept(path)) is not None and window.views.currentIndex() == CONVERSATION
+    window.redraw()
+    assert "opened from a file" in mode.view.header.text() and mode.view.table.rowCount() == 5
+    assert not mode.view.regenerate_button.isEnabled()  # a kept chat is shown; the next message begins a new one

@@ -46,6 +46,7 @@ class ConversationMode(QObject):
 
         self.chat_id = 0
         self.trace = None  # the ConversationTrace on screen
+        self.opened = False  # it came from a file: shown, not continued
         self.system = ""  # the system prompt the conversation began with
         self.generating = False
         self.starting = False  # asked to begin: the chatter has not answered yet
@@ -90,7 +91,7 @@ class ConversationMode(QObject):
             self.window.show_error("Type a message first: an empty message is not sent.")
             return False
         system = self.view.system.text().strip()
-        if self.trace is None or system != self.system:
+        if self.trace is None or self.opened or system != self.system:
             self._begin(system)
         action = {"kind": "send", "text": text} if self.editing is None else {
             "kind": "edit", "index": self.editing, "text": text}
@@ -111,7 +112,7 @@ class ConversationMode(QObject):
     def new_chat(self) -> None:
         """A new chat from the cached system prompt; a changed system prompt begins a new conversation."""
         system = self.view.system.text().strip()
-        if self.trace is None or system != self.system:
+        if self.trace is None or self.opened or system != self.system:
             self._begin(system)
             self._changed()
             return
@@ -157,11 +158,23 @@ class ConversationMode(QObject):
         controls = self.window.controls
         self.chat_id += 1
         self.system = system
-        self.trace, self.latest_step, self.editing = None, None, None
+        self.trace, self.latest_step, self.editing, self.opened = None, None, None, False
         self.starting = True
         request = {"strategy": controls.strategy_panel.current(), "options": controls.strategy_panel.values(),
                    "settings": controls.settings_panel.settings(), "system": system}
         self.sigRequestBegin.emit(self.chat_id, request)
+
+    def open_trace(self, trace):
+        """Show a kept conversation (a kvviz-conversation file): its transcript, plots and table; the next message
+        begins a new conversation. Returns it, or None while a chat is answering."""
+        if self.busy:
+            self.window.show_error("The chat is answering: stop it before opening a conversation file.")
+            return None
+        self.trace, self.opened, self.latest_step, self.editing = trace, True, None, None
+        self.system = trace.system
+        self.view.system.setText(trace.system)
+        self._changed()
+        return trace
 
     # -- the chatter's answers ---------------------------------------------------------------------
 
@@ -236,7 +249,7 @@ class ConversationMode(QObject):
 
     def update_buttons(self) -> None:
         ready = self._model_ready and not self.busy
-        started = self.trace is not None
+        started = self.trace is not None and not self.opened
         answered = started and bool(self.chatter.conversation and self.chatter.conversation.messages
                                     and self.chatter.conversation.messages[-1].role == "assistant")
         view = self.view
@@ -261,13 +274,17 @@ class ConversationMode(QObject):
             return
         self._dirty = False
         trace, conversation = self.trace, self.chatter.conversation
-        if trace is None or conversation is None:
+        if trace is None or (conversation is None and not self.opened):
             self.view.show_transcript([], None)
             return
         turns = list(trace.turns)
-        chat = conversation.chat
+        if self.opened:  # the file's last chat, as it ended
+            chat = turns[-1].chat if turns else 0
+            messages = [(m.role, m.content) for m in trace.messages if m.turn is None or turns[m.turn].chat == chat]
+        else:
+            chat = conversation.chat
+            messages = [(m.role, m.content) for m in list(conversation.messages)]
         steps = [s for s in list(trace.steps) if s.turn >= len(turns) or turns[s.turn].chat == chat]
-        messages = [(m.role, m.content) for m in list(conversation.messages)]
         streaming = None
         if self.generating:
             streaming = "".join(s.token for s in steps if s.turn == len(turns))
@@ -309,9 +326,12 @@ class ConversationMode(QObject):
 
         trace = self.trace
         name = (trace.model or {}).get("name", "?")
-        strategy = self.chatter.conversation.choice if self.chatter.conversation else None
-        label = strategy_label({"name": strategy.name, "options": strategy.options}) if strategy else "?"
-        state = "answering…" if self.generating else f"{len(turns)} turns"
+        if self.opened or self.chatter.conversation is None:
+            label = strategy_label(turns[-1].strategy if turns else trace.strategy)
+        else:
+            choice = self.chatter.conversation.choice
+            label = strategy_label({"name": choice.name, "options": choice.options})
+        state = "answering…" if self.generating else f"{len(turns)} turns" + (" (opened from a file)" * self.opened)
         return f"<b>{name}</b> with <b>{label}</b>: {state}; turns written with {trace.template}"
 
     def restyle(self, palette) -> None:
