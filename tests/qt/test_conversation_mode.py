@@ -41,7 +41,7 @@ def test_a_chat_with_a_bounded_cache_is_drawn_by_turn_and_role(qtbot, window):
     send(qtbot, window, "Hello there.", 5)
     assert mode.trace.turns[4].kept == mode.trace.prefix.tokens and mode.trace.turns[4].chat == 1
 
-    path = mode.trace.save(window.settings.fileName() + ".conversation.json")  # as `kvviz chat --trace` keeps it
+    path = window.file_actions.save_conversation(window.settings.fileName() + ".conversation.json")
     window.set_mode(0)
     assert window.runs_dock.isVisible()
     from kvviz.files.formats import read_kept
