@@ -66,19 +66,29 @@ class ChatSeriesPlot(PlotPanel):
     def __init__(self, parent=None):
         super().__init__(parent)
         self.turn_lines = TurnLines(self.plot)
-        self.steps = None  # the chat's steps as arrays: position, and what this plot draws
-        self._has = False
+        self.x = np.zeros(0)  # the chat's steps: tokens in context, and the columns the plots draw
+        self.columns: dict[str, np.ndarray] = {}
 
     def has_data(self) -> bool:
-        return self._has
+        return bool(len(self.x))
 
     def show_chat(self, x: np.ndarray, columns: dict[str, np.ndarray], turns: list[tuple[int, int]]) -> None:
-        self._has = bool(len(x))
+        self.x, self.columns = x, columns
         self.draw(x, columns)
         self.turn_lines.set_turns(turns, self.palette_.muted)
         self.update_legend()
 
     def draw(self, x: np.ndarray, columns: dict[str, np.ndarray]) -> None:
+        raise NotImplementedError
+
+    def hover_text(self, x: float, y: float) -> str:
+        if not len(self.x):
+            return ""
+        i = int(np.clip(np.searchsorted(self.x, x), 0, len(self.x) - 1))
+        return f"{int(self.x[i]):,} tokens in context: {self.step_text(i)}"
+
+    def step_text(self, i: int) -> str:
+        """What the hover readout says of step i."""
         raise NotImplementedError
 
 
@@ -90,24 +100,18 @@ class ChatMemoryPlot(ChatSeriesPlot):
         self.set_labels("cache memory (MiB)", TOKENS)
         self.measured = self.plot.plot(pen=pg.mkPen(theme.run_colour(1), width=2))
         self.predicted = self.plot.plot(pen=pg.mkPen(theme.run_colour(1), width=1.5, style=Qt.PenStyle.DashLine))
-        self.columns: dict[str, np.ndarray] = {}
-        self.x = np.zeros(0)
 
     def legend_entries(self) -> list[Entry]:
         colour = theme.run_colour(1)
         return [Entry("measured", colour, width=2.0), Entry("predicted", colour, style=Qt.PenStyle.DashLine)]
 
     def draw(self, x, columns) -> None:
-        self.x, self.columns = x, columns
         self.measured.setData(x, columns["cache_bytes"] / MIB, connect=columns["connect"])
         self.predicted.setData(x, columns["predicted_cache_bytes"] / MIB, connect=columns["connect"])
 
-    def hover_text(self, x: float, y: float) -> str:
-        if not len(self.x):
-            return ""
-        i = int(np.clip(np.searchsorted(self.x, x), 0, len(self.x) - 1))
-        return (f"{int(self.x[i]):,} tokens in context: {mib(self.columns['cache_bytes'][i])} measured, "
-                f"{mib(self.columns['predicted_cache_bytes'][i])} predicted")
+    def step_text(self, i: int) -> str:
+        columns = self.columns
+        return f"{mib(columns['cache_bytes'][i])} measured, {mib(columns['predicted_cache_bytes'][i])} predicted"
 
 
 class ChatLatencyPlot(ChatSeriesPlot):
@@ -119,26 +123,20 @@ class ChatLatencyPlot(ChatSeriesPlot):
         self.curve = self.plot.plot(pen=pg.mkPen(theme.run_colour(1), width=1.2))
         self.first = pg.ScatterPlotItem(size=9, symbol="o", brush=pg.mkBrush(theme.run_colour(2)), pen=None)
         self.plot.addItem(self.first)
-        self.x = np.zeros(0)
-        self.columns: dict[str, np.ndarray] = {}
 
     def legend_entries(self) -> list[Entry]:
         return [Entry("decode step", theme.run_colour(1), width=1.5),
                 Entry("first token of a turn (its prefill)", theme.run_colour(2), kind="marker")]
 
     def draw(self, x, columns) -> None:
-        self.x, self.columns = x, columns
         decode = columns["prefill"] == 0
         self.curve.setData(x[decode], columns["wall_ms"][decode], connect=columns["connect"][decode])
         first = ~decode
         self.first.setData(x[first], columns["wall_ms"][first])
 
-    def hover_text(self, x: float, y: float) -> str:
-        if not len(self.x):
-            return ""
-        i = int(np.clip(np.searchsorted(self.x, x), 0, len(self.x) - 1))
+    def step_text(self, i: int) -> str:
         what = "first token (prefill)" if self.columns["prefill"][i] else "decode step"
-        return f"{int(self.x[i]):,} tokens in context: {what} {self.columns['wall_ms'][i]:,.1f} ms"
+        return f"{what} {self.columns['wall_ms'][i]:,.1f} ms"
 
 
 class ChatCacheMap(PlotPanel):
