@@ -6,7 +6,7 @@ from __future__ import annotations
 from html import escape
 
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtGui import QKeySequence, QShortcut, QTextCursor
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QCheckBox,
@@ -124,9 +124,11 @@ class ConversationView(QWidget):
             body = escape(text).replace("\n", "<br>")
             parts.append(f'<p><b style="color:{colour}">{role}</b><br>{body}</p>')
         bar = self.transcript.verticalScrollBar()
-        at_end = bar.value() >= bar.maximum() - 4
+        at_end = bar.value() >= bar.maximum() - 4  # following the chat (not scrolled back to read)
         self.transcript.setHtml("".join(parts))
-        if at_end:
+        if at_end:  # the latest words in view
+            self.transcript.moveCursor(QTextCursor.MoveOperation.End)
+            self.transcript.ensureCursorVisible()
             bar.setValue(bar.maximum())
 
     def show_turns(self, turns) -> None:
