@@ -357,7 +357,7 @@ class MainWindow(QMainWindow):
             parts = [self.eval_mode.redraw]  # its plots name the strategies; the runs' legend is not theirs
             self.local_view.run_legend.set_entries([])
         elif self.views.currentIndex() == CONVERSATION:
-            parts = [self.chat_mode.redraw]  # one conversation, named in its header
+            parts = self.chat_mode.redraw_parts()  # one conversation, named in its header
             self.local_view.run_legend.set_entries([])
         else:
             parts = self.local_view.redraw_parts(shown, primary, generating)

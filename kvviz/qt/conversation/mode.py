@@ -16,11 +16,11 @@ The Tokens and Runs docks belong to the local runs: they step aside while this m
 
 from __future__ import annotations
 
-import numpy as np
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QHBoxLayout, QPushButton, QWidget
 
 from kvviz.qt.conversation.chatter import Chatter
+from kvviz.qt.conversation.series import ChatSeries
 from kvviz.qt.conversation.view import ConversationView
 
 
@@ -54,6 +54,7 @@ class ConversationMode(QObject):
         self.editing: int | None = None  # the index of the message Send replaces (Edit…)
         self._model_ready = False
         self._dirty = False
+        self.series = ChatSeries()  # the chat's steps as plot columns, extended frame by frame
 
         view.send_button.clicked.connect(lambda *_: self.send())
         view.send_shortcut.activated.connect(self.send)
@@ -269,14 +270,15 @@ class ConversationMode(QObject):
         self.update_buttons()
         self.sigChanged.emit()
 
-    def redraw(self) -> None:
+    def redraw_parts(self) -> list:
+        """The parts that draw what changed (the redraw scheduler gives each its own turn of the event loop, as the
+        local view's plots get): the transcript, each plot, then the table and header."""
         if not (self._dirty or self.generating):
-            return
+            return []
         self._dirty = False
         trace, conversation = self.trace, self.chatter.conversation
         if trace is None or (conversation is None and not self.opened):
-            self.view.show_transcript([], None)
-            return
+            return [lambda: self.view.show_transcript([], None)]
         turns = list(trace.turns)
         if self.opened:  # the file's last chat, as it ended
             chat = turns[-1].chat if turns else 0
@@ -284,28 +286,24 @@ class ConversationMode(QObject):
         else:
             chat = conversation.chat
             messages = [(m.role, m.content) for m in list(conversation.messages)]
-        steps = [s for s in list(trace.steps) if s.turn >= len(turns) or turns[s.turn].chat == chat]
+        steps = self.series.update(trace.steps, turns, chat)
         streaming = None
         if self.generating:
-            streaming = "".join(s.token for s in steps if s.turn == len(turns))
-        self.view.show_transcript(messages, streaming)
+            streaming = "".join(s.token for s in steps[self.series.turn_begins(len(turns)):])
         starts = [(t.index + 1, t.start) for t in turns if t.chat == chat]
-        x = np.array([s.position for s in steps], dtype=float)
-        columns = {
-            "wall_ms": np.array([s.wall_ms for s in steps], dtype=float),
-            "cache_bytes": np.array([np.nan if s.cache_bytes is None else s.cache_bytes for s in steps], dtype=float),
-            "predicted_cache_bytes": np.array([np.nan if s.predicted_cache_bytes is None else s.predicted_cache_bytes
-                                               for s in steps], dtype=float),
-            "prefill": np.array([s.phase == "prefill" for s in steps], dtype=int),
-            # a curve is drawn within a turn, never across the gap of the next message
-            "connect": np.array([a.turn == b.turn for a, b in zip(steps, steps[1:], strict=False)] + [False], bool),
-        }
-        self.view.memory_plot.show_chat(x, columns, starts)
-        self.view.latency_plot.show_chat(x, columns, starts)
+        x, columns = self.series.x, self.series.columns
+        parts = [lambda: self.view.show_transcript(messages, streaming),
+                 lambda: self.view.memory_plot.show_chat(x, columns, starts),
+                 lambda: self.view.latency_plot.show_chat(x, columns, starts)]
         if self.latest_step is not None:
-            self.view.cache_map.show_map(self.latest_step.layers, self._owners(turns, chat), starts)
-        self.view.show_turns(turns)
-        self.view.header.setText(self.header_text(turns))
+            layers = self.latest_step.layers
+            parts.append(lambda: self.view.cache_map.show_map(layers, self._owners(turns, chat), starts))
+
+        def table() -> None:
+            self.view.show_turns(turns)
+            self.view.header.setText(self.header_text(turns))
+
+        return [*parts, table]
 
     def _owners(self, turns, chat: int) -> list[tuple[int, str]]:
         """Per position of the chat on screen: (turn number, role) of the token there."""

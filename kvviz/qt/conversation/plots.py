@@ -39,9 +39,13 @@ class TurnLines:
     def __init__(self, plot: pg.PlotItem):
         self.plot = plot
         self.lines: list[pg.InfiniteLine] = []
+        self._shown: tuple = ()  # the starts and colour drawn (every frame of a long chat draws the same)
 
     def set_turns(self, starts: list[tuple[int, int]], colour: str) -> None:
         """starts: (turn number, first token) of each turn of the chat on screen."""
+        if self._shown == (starts, colour):
+            return
+        self._shown = (list(starts), colour)
         for line in self.lines[len(starts):]:
             self.plot.removeItem(line)
         del self.lines[len(starts):]

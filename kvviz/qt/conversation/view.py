@@ -42,6 +42,8 @@ class ConversationView(QWidget):
         self.system.setPlaceholderText("System prompt (prefilled once: new chats start from a copy of its cache)")
         self.transcript = QTextBrowser()
         self.transcript.setOpenLinks(False)
+        self._shown_messages: list[tuple[str, str]] = []  # what the transcript's document holds
+        self._streaming_at: int | None = None  # where the answer being generated begins in it
         self.message = QPlainTextEdit()
         self.message.setPlaceholderText("Your message (Ctrl+Enter sends)")
         self.message.setMaximumHeight(self.fontMetrics().height() * 5)
@@ -85,6 +87,7 @@ class ConversationView(QWidget):
         self.cache_map = ChatCacheMap()
         self.plots = [self.memory_plot, self.latency_plot, self.cache_map]
         self.table = QTableWidget(0, len(COLUMNS))
+        self._rows: list[tuple[str, ...]] = []  # the cells each row shows
         self.table.setHorizontalHeaderLabels(COLUMNS)
         self.table.verticalHeader().hide()
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
@@ -116,24 +119,37 @@ class ConversationView(QWidget):
             plot.apply_palette(palette)
 
     def show_transcript(self, messages: list[tuple[str, str]], streaming: str | None) -> None:
-        """messages: (role, text) of the chat on screen; streaming: the answer being generated (None: none)."""
-        rows = [*messages, ("assistant", streaming + " ▌")] if streaming is not None else messages
-        parts = []
-        for role, text in rows:
-            colour = ROLE_COLOURS[role][0]
-            body = escape(text).replace("\n", "<br>")
-            parts.append(f'<p><b style="color:{colour}">{role}</b><br>{body}</p>')
+        """messages: (role, text) of the chat on screen; streaming: the answer being generated (None: none).
+        While an answer streams only its paragraph is written again: the document is laid out anew only when the
+        messages change (a whole document per frame grew with the chat and held the event loop)."""
         bar = self.transcript.verticalScrollBar()
         at_end = bar.value() >= bar.maximum() - 4  # following the chat (not scrolled back to read)
-        self.transcript.setHtml("".join(parts))
+        if messages != self._shown_messages:
+            self._shown_messages = list(messages)
+            self.transcript.setHtml("".join(f"<p>{_message_html(role, text)}</p>" for role, text in messages))
+            self._streaming_at = None
+        if streaming is not None or self._streaming_at is not None:
+            cursor = QTextCursor(self.transcript.document())
+            if self._streaming_at is None:  # a paragraph of its own after the messages
+                cursor.movePosition(QTextCursor.MoveOperation.End)
+                if messages:
+                    cursor.insertBlock()
+                self._streaming_at = cursor.position()
+            else:
+                cursor.setPosition(self._streaming_at)
+                cursor.movePosition(QTextCursor.MoveOperation.End, QTextCursor.MoveMode.KeepAnchor)
+            if streaming is None:  # the answer ended without joining the messages (stopped before a token)
+                cursor.removeSelectedText()
+                self._streaming_at = None
+            else:
+                cursor.insertHtml(_message_html("assistant", streaming + " ▌"))
         if at_end:  # the latest words in view
-            self.transcript.moveCursor(QTextCursor.MoveOperation.End)
-            self.transcript.ensureCursorVisible()
             bar.setValue(bar.maximum())
 
     def show_turns(self, turns) -> None:
         """One row per turn (TurnRecords) of the whole conversation."""
         self.table.setRowCount(len(turns))
+        del self._rows[len(turns):]
         for row, turn in enumerate(turns):
             chat = f" (chat {turn.chat + 1})" if turn.chat else ""
             kind = "" if turn.kind == "send" else f", {turn.kind}"
@@ -142,6 +158,9 @@ class ConversationView(QWidget):
                      f"{turn.new_tokens:,}", ms(turn.ttft_ms), ms(turn.reprefill_ms), number(rate),
                      mib(turn.cache_bytes, unit=False), f"{turn.evicted:,}",
                      ("stopped; " if turn.cancelled else "") + (turn.note or ""))
+            if row < len(self._rows) and self._rows[row] == cells:  # a row drawn as it is (most of a long chat)
+                continue
+            self._rows[row:row + 1] = [cells]
             for column, text in enumerate(cells):
                 item = self.table.item(row, column)
                 if item is None:
@@ -150,3 +169,7 @@ class ConversationView(QWidget):
                 if item.text() != text:
                     item.setText(text or UNKNOWN if column < len(cells) - 1 else text)
                     item.setToolTip(text)
+
+
+def _message_html(role: str, text: str) -> str:
+    return f'<b style="color:{ROLE_COLOURS[role][0]}">{role}</b><br>{escape(text).replace(chr(10), "<br>")}'
