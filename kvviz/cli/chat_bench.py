@@ -10,8 +10,10 @@ from kvviz.errors import UsageError
 
 TTFT_TARGET = 0.2  # time to first token with the cache kept, at most this share of a full re-prefill
 BYTES_TARGET = 0.01  # cache bytes within this share of the budget's bytes over turns 10 to the last
-SPEED_TARGET = 0.10  # the last turn's decode speed within this share of turn 5's
+SPEED_TARGET = 0.10  # the last turn's decode speed within this share of the early turn's
 HISTORY_TARGET = 1500  # tokens of history the reuse chat should reach by its last turn
+EARLY_TURN = 5  # the long chat's turn whose decode speed its last turn's is compared with
+FLAT_FROM = 10  # the long chat's bytes are compared with the budget from this turn on
 
 
 def add_parser(subparsers) -> None:
@@ -27,12 +29,15 @@ def add_parser(subparsers) -> None:
     bench.add_argument("--bounded-turns", type=int, default=50, help="turns of the long chat (default 50)")
     bench.add_argument("--bounded-new-tokens", type=int, default=32, help="tokens each reply of the long chat may "
                        "have (default 32)")
+    bench.add_argument("--early-turn", type=int, default=EARLY_TURN, help="the long chat's turn whose decode speed "
+                       f"its last turn's is compared with (default {EARLY_TURN})")
+    bench.add_argument("--flat-from", type=int, default=FLAT_FROM, help="the long chat's cache bytes are compared "
+                       f"with the budget from this turn to the last (default {FLAT_FROM})")
     bench.add_argument("--out", type=Path, help="write the figures here as JSON")
 
 
 def command(args) -> int:
     from kvviz.engine import chat_bench, models
-    from kvviz.engine.chat_bench import EARLY_TURN, FLAT_FROM
     from kvviz.engine.strategies import get, parse_spec
 
     bounded = common.strategy_list(args.bounded)
@@ -40,8 +45,11 @@ def command(args) -> int:
         if get(choice.name).prompt_capacity(choice.options) is None:
             raise UsageError(f"--bounded: {choice.label()} keeps every token; give strategies with a budget "
                              "(sink, sliding, h2o, tova, snapkv, knorm)")
-    if args.reuse_turns < 1 or args.bounded_turns < max(EARLY_TURN, FLAT_FROM):
-        raise UsageError(f"--reuse-turns must be at least 1 and --bounded-turns at least {max(EARLY_TURN, FLAT_FROM)}")
+    if args.reuse_turns < 1 or min(args.early_turn, args.flat_from) < 1:
+        raise UsageError("--reuse-turns, --early-turn and --flat-from must be at least 1")
+    if args.bounded_turns < max(args.early_turn, args.flat_from):
+        raise UsageError(f"--bounded-turns must be at least --early-turn ({args.early_turn}) and --flat-from "
+                         f"({args.flat_from})")
     if args.out is not None:
         common.check_writable(args.out, "--out")
     loaded = models.load_model(args.model, dtype=args.dtype, device=args.device, progress=common.progress)
@@ -49,7 +57,8 @@ def command(args) -> int:
     figures = {"model": loaded.card["name"],
                "reuse": chat_bench.reuse(loaded, parse_spec("dynamic"), args.reuse_turns, args.reuse_new_tokens, log),
                "bounded": [chat_bench.bounded(loaded, c, get(c.name).prompt_capacity(c.options), args.bounded_turns,
-                                              args.bounded_new_tokens, log) for c in bounded]}
+                                              args.bounded_new_tokens, log, args.early_turn, args.flat_from)
+                           for c in bounded]}
     print_figures(figures)
     if args.out is not None:
         args.out.write_text(json.dumps(figures, indent=2), encoding="utf-8")
@@ -80,9 +89,10 @@ def print_figures(figures: dict) -> None:
         ratio = row["speed_ratio"]
         print(f"{figures['model']}: {row['strategy']} over {row['turns']} turns ({row['tokens_in_context']:,} tokens "
               f"in context, {row['evicted']:,} evicted, {row['refilled_turns']} turns prefilled again)")
-        print(f"  cache over turns 10-{row['turns']}: {mib(row['min_bytes'])} to {mib(row['max_bytes'])}, budget "
-              f"{mib(row['budget_bytes'])}; largest deviation {percent(row['largest_deviation'], 2)} (target <= "
-              f"{percent(BYTES_TARGET)}: {_met(row['largest_deviation'] <= BYTES_TARGET)})")
-        print(f"  decode: turn 5 {number(row['early_tokens_per_s'])} tokens/s, turn {row['turns']} "
+        print(f"  cache over turns {row['flat_from']}-{row['turns']}: {mib(row['min_bytes'])} to "
+              f"{mib(row['max_bytes'])}, budget {mib(row['budget_bytes'])}; largest deviation "
+              f"{percent(row['largest_deviation'], 2)} (target <= {percent(BYTES_TARGET)}: "
+              f"{_met(row['largest_deviation'] <= BYTES_TARGET)})")
+        print(f"  decode: turn {row['early_turn']} {number(row['early_tokens_per_s'])} tokens/s, turn {row['turns']} "
               f"{number(row['last_tokens_per_s'])} tokens/s, ratio {number(ratio, 3)} (target within "
               f"{percent(SPEED_TARGET)}: {_met(None if ratio is None else abs(ratio - 1) <= SPEED_TARGET)})")

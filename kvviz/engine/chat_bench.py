@@ -25,8 +25,6 @@ from kvviz.engine.strategies import StrategyChoice
 from kvviz.files.documents import builtin
 
 PASSAGE_CHARS = 640  # about 150 tokens of the book per message in the reuse chat
-EARLY_TURN = 5  # the turn whose decode speed the last turn's is compared with
-FLAT_FROM = 10  # bytes are compared with the budget from this turn on (1-based)
 
 
 def _paragraphs() -> list[str]:
@@ -81,15 +79,19 @@ def reuse(loaded: LoadedModel, choice: StrategyChoice, turns: int, new_tokens: i
 
 
 def bounded(loaded: LoadedModel, choice: StrategyChoice, budget_tokens: int, turns: int, new_tokens: int,
-            log) -> dict:
+            log, early_turn: int, flat_from: int) -> dict:
+    """early_turn: the turn whose decode speed the last turn's is compared with; flat_from: the cache's bytes are
+    compared with the budget's from this turn on (both 1-based)."""
     conversation = _chat(loaded, choice, short_messages(turns), new_tokens, False, log)
     trace = conversation.trace
     budget_bytes = budget_tokens * conversation.run.geometry.kv_bytes_per_token
-    late = [s.cache_bytes for s in trace.steps if s.turn >= FLAT_FROM - 1 and s.cache_bytes is not None]
-    early, last = trace.turns[EARLY_TURN - 1], trace.turns[-1]
+    late = [s.cache_bytes for s in trace.steps if s.turn >= flat_from - 1 and s.cache_bytes is not None]
+    early, last = trace.turns[early_turn - 1], trace.turns[-1]
     return {
         "strategy": choice.label(),
         "turns": len(trace.turns),
+        "early_turn": early_turn,
+        "flat_from": flat_from,
         "tokens_in_context": last.end,
         "budget_bytes": budget_bytes,
         "min_bytes": min(late),

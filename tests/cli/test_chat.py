@@ -83,7 +83,8 @@ def test_typed_messages_refuse_an_empty_one_and_go_on(monkeypatch):
 def test_chat_bench_prints_each_target(tmp_path):
     out = tmp_path / "bench.json"
     ran = kvviz("chat-bench", "--model", "tiny", "--reuse-turns", 2, "--reuse-new-tokens", 1, "--bounded",
-                "sink:sink_tokens=4:window=12", "--bounded-turns", 10, "--bounded-new-tokens", 2, "--out", out)
+                "sink:sink_tokens=4:window=12", "--bounded-turns", 3, "--early-turn", 1, "--flat-from", 2,
+                "--bounded-new-tokens", 2, "--out", out)
     assert ran.returncode == 0, ran.stderr
     figures = json.loads(out.read_text())
     assert figures["reuse"]["turns"][1]["logit_diff"] < 1e-4

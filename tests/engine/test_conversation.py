@@ -99,10 +99,10 @@ def test_a_template_that_rewrites_earlier_turns_is_cropped_at_the_first_changed_
 
 @pytest.mark.parametrize("spec", ["sink:sink_tokens=4:window=28", "h2o:budget=32"])
 def test_bounded_strategies_keep_the_cache_flat_across_many_turns(tiny_model, spec):
-    conversation = chat(tiny_model, spec, new=8)
+    conversation = chat(tiny_model, spec, new=6)
     budget_bytes = 32 * conversation.run.geometry.kv_bytes_per_token
-    for i in range(8):
-        say(conversation, f"Message number {i}, with a few more words.")
+    for i in range(5):
+        say(conversation, f"Message number {i}, with a few more words about what a cache keeps and drops.")
     turns = conversation.trace.turns
     assert turns[-1].end > 5 * 32  # the chat is far longer than the cache
     late = [step.cache_bytes for step in conversation.trace.steps if step.turn >= 3]
