@@ -144,6 +144,8 @@ class ConversationView(QWidget):
             else:
                 cursor.insertHtml(_message_html("assistant", streaming + " ▌"))
         if at_end:  # the latest words in view
+            self.transcript.moveCursor(QTextCursor.MoveOperation.End)
+            self.transcript.ensureCursorVisible()
             bar.setValue(bar.maximum())
 
     def show_turns(self, turns) -> None:
