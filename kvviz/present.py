@@ -294,3 +294,19 @@ def model_card_rows(card: Mapping[str, Any]) -> list[tuple[str, str]]:
     if card.get("weights"):
         rows.append(("weights", str(card["weights"])))
     return rows
+
+
+def conversation_turn(turn, total: int | None = None) -> str:
+    """A conversation turn's figures (a TurnRecord of kvviz.files.conversation) in a line, and its note on the next:
+    `kvviz chat` after each turn, `kvviz trace` for a kept conversation, the window's scripts."""
+    of = f"/{total}" if total else ""
+    parts = [f"turn {turn.index + 1}{of}: {turn.recomputed:,} tokens fed, {turn.kept:,} kept, {turn.new_tokens:,} new "
+             f"({turn.end:,} in context)",
+             f"first token {ms(turn.ttft_ms)}", f"{number(turn.decode_tokens_per_s)} tokens/s",
+             f"cache {mib(turn.cache_bytes)}", f"{turn.evicted:,} evicted"]
+    if turn.reprefill_ms is not None:
+        parts.append(f"full re-prefill {ms(turn.reprefill_ms)} (max logit difference {turn.reprefill_logit_diff:.2g})")
+    if turn.cancelled:
+        parts.append("stopped")
+    line = ", ".join(parts)
+    return f"{line}\n  {turn.note}" if turn.note else line

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -18,11 +19,31 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="auto (the default), cpu, cuda or cuda:N")
 
 
-def add_generation_args(parser: argparse.ArgumentParser) -> None:
-    prompt = parser.add_mutually_exclusive_group()
-    prompt.add_argument("--prompt", help="the prompt text")
-    prompt.add_argument("--prompt-file", type=Path, help="read the prompt from this file")
-    parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most (default 128)")
+def add_strategy_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--strategy", default="dynamic", metavar="NAME[:KEY=VALUE...]",
+                        help="cache strategy, with its options if any, e.g. sink:window=60 (default: dynamic; see "
+                        "`kvviz strategies`)")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="a strategy option (repeatable)"
+    )
+
+
+def strategy_choice(args):
+    """`--strategy NAME[:KEY=VALUE...]` with any `--set KEY=VALUE` added, checked (a StrategyChoice)."""
+    from kvviz.engine import strategies
+
+    name, *pairs = args.strategy.split(":")
+    return strategies.choose(name.strip(), strategies.parse_assignments(pairs + args.set))
+
+
+def add_generation_args(parser: argparse.ArgumentParser, prompt: bool = True,
+                        new_tokens_help: str = "tokens to generate at most (default 128)") -> None:
+    """The generation settings, and the prompt unless `prompt` is False (a chat's messages come otherwise)."""
+    if prompt:
+        given = parser.add_mutually_exclusive_group()
+        given.add_argument("--prompt", help="the prompt text")
+        given.add_argument("--prompt-file", type=Path, help="read the prompt from this file")
+    parser.add_argument("--max-new-tokens", type=int, default=128, help=new_tokens_help)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
     parser.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0 = off)")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold (1 = off)")
@@ -42,6 +63,17 @@ def read_prompt(args) -> str:
     if args.prompt is None:
         raise UsageError("give a prompt with --prompt TEXT or --prompt-file FILE")
     return args.prompt
+
+
+def check_writable(path: Path, flag: str) -> None:
+    """Refuse, before any work, a file path a command could not write (so that a finished run is never lost)."""
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise UsageError(f"{flag} {path} is a folder; give a file name such as {path / 'run.json'}")
+    if not folder.is_dir():
+        raise UsageError(f"cannot write the trace to {path}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise UsageError(f"cannot write the trace to {path}: the folder {folder} is not writable")
 
 
 def generation_settings(args):

@@ -16,13 +16,14 @@ import sys
 import traceback
 
 from kvviz import __version__, interrupts
-from kvviz.cli import attach, bench, compare, demo, model, run, strategies, trace
+from kvviz.cli import attach, bench, chat, chat_bench, compare, demo, model, run, strategies, trace
 from kvviz.cli import eval as evaluate
 from kvviz.errors import ModelError, OptionError, UsageError
 
 # In the order `kvviz --help` lists them.
 COMMANDS = {
     "run": run,
+    "chat": chat,
     "compare": compare,
     "attach": attach,
     "eval": evaluate,
@@ -31,6 +32,7 @@ COMMANDS = {
     "model": model,
     "trace": trace,
     "bench": bench,
+    "chat-bench": chat_bench,
 }
 
 

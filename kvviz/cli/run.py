@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -17,12 +16,7 @@ from kvviz.files.trace import TraceJournal
 def add_parser(subparsers) -> None:
     run = subparsers.add_parser("run", help="generate headlessly, print a summary and write a trace")
     common.add_model_args(run)
-    run.add_argument("--strategy", default="dynamic", metavar="NAME[:KEY=VALUE...]",
-                     help="cache strategy, with its options if any, e.g. sink:window=60 (default: dynamic; see "
-                     "`kvviz strategies`)")
-    run.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="a strategy option (repeatable)"
-    )
+    common.add_strategy_args(run)
     common.add_generation_args(run)
     run.add_argument(
         "--switch-at",
@@ -56,14 +50,6 @@ def parse_switches(specs: list[str]) -> dict[int, object]:
     return dict(sorted(switches.items()))
 
 
-def _strategy(args):
-    """`--strategy NAME[:KEY=VALUE...]` with any `--set KEY=VALUE` added."""
-    from kvviz.engine import strategies
-
-    name, *pairs = args.strategy.split(":")
-    return strategies.choose(name.strip(), strategies.parse_assignments(pairs + args.set))
-
-
 def _check_switch_order(first, switches, model) -> None:
     """Refuse, before the run, a switch that cannot convert whatever the cache holds (the rest: at the switch)."""
     from kvviz.engine.convert import refusal
@@ -81,13 +67,7 @@ def _trace_path(args, strategy: str) -> Path | None:
     if args.no_trace:
         return None
     path = args.trace or Path(f"kvviz-{strategy}-{time.strftime('%Y%m%d-%H%M%S')}.json")
-    folder = path.parent if str(path.parent) else Path(".")
-    if path.is_dir():
-        raise UsageError(f"--trace {path} is a folder; give a file name such as {path / 'run.json'}")
-    if not folder.is_dir():
-        raise UsageError(f"cannot write the trace to {path}: the folder {folder} does not exist")
-    if not os.access(folder, os.W_OK):
-        raise UsageError(f"cannot write the trace to {path}: the folder {folder} is not writable")
+    common.check_writable(path, "--trace")
     return path
 
 
@@ -95,7 +75,7 @@ def command(args) -> int:
     prompt = common.read_prompt(args)
     from kvviz.engine import decode, models
 
-    choice = _strategy(args)
+    choice = common.strategy_choice(args)
     switches = parse_switches(args.switch_at)
     settings = common.generation_settings(args)
     trace_path = _trace_path(args, choice.name)

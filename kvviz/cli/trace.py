@@ -1,4 +1,5 @@
-"""`kvviz trace FILE`: check any kept file (a trace, an evaluation, a server session) and print its summary."""
+"""`kvviz trace FILE`: check any kept file (a trace, a conversation, an evaluation, a server session) and print its
+summary."""
 
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ def add_parser(subparsers) -> None:
 def command(args) -> int:
     from kvviz.attach.session import Session
     from kvviz.cli.attach import show_session
+    from kvviz.cli.chat import show_conversation
     from kvviz.cli.eval import show_eval_run
     from kvviz.cli.run import print_summary
+    from kvviz.files.conversation import ConversationTrace
     from kvviz.files.evaluation import EvalRun
     from kvviz.files.formats import read_kept
     from kvviz.files.jsonfile import KeptFileError
@@ -29,6 +32,8 @@ def command(args) -> int:
         raise UsageError(str(exc)) from None
     if isinstance(kept, EvalRun):
         show_eval_run(kept, args.path, args.json)
+    elif isinstance(kept, ConversationTrace):
+        show_conversation(kept, args.path, args.json)
     elif isinstance(kept, Session):
         show_session(kept, kept.url, kept.model, args.json)
     elif args.json:

@@ -11,12 +11,14 @@ strategy object, never from its name.
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import time
 
 import psutil
 import torch
+from transformers.cache_utils import DynamicLayer, StaticLayer
 
 from kvviz.engine import attention_scores, measure
 from kvviz.engine.attention_view import AttentionView
@@ -217,6 +219,41 @@ class CacheRun:
         if strategy.renumbers_positions:
             self.position = cache.get_seq_length()
         self._note_eviction()
+
+    # -- going back and copying (conversations) -----------------------------------------------------
+
+    def crop_refusal(self) -> str | None:
+        """Why this cache cannot be cropped back to an earlier token, or None. transformers' full-attention layers
+        crop (DynamicLayer, StaticLayer); a cache that has evicted, quantized, slid or been filled by a switch no
+        longer holds its earlier state as it was, so it has to be prefilled again instead."""
+        if self.cache is None:
+            return None
+        if self.evicted:
+            return "it has evicted tokens"
+        if any(c is not None for c in self.carried):
+            return "a live switch filled it"
+        kinds = {type(layer) for layer in self.cache.layers}
+        if not kinds <= {DynamicLayer, StaticLayer}:
+            return f"its layers ({', '.join(sorted(k.__name__ for k in kinds))}) cannot be cropped"
+        return None
+
+    def crop(self, keep: int) -> None:
+        """Keep only the first `keep` tokens fed (checked with `crop_refusal` first): the cache, positions and size
+        rule go back to where they were after them."""
+        if self.cache is not None and keep < self.seen:
+            self.cache.crop(keep - self.seen)
+        self.seen = self.position = keep
+        self.predictor = self.strategy.predictor(self.choice.options, self.geometry, self.capacity)
+        if keep:
+            self.predictor.feed(keep)
+
+    def copy(self) -> CacheRun:
+        """A run of its own on a deep copy of this cache (prefix caching, as transformers' docs do it): the copy's
+        memory is as large again as the original's."""
+        twin = copy.copy(self)
+        twin.cache, twin.predictor, twin.carried = copy.deepcopy((self.cache, self.predictor, self.carried))
+        twin.attention = None
+        return twin
 
     # -- measuring ---------------------------------------------------------------------------------
 

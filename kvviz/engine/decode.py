@@ -163,14 +163,19 @@ class Decoder:
         prompt: str,
         reference: bool = False,
         notify: Callable[[str], None] | None = None,
+        prompt_ids: list[int] | None = None,
+        run: CacheRun | None = None,
     ):
+        """`prompt_ids`: the prompt's tokens as given (a conversation's templated history) instead of `prompt`
+        encoded; `run`: a cache run that already holds the first `run.seen` of them (a conversation's kept cache),
+        continued with only the rest fed (the conversation checks the context and the cache's room per turn)."""
         settings.check()
         self.notify = notify or (lambda message: None)  # what a long one-time pause is doing
         self.loaded = loaded
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.settings = settings
-        self.prompt_ids = encode_prompt(self.tokenizer, prompt, settings.raw)
+        self.prompt_ids = encode_prompt(self.tokenizer, prompt, settings.raw) if prompt_ids is None else prompt_ids
         if not self.prompt_ids:
             raise OptionError("the prompt is empty; type some text to continue")
         self.prompt_tokens = len(self.prompt_ids)
@@ -189,22 +194,26 @@ class Decoder:
             weight_bytes=loaded.card.get("weight_bytes"),
             bandwidth_bytes_per_s=memory_bandwidth(self.model.device),
         )
-        if self.model.config.is_encoder_decoder:  # the encoder reads the prompt; the decoder keeps its own tokens
-            _check_encoder_decoder_context(self.model, self.prompt_tokens, settings.max_new_tokens)
-            total = 1 + settings.max_new_tokens  # its start token and the new tokens
+        if run is not None:  # a conversation's next turn continues the cache it kept
+            self.capacity, self.run = run.capacity, run
         else:
-            total = self.prompt_tokens + settings.max_new_tokens
-            _check_context(self.model, get(choice.name).positions_needed(choice.options, total), self.prompt_tokens,
-                           settings.max_new_tokens)
-        self.capacity = capacity_for(choice, total)
-        self.run = CacheRun(self.model, choice, self.capacity)
-        self.run.check_memory()
+            if self.model.config.is_encoder_decoder:  # the encoder reads the prompt; the decoder keeps its own tokens
+                _check_encoder_decoder_context(self.model, self.prompt_tokens, settings.max_new_tokens)
+                total = 1 + settings.max_new_tokens  # its start token and the new tokens
+            else:
+                total = self.prompt_tokens + settings.max_new_tokens
+                _check_context(self.model, get(choice.name).positions_needed(choice.options, total),
+                               self.prompt_tokens, settings.max_new_tokens)
+            self.capacity = capacity_for(choice, total)
+            self.run = CacheRun(self.model, choice, self.capacity)
+            self.run.check_memory()
         self.encoder_decoder = self.run.geometry.encoder_decoder
         if reference and self.encoder_decoder:
             raise OptionError("the exact-cache reference runs decoder-only models; this model is an encoder-decoder, "
                               "and its dynamic cache is already exact: run without the reference (kvviz compare "
                               "--no-reference; in the window, Compare with the exact cache off)")
         self.decoder_start = self._decoder_start() if self.encoder_decoder else None
+        self.prefill_logits: torch.Tensor | None = None  # the prefill's next-token logits [vocab] (float32, CPU)
         self.reference = Reference(self.model) if reference else None
         self.eos_ids = self._eos_ids()
         self._processors = self._make_processors()
@@ -308,7 +317,7 @@ class Decoder:
         timer = LayerTimer(self.model, device, enabled=not self._compile)
         compiled = None
         text = ""
-        new = ids  # what the next step feeds a cache: the prompt, then each new token
+        new = ids[:, self.run.seen :]  # what the next step feeds a cache: the prompt's uncached rest, then each token
         try:
             with torch.inference_mode():
                 self.trace.warm_up_ms = self.run.warm_up(self.notify)  # before the prefill, apart from its time
@@ -332,6 +341,8 @@ class Decoder:
                         self.run.encode(prompt)
                     logits = self.run.forward(fed, forward)[:, -1, :]
                     token = self._pick(ids, logits)
+                    if prefill:
+                        self.prefill_logits = logits[0].float().cpu()
                     if device.type == "cuda":
                         torch.cuda.synchronize(device)
                     wall_ms = (time.perf_counter() - started) * 1000.0

@@ -24,6 +24,7 @@ FORMATS = {
     "kvviz-trace": "kvviz.files.trace_schema",
     "kvviz-attach": "kvviz.attach.session",
     "kvviz-eval": "kvviz.files.evaluation",
+    "kvviz-conversation": "kvviz.files.conversation",
 }
 
 

@@ -5,6 +5,8 @@ strategy (or server load), and the Run, Switch and Stop buttons that stay in vie
 (`set_mode`), and so do the buttons. The server mode's own widgets come from kvviz.qt.server_mode.
 "Evaluate" keeps the model and the strategy picker, and puts the document above the picker and the
 list of strategies to evaluate below it in place of the prompt and settings (kvviz.qt.evaluate.mode).
+"Chat" keeps the model, the settings (max new tokens per answer) and the strategy picker, with Switch below
+them; its messages are typed in the central Conversation tab (kvviz.qt.conversation.mode).
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from kvviz.qt.panels.generation import PromptPanel, SettingsPanel
 from kvviz.qt.panels.model import ModelPanel
 from kvviz.qt.panels.strategy import StrategyPanel
 
-LOCAL, EVALUATE, SERVER = 0, 1, 2  # the modes: a model run here, evaluated on a document, or a vLLM server watched
+# the modes: a model run here, evaluated on a document, a vLLM server watched, or a chat with the cache kept
+LOCAL, EVALUATE, SERVER, CONVERSATION = 0, 1, 2, 3
 # the page each of the three swapping stacks (chooser, strategy or load, buttons) shows in each mode
-PAGES = {LOCAL: (0, 0, 0), EVALUATE: (0, 0, 2), SERVER: (1, 1, 1)}
+PAGES = {LOCAL: (0, 0, 0), EVALUATE: (0, 0, 2), SERVER: (1, 1, 1), CONVERSATION: (0, 0, 3)}
 
 
 class PageSwap(QWidget):
@@ -57,9 +60,10 @@ class PageSwap(QWidget):
 
 
 class Controls(QWidget):
-    def __init__(self, server, evaluate, parent: QWidget | None = None):
+    def __init__(self, server, evaluate, conversation, parent: QWidget | None = None):
         """server: the window's ServerMode, whose panel, load panel and buttons fill the server pages;
-        evaluate: its EvalMode, whose document and strategy list panels and buttons fill the Evaluate mode."""
+        evaluate: its EvalMode, whose document and strategy list panels and buttons fill the Evaluate mode;
+        conversation: its ConversationMode, whose buttons (Switch) fill the Conversation mode's page."""
         super().__init__(parent)
         self.model_panel = ModelPanel()
         self.prompt_panel = PromptPanel()
@@ -80,12 +84,17 @@ class Controls(QWidget):
             "its time is measured apart and not counted in tokens/s"
         )
         self.source_tabs = QTabBar()
-        self.source_tabs.addTab("Local model")
-        self.source_tabs.addTab("Evaluate")
-        self.source_tabs.addTab("vLLM server")
+        # short names: four modes share the dock's width (the central tabs say them in full)
+        tabs = (("Local", "A model run here"), ("Evaluate", "Strategies read a long document"),
+                ("Server", "A vLLM server's cache, watched"),
+                ("Chat", "A conversation with the cache kept across turns"))
+        for i, (name, tip) in enumerate(tabs):
+            self.source_tabs.addTab(name)
+            self.source_tabs.setTabToolTip(i, tip)
         self.source_tabs.setExpanding(True)
         self.source_tabs.setToolTip(
-            "Run a model here, evaluate strategies on a long document, or attach to a vLLM server and watch its cache"
+            "Run a model here, evaluate strategies on a long document, attach to a vLLM server and watch its cache, "
+            "or chat with the cache kept across turns"
         )
         self.stacks = [PageSwap() for _ in range(3)]  # chooser, strategy or load, buttons
         pages = [
@@ -97,6 +106,7 @@ class Controls(QWidget):
             stack.addWidget(local_page)
             stack.addWidget(server_page)
         self.stacks[2].addWidget(evaluate.buttons)
+        self.stacks[2].addWidget(conversation.buttons)
         self.document_panel, self.eval_list_panel = evaluate.document_panel, evaluate.list_panel
         self.document_panel.hide()
         self.eval_list_panel.hide()
@@ -155,9 +165,9 @@ class Controls(QWidget):
                 widget.setCurrentIndex(page)
                 widget.blockSignals(False)
         evaluating = index == EVALUATE
-        self.strategy_panel.set_prompt_relevant(not evaluating)
-        for panel in (self.prompt_panel, self.settings_panel):
-            panel.setVisible(not evaluating)
+        self.strategy_panel.set_prompt_relevant(index in (LOCAL, SERVER))
+        self.prompt_panel.setVisible(index in (LOCAL, SERVER))  # a chat's messages are typed in its own view
+        self.settings_panel.setVisible(not evaluating)
         for panel in (self.document_panel, self.eval_list_panel):
             panel.setVisible(evaluating)
 

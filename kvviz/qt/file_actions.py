@@ -1,11 +1,12 @@
-"""The File menu's keep-and-share actions: open and save traces, open a prompt file, save an evaluation,
-export the Runs table, the evaluation's summary, plots and window.
+"""The File menu's keep-and-share actions: open and save traces, open a prompt file, save a conversation or an
+evaluation, export the Runs table, the evaluation's summary, plots and window.
 
 Every action is a thin dialog in front of a function that takes an explicit path (`open_trace`,
-`open_prompt_file`, `save_selected_trace`, `save_evaluation`, `export_runs_csv`, `export_evaluation_csv`,
-`export_plots`, `save_window_png`), so tests and scripts call the same code the menu does. The dialogs (these, the
-model chooser's, the server panel's and the recording's) start in the folder last used for their kind of file
-(kvviz.qt.file_dialogs). Every save is confirmed in the status bar with the file's full path.
+`open_prompt_file`, `save_selected_trace`, `save_conversation`, `save_evaluation`, `export_runs_csv`,
+`export_evaluation_csv`, `export_plots`, `save_window_png`), so tests and scripts call the same code the menu
+does. The dialogs (these, the model chooser's, the server panel's and the recording's) start in the folder last
+used for their kind of file (kvviz.qt.file_dialogs). Every save is confirmed in the status bar with the file's
+full path.
 `install_file_actions(window)` adds the menu entries and drag and drop of `.json` trace files onto the window.
 """
 
@@ -114,6 +115,21 @@ class FileActions(QObject):
         self.window.say_saved(saved, f"run #{primary.run_id}, {len(primary.trace.steps)} steps")
         return saved
 
+    def save_conversation(self, path: str | os.PathLike) -> Path | None:
+        """The chat in the Conversation tab as `kvviz chat --trace` keeps it (a kvviz-conversation file): every
+        finished turn, and the one answering so far."""
+        trace = self.window.chat_mode.trace
+        if trace is None or not trace.turns:
+            self.show_message("Nothing to save", "Chat first (Controls ▸ Chat), or open a conversation file.")
+            return None
+        try:
+            saved = trace.save(path)
+        except OSError as exc:
+            self.show_message("Could not save conversation", f"Could not save {path}: {exc.strerror or exc}")
+            return None
+        self.window.say_saved(saved, f"{len(trace.turns)} turns")
+        return saved
+
     def save_evaluation(self, folder: str | os.PathLike) -> list[Path]:
         """The evaluation in the Evaluate tab as `kvviz eval --out` keeps it: a kvviz-eval file per strategy
         and summary.csv, in folder."""
@@ -205,7 +221,7 @@ class FileActions(QObject):
     # -- dialogs ------------------------------------------------------------------------------------
 
     def _ask_open(self) -> None:
-        path = self.dialogs.open_file("kept", "Open trace, evaluation or server session", TRACE_FILTER)
+        path = self.dialogs.open_file("kept", "Open trace, conversation, evaluation or server session", TRACE_FILTER)
         if path:
             self.open_trace(path)
 
@@ -223,6 +239,12 @@ class FileActions(QObject):
                                       "kvviz sessions (*.json)")
         if path:
             self.save_server_session(path)
+
+    def _ask_conversation(self) -> None:
+        path = self.dialogs.save_file("kept", "Save conversation", "chat.kvviz-conversation.json",
+                                      "kvviz conversations (*.json)")
+        if path:
+            self.save_conversation(path)
 
     def _ask_evaluation(self) -> None:
         folder = self.dialogs.folder("evaluations", "Save evaluation into folder")
@@ -416,6 +438,7 @@ def install_file_actions(window: QMainWindow) -> FileActions:
         ("save", "&Save selected run as trace…", QKeySequence.StandardKey.Save, actions._ask_save),
         ("session", "Save se&rver session…", None, actions._ask_session),
         ("evaluation", "Save e&valuation…", None, actions._ask_evaluation),
+        ("conversation", "Save co&nversation…", None, actions._ask_conversation),
         ("csv", "Export runs table as &CSV…", None, actions._ask_csv),
         ("eval_csv", "Export evaluation summary as CS&V…", None, actions._ask_eval_csv),
         ("plots", "Export &plots as PNG/SVG…", None, actions._ask_plots),

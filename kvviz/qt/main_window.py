@@ -19,11 +19,14 @@ from typing import Any
 from PySide6.QtCore import QSettings, Qt, Signal
 from PySide6.QtWidgets import QApplication, QMainWindow, QVBoxLayout, QWidget
 
+from kvviz.files.conversation import ConversationTrace
 from kvviz.files.evaluation import EvalRun
 from kvviz.files.trace import Trace
 from kvviz.present import final_status
 from kvviz.qt import theme, unsaved, wheel_guard, window_settings
-from kvviz.qt.controls import EVALUATE, SERVER, Controls
+from kvviz.qt.controls import CONVERSATION, EVALUATE, SERVER, Controls
+from kvviz.qt.conversation.mode import ConversationMode
+from kvviz.qt.docks_aside import DocksAside
 from kvviz.qt.evaluate.mode import EvalMode
 from kvviz.qt.help import HelpMenu
 from kvviz.qt.local.engine import LocalEngine
@@ -58,7 +61,8 @@ class MainWindow(QMainWindow):
         self.engine = LocalEngine(self.store, self)
         self.server = ServerMode(self, self.store)
         self.eval_mode = EvalMode(self, self.engine.worker)
-        self.controls = Controls(self.server, self.eval_mode)
+        self.chat_mode = ConversationMode(self, self.engine.worker)
+        self.controls = Controls(self.server, self.eval_mode, self.chat_mode)
         self.local_view = LocalView()
         self.error_bar = ErrorBar()
         self.views = ViewTabs()
@@ -66,6 +70,7 @@ class MainWindow(QMainWindow):
         self.views.addTab(self.local_view, "Local run")
         self.views.addTab(self.eval_mode.view, "Evaluate")
         self.views.addTab(self.server.view, "vLLM server")
+        self.views.addTab(self.chat_mode.view, "Conversation")
         self.views.setCornerWidget(self.local_view.run_legend, Qt.Corner.TopRightCorner)  # costs no height
         central = QWidget()
         layout = QVBoxLayout(central)
@@ -82,6 +87,7 @@ class MainWindow(QMainWindow):
         self.controls_dock = window_settings.dock(self, "Controls", self.controls, Qt.DockWidgetArea.LeftDockWidgetArea)
         self.tokens_dock = window_settings.dock(self, "Tokens", self.token_view, Qt.DockWidgetArea.RightDockWidgetArea)
         self.runs_dock = window_settings.dock(self, "Runs", self.runs_table, Qt.DockWidgetArea.BottomDockWidgetArea)
+        self.docks_aside = DocksAside(self.tokens_dock, self.runs_dock)  # for the modes with views of their own
         self.runs_table.verticalHeader().setDefaultSectionSize(self.fontMetrics().height() + 8)  # compact rows
         self.runs_table.setMinimumHeight(window_settings.runs_table_min_height(self.runs_table))
         self.runs_height: int | None = None  # the Runs dock's height the user chose (None: sized to the window)
@@ -101,6 +107,7 @@ class MainWindow(QMainWindow):
         self.views.currentChanged.connect(self.set_mode)
         self.server.sigChanged.connect(self.redraws.schedule)
         self.eval_mode.sigChanged.connect(self.redraws.schedule)
+        self.chat_mode.sigChanged.connect(self.redraws.schedule)
         self.store.sigRunsChanged.connect(self.redraws.schedule)
         self.store.sigShownChanged.connect(self.redraws.schedule)
         self.store.sigRunEnded.connect(self._on_run_ended)
@@ -140,14 +147,14 @@ class MainWindow(QMainWindow):
     # -- settings and mode ---------------------------------------------------------------------------
 
     def save_settings(self) -> None:
-        with self.eval_mode.docks_back():  # kept as the local mode has them
+        with self.docks_aside.back():  # kept as the local mode has them
             window_settings.save(self)
         self.eval_mode.save_settings(self.settings)
 
     def reset_layout(self) -> None:
         """Docks back in their places and every part sized for the window's present size."""
         self.runs_height = None
-        with self.eval_mode.docks_back():  # laid out with every dock, then the Evaluate mode's aside again
+        with self.docks_aside.back():  # laid out with every dock, then aside again for the mode on screen
             window_settings.default_layout(self)
 
     def say_saved(self, path, detail: str = "") -> None:
@@ -161,27 +168,30 @@ class MainWindow(QMainWindow):
     def set_theme(self, name: str) -> None:
         self.theme_name = window_settings.apply_theme(self, name)
         self.eval_mode.restyle(theme.current())
+        self.chat_mode.restyle(theme.current())
         self.menus.check_theme(self.theme_name)
         self.redraws.schedule()
 
     def set_mode(self, index: int) -> None:
-        """LOCAL: a model run here; EVALUATE: strategies read a document; SERVER: a vLLM server. The controls
-        and the central view follow together."""
+        """LOCAL: a model run here; EVALUATE: strategies read a document; SERVER: a vLLM server; CONVERSATION: a
+        chat with the cache kept across turns. The controls and the central view follow together."""
         self.controls.set_mode(index)
         if self.views.currentIndex() != index:
             self.views.blockSignals(True)
             self.views.setCurrentIndex(index)
             self.views.blockSignals(False)
+        if index in (EVALUATE, CONVERSATION):
+            self.docks_aside.enter()
+        else:
+            self.docks_aside.leave()
         if index == EVALUATE:
             self.eval_mode.enter()
-        else:
-            self.eval_mode.leave()
         self.update_controls()
         self.redraws.schedule()
 
     def visible_plots(self) -> list:
         """The plots of the central view on screen: the local run's, the evaluation's or the server's."""
-        views = {SERVER: self.server.view, EVALUATE: self.eval_mode.view}
+        views = {SERVER: self.server.view, EVALUATE: self.eval_mode.view, CONVERSATION: self.chat_mode.view}
         return views.get(self.views.currentIndex(), self.local_view).plots
 
     def connect_server(self, url: str) -> None:
@@ -195,7 +205,8 @@ class MainWindow(QMainWindow):
     # -- the model -----------------------------------------------------------------------------------
 
     def load_model(self, spec: str) -> None:
-        if self.store.generating is not None or self.eval_mode.running is not None or self.closing:
+        if self.store.generating is not None or self.eval_mode.running is not None or self.chat_mode.busy \
+                or self.closing:
             return
         self.controls.model_panel.set_spec(spec)
         self.controls.model_panel.set_loading(f"loading {spec}…", None)
@@ -257,6 +268,9 @@ class MainWindow(QMainWindow):
         if self.views.currentIndex() == EVALUATE:
             self.eval_mode.start()
             return None
+        if self.views.currentIndex() == CONVERSATION:
+            self.chat_mode.send()
+            return None
         controls = self.controls
         if not controls.run_button.isEnabled():
             return None
@@ -284,6 +298,8 @@ class MainWindow(QMainWindow):
         """Ask the running generation to switch to the strategy and options chosen in the picker; False when
         nothing runs or an option is invalid. The worker answers with sigSwitchAccepted or sigSwitchRefused
         (shown above the plots)."""
+        if self.views.currentIndex() == CONVERSATION:
+            return self.chat_mode.switch()
         if self.store.generating is None:
             return False
         problem = self.controls.strategy_panel.problem()
@@ -298,15 +314,20 @@ class MainWindow(QMainWindow):
             self.engine.cancel(self.store.generating)
             self.status_line.hold("stopping after this step…")
         self.eval_mode.stop()
+        self.chat_mode.stop()
 
     def show_kept(self, kept):
         """A trace opened from a file into the Runs table (returns its run id), an evaluation into the Evaluate
-        tab or a server session into the server view (returns it; None for an evaluation refused)."""
+        tab, a conversation into the Conversation tab or a server session into the server view (returns it; None
+        for an evaluation or a conversation refused)."""
         if isinstance(kept, Trace):
             return self.store.add(kept, final_status(kept))
         if isinstance(kept, EvalRun):
             self.set_mode(EVALUATE)
             return self.eval_mode.open_run(kept)
+        if isinstance(kept, ConversationTrace):
+            self.set_mode(CONVERSATION)
+            return self.chat_mode.open_trace(kept)
         self.server.open_session(kept)
         self.set_mode(SERVER)
         return kept
@@ -335,6 +356,9 @@ class MainWindow(QMainWindow):
         elif self.views.currentIndex() == EVALUATE:
             parts = [self.eval_mode.redraw]  # its plots name the strategies; the runs' legend is not theirs
             self.local_view.run_legend.set_entries([])
+        elif self.views.currentIndex() == CONVERSATION:
+            parts = self.chat_mode.redraw_parts()  # one conversation, named in its header
+            self.local_view.run_legend.set_entries([])
         else:
             parts = self.local_view.redraw_parts(shown, primary, generating)
 
@@ -353,7 +377,7 @@ class MainWindow(QMainWindow):
 
     def update_controls(self) -> None:
         generating = self.store.generating is not None
-        idle = not generating and self.eval_mode.running is None
+        idle = not generating and self.eval_mode.running is None and not self.chat_mode.busy
         loading = self.engine.loading
         ready = self.engine.card is not None and self.controls.strategy_panel.current() is not None
         valid = self.controls.strategy_panel.problem() is None  # its message is beside the field
@@ -362,6 +386,7 @@ class MainWindow(QMainWindow):
         self.controls.switch_button.setEnabled(generating and valid)
         self.controls.model_panel.load_button.setEnabled(idle and not loading)
         self.eval_mode.update_controls(idle and not loading and self.engine.card is not None)
+        self.chat_mode.update_controls(idle and not loading and self.engine.card is not None and valid)
         evaluating = self.views.currentIndex() == EVALUATE
         self.menus.set_enabled(self.eval_mode.evaluate_button.isEnabled() if evaluating else can_run, not idle)
         self.menus.switch_action.setEnabled(generating and valid)
@@ -398,4 +423,5 @@ class MainWindow(QMainWindow):
         self.status_line.stop()
         self.server.shutdown()
         self.eval_mode.shutdown()
+        self.chat_mode.shutdown()
         return self.engine.stop(timeout_ms)

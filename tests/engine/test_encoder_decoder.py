@@ -9,6 +9,7 @@ import torch
 import transformers
 
 from kvviz.engine import decode, evaluate, model_files, strategies
+from kvviz.engine.conversation import Conversation
 from kvviz.errors import ModelError, OptionError
 from kvviz.files.documents import Document
 
@@ -87,6 +88,8 @@ def test_switching_evaluating_and_comparing_to_a_reference_are_refused_with_the_
     document = Document(name="text", source="text.txt", text=PROMPT * 4)
     with pytest.raises(OptionError, match="T5ForConditionalGeneration is an encoder-decoder: .* with kvviz run$"):
         evaluate.prepare(loaded, document, [strategies.choose("dynamic")])
+    with pytest.raises(OptionError, match="^a conversation keeps one .*: chat with a decoder-only model$"):
+        Conversation(loaded, strategies.choose("dynamic"), settings)
 
 
 def test_a_speech_encoder_decoder_is_refused_with_the_reason():

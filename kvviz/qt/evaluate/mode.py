@@ -10,14 +10,14 @@ redraws (on its redraw timer, `sigChanged` asks for one). Stop stops every strat
 (`kvviz-eval` files) open into the same view, and the one on screen saves as those files and the
 summary CSV `kvviz eval --out` writes.
 
-The Tokens and Runs docks belong to the local runs: they step aside while this mode is on screen.
+The Tokens and Runs docks belong to the local runs: they step aside while this mode is on screen
+(kvviz.qt.docks_aside).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from contextlib import contextmanager
 from html import escape as html_escape
 from pathlib import Path
 
@@ -96,8 +96,6 @@ class EvalMode(QObject):
         self.opened = False  # the evaluation on screen came from files
         self._next_id = 1
         self._defaults: dict[str, dict] | None = None
-        self._hidden_docks: list = []
-        self.on_screen = False  # the Evaluate tab is the one shown
         self._restored_list = False  # the settings held a list (even an empty one): no first list then
         self._dirty = False
 
@@ -362,37 +360,11 @@ class EvalMode(QObject):
     def status(self) -> str:
         return f"evaluating: {self.progress()}" if self.running is not None else ""
 
-    # -- the docks and the settings -------------------------------------------------------------------
+    # -- the settings --------------------------------------------------------------------------------
 
     def enter(self) -> None:
-        """On screen: the local runs' docks step aside (they come back on leaving)."""
-        if self.on_screen:
-            return
-        self.on_screen = True
-        docks = (self.window.tokens_dock, self.window.runs_dock)
-        self._hidden_docks = [d for d in docks if d.isVisible() and not d.isFloating()]
-        for dock in self._hidden_docks:
-            dock.hide()
+        """On screen again: drawn whole at the next redraw."""
         self._dirty = True
-
-    def leave(self) -> None:
-        if not self.on_screen:
-            return
-        self.on_screen = False
-        for dock in self._hidden_docks:
-            dock.show()
-        self._hidden_docks = []
-
-    @contextmanager
-    def docks_back(self):
-        """The docks as the local mode has them while the window's layout is saved."""
-        on_screen = self.on_screen
-        self.leave()
-        try:
-            yield
-        finally:
-            if on_screen:
-                self.enter()
 
     def save_settings(self, settings) -> None:
         settings.setValue("evaluate/document", json.dumps(self.document_panel.state()))

@@ -28,7 +28,7 @@ from kvviz.present import FINISHED, RUNNING
 from kvviz.qt.tools import drive
 
 
-class _StallMeter:
+class StallMeter:
     """A 5 ms timer; the longest gap between its ticks beyond 5 ms is the worst event-loop stall."""
 
     def __init__(self, interval_ms: int = 5):
@@ -79,7 +79,7 @@ def _window_rate(window, tokens: int, timeout_s: float) -> tuple[int, float]:
 def _window_stall(window, tokens: int, timeout_s: float) -> float:
     """The worst event-loop stall during one run through the window's Run. A run of its own: the meter's
     200 wake-ups a second cost the decode about 2 % on 2 cores, which no user's window pays."""
-    meter = _StallMeter()
+    meter = StallMeter()
     meter.start()
     try:  # the stall that matters is while tokens stream; the prefill step is on the worker thread too
         _window_rate(window, tokens, timeout_s)

@@ -2,9 +2,10 @@
 
 One prompt through dynamic, static, quantized int4 (hqq) and sink caches, then one run that
 switches from dynamic to quantized int4 mid-run, then a quantized int2 run compared with the exact
-cache (its KL divergence per step and top-1 agreement). Each scene is captioned in a band of its own
-above the window's views, which covers no plot; with `record` the whole tour is written to MP4 (or
-GIF without imageio-ffmpeg) by kvviz.qt.recorder.
+cache (its KL divergence per step and top-1 agreement), then a four-turn conversation through attention
+sinks in the Conversation tab. Each scene is captioned in a band of its own above the window's views,
+which covers no plot; with `record` the whole tour is written to MP4 (or GIF without imageio-ffmpeg)
+by kvviz.qt.recorder.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from kvviz.present import FAILED, strategy_label
+from kvviz.qt.controls import LOCAL
 from kvviz.qt.tools import drive
+from kvviz.qt.tools.chat_screenshot import MESSAGES, SYSTEM, play_chat
 
 DEMO_PROMPT = "Explain in a few sentences what the key-value cache of a transformer does."
 SIZE = (1920, 1080)
@@ -32,16 +35,18 @@ class Scene:
 
 
 TOUR = [
-    Scene("1 / 6  DynamicCache: grows by one token per step", "dynamic", {}),
-    Scene("2 / 6  StaticCache: every slot preallocated, written in place", "static", {}),
-    Scene("3 / 6  QuantizedCache int4 (hqq): old tokens in 4 bits, a full-precision residual", "quantized", HQQ_INT4),
-    Scene("4 / 6  Attention sinks: the first 4 tokens plus a sliding window of 24", "sink",
+    Scene("1 / 7  DynamicCache: grows by one token per step", "dynamic", {}),
+    Scene("2 / 7  StaticCache: every slot preallocated, written in place", "static", {}),
+    Scene("3 / 7  QuantizedCache int4 (hqq): old tokens in 4 bits, a full-precision residual", "quantized", HQQ_INT4),
+    Scene("4 / 7  Attention sinks: the first 4 tokens plus a sliding window of 24", "sink",
           {"sink_tokens": 4, "window": 24}),
-    Scene("5 / 6  Live switch: dynamic, then quantized int4 from token 24", "dynamic", {},
+    Scene("5 / 7  Live switch: dynamic, then quantized int4 from token 24", "dynamic", {},
           switch=(24, "quantized", HQQ_INT4)),
-    Scene("6 / 6  Fidelity: quantized int2 against the exact cache, KL per step and top-1 agreement", "quantized",
+    Scene("6 / 7  Fidelity: quantized int2 against the exact cache, KL per step and top-1 agreement", "quantized",
           {**HQQ_INT4, "nbits": 2}, reference=True),
 ]
+CHAT = Scene("7 / 7  A conversation through attention sinks (4 + 60): the cache map shows which turns survive",
+             "sink", {"sink_tokens": 4, "window": 60})
 FINALE = "All runs overlaid: memory, latency against its memory-bound floor, and the compared run's KL"
 
 
@@ -131,6 +136,12 @@ def _tour(window, caption: Caption, model: str, tokens: int, pause: float, recor
             drive.pause(pause)
         window.controls.reference_box.setChecked(False)
         failures += len(refusals)
+        caption.show(CHAT.caption)
+        if not play_chat(window, MESSAGES[:4], CHAT.strategy, CHAT.options, tokens, SYSTEM):
+            failures += 1
+            caption.show(CHAT.caption + f"  (failed: {window.last_error})")
+        drive.pause(2 * pause)
+        window.set_mode(LOCAL)
         window.runs_table.select_runs(list(window.store.runs))
         caption.show(FINALE)
         drive.pause(2 * pause)

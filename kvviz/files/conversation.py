@@ -1,0 +1,302 @@
+"""A conversation kept as a file: its turns, their token ranges and roles, and what each turn cost.
+
+Plain data (stdlib + numpy): `kvviz.engine.conversation` produces these records, `kvviz chat`, `kvviz trace` and
+the window read them. A conversation trace is JSON:
+
+    {"format": "kvviz-conversation", "version": 1, "model": {...}, "strategy": {"name", "options"},
+     "system": str, "template": str, "settings": {...}, "capacity": int, "prefix": {...} | null,
+     "messages": [{"role", "content", "turn", "start", "end"}], "turns": [{...}], "steps": [{...}],
+     "cancelled": bool, "error": str | null, "summary": {...}}
+
+Token ranges count the tokens of the templated history, from 0; `end` is exclusive. A message's range is the
+one it had when its turn ran (an edited or regenerated turn keeps its own). Steps are the generated tokens of
+every turn, in order, with the figures the plots draw (per-layer records stay in `kvviz run`'s traces).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvviz.files.jsonfile import KeptFileError, write_json
+from kvviz.files.schema import (
+    MAX_BYTES,
+    FileFormat,
+    Flag,
+    Int,
+    Json,
+    ListOf,
+    MapOf,
+    Number,
+    Record,
+    Refusal,
+    Text,
+    at,
+    optional,
+)
+from kvviz.files.trace_schema import MAX_MS, MAX_POSITIONS, MODEL_CARD, STRATEGY
+
+FORMAT = "kvviz-conversation"
+VERSION = 1
+ROLES = ("system", "user", "assistant")
+TURN_KINDS = ("send", "regenerate", "edit")  # a new message; the last answer again; an earlier message changed
+
+
+@dataclass
+class MessageRecord:
+    role: str  # one of ROLES
+    content: str
+    turn: int | None  # the turn that added it (None: the system prompt)
+    start: int  # its tokens in the templated history: [start, end)
+    end: int
+
+
+@dataclass
+class TurnRecord:
+    """One user message and the reply to it, and what the turn cost."""
+
+    index: int
+    chat: int  # 0 for the first chat, one more for each new chat started from the cached prefix
+    kind: str  # one of TURN_KINDS
+    strategy: dict[str, Any]  # {"name", "options"} when the turn ended
+    start: int  # tokens in context before the user's message (its first token)
+    prompt_end: int  # tokens in context when generation began: the whole templated history
+    end: int  # tokens in context at the turn's end (prompt_end + new tokens)
+    kept: int  # tokens of the history the cache already held and kept
+    recomputed: int  # tokens of the history fed at this turn's prefill (prompt_end - kept)
+    new_tokens: int
+    ttft_ms: float | None  # time to first token: the prefill of the `recomputed` tokens and the first pick
+    decode_tokens_per_s: float | None  # None: fewer than two new tokens
+    cache_bytes: int | None  # measured at the turn's end
+    policy_bytes: int | None
+    tokens_held: int | None  # by the cache at the turn's end (its first layer)
+    evicted: int  # tokens the cache dropped during the turn (measured: held against seen)
+    reprefill_ms: float | None = None  # a full prefill of the whole history into a fresh cache, measured on request
+    reprefill_logit_diff: float | None = None  # largest |logit| difference of that prefill against the kept cache
+    prefix_copy_bytes: int | None = None  # a new chat's deep copy of the cached prefix, measured
+    note: str | None = None  # what the turn did to the cache that a user should know (crops, refills, eviction)
+    cancelled: bool = False
+
+
+@dataclass
+class ConversationStep:
+    """One generated token of a turn."""
+
+    turn: int
+    phase: str  # "prefill" (the turn's first token) or "decode"
+    position: int  # tokens in context when the token was picked
+    token: str
+    wall_ms: float
+    cache_bytes: int | None
+    predicted_cache_bytes: int | None
+    policy_bytes: int | None
+    tokens_held: int | None
+    strategy: str
+
+
+@dataclass
+class PrefixRecord:
+    """The cached prefix new chats start from (the system prompt and the template's opening)."""
+
+    tokens: int
+    cache_bytes: int
+    prefill_ms: float
+
+
+@dataclass
+class ConversationTrace:
+    model: dict[str, Any]
+    strategy: dict[str, Any]  # the strategy the conversation started with
+    system: str = ""
+    template: str = ""  # how turns were written: "chat template" or the plain format used instead
+    settings: dict[str, Any] = field(default_factory=dict)
+    capacity: int = 0  # token slots a preallocating cache reserves for the conversation
+    prefix: PrefixRecord | None = None
+    messages: list[MessageRecord] = field(default_factory=list)
+    turns: list[TurnRecord] = field(default_factory=list)
+    steps: list[ConversationStep] = field(default_factory=list)
+    cancelled: bool = False
+    error: str | None = None
+
+    def summary(self) -> dict[str, Any]:
+        done = [t for t in self.turns if not t.cancelled]
+        ttft = [t.ttft_ms for t in done if t.ttft_ms is not None]
+        reprefill = [t.reprefill_ms for t in done if t.reprefill_ms is not None]
+        return {
+            "turns": len(self.turns),
+            "chats": 1 + max((t.chat for t in self.turns), default=0),
+            "tokens_in_context": self.turns[-1].end if self.turns else 0,
+            "new_tokens": sum(t.new_tokens for t in self.turns),
+            "ttft_ms_mean": float(np.mean(ttft)) if ttft else None,
+            "reprefill_ms_mean": float(np.mean(reprefill)) if reprefill else None,
+            "final_cache_bytes": self.turns[-1].cache_bytes if self.turns else None,
+            "peak_cache_bytes": max((t.cache_bytes for t in self.turns if t.cache_bytes is not None), default=None),
+            "evicted": sum(t.evicted for t in self.turns),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "model": self.model,
+            "strategy": self.strategy,
+            "system": self.system,
+            "template": self.template,
+            "settings": self.settings,
+            "capacity": self.capacity,
+            "prefix": asdict(self.prefix) if self.prefix else None,
+            "messages": [asdict(m) for m in self.messages],
+            "turns": [asdict(t) for t in self.turns],
+            "steps": [vars(s) for s in self.steps],
+            "cancelled": self.cancelled,
+            "error": self.error,
+            "summary": self.summary(),
+        }
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write atomically and completely, even when Ctrl-C comes during the save (`kvviz.files.jsonfile`)."""
+        return write_json(path, self.to_dict)
+
+
+class ConversationFileError(KeptFileError):
+    """A file is not a readable kvviz conversation; the message says what is wrong and where."""
+
+
+def load(path: str | os.PathLike) -> ConversationTrace:
+    return FILE_FORMAT.read(path)
+
+
+def from_dict(data: Any, source: str = "conversation") -> ConversationTrace:
+    return FILE_FORMAT.parse(data, source)
+
+
+_BYTES_OR_UNKNOWN = Int(0, MAX_BYTES, null=True, what="a byte count")
+_POSITIONS = Int(0, MAX_POSITIONS, what="a number of tokens")
+_MS_OR_UNKNOWN = Number(0, MAX_MS, null=True, what="a time in ms")
+
+
+def _ranges_in_order(record: dict, where) -> None:
+    if record["start"] > record["end"]:
+        raise Refusal(at(where, "end"), f"at least start ({record['start']:,})", record["end"])
+
+
+def _turn_adds_up(turn: dict, where) -> None:
+    if not turn["start"] <= turn["prompt_end"] <= turn["end"]:
+        raise Refusal(at(where, "prompt_end"), f"from start ({turn['start']:,}) to end ({turn['end']:,})",
+                      turn["prompt_end"])
+    if turn["kept"] + turn["recomputed"] != turn["prompt_end"]:
+        raise Refusal(at(where, "recomputed"), f"prompt_end - kept ({turn['prompt_end'] - turn['kept']:,})",
+                      turn["recomputed"])
+    if turn["end"] - turn["prompt_end"] != turn["new_tokens"]:
+        raise Refusal(at(where, "new_tokens"), f"end - prompt_end ({turn['end'] - turn['prompt_end']:,})",
+                      turn["new_tokens"])
+
+
+_MESSAGE = Record(
+    {"role": Text(ROLES), "content": Text(), "turn": Int(0, null=True), "start": _POSITIONS, "end": _POSITIONS},
+    rules=(_ranges_in_order,),
+    what="a message (an object with role, content, turn, start, end)",
+)
+
+_TURN = Record(
+    {
+        "index": Int(0),
+        "chat": Int(0),
+        "kind": Text(TURN_KINDS),
+        "strategy": STRATEGY,
+        "start": _POSITIONS,
+        "prompt_end": _POSITIONS,
+        "end": _POSITIONS,
+        "kept": _POSITIONS,
+        "recomputed": _POSITIONS,
+        "new_tokens": _POSITIONS,
+        "ttft_ms": _MS_OR_UNKNOWN,
+        "decode_tokens_per_s": Number(0, null=True, what="tokens per second"),
+        "cache_bytes": _BYTES_OR_UNKNOWN,
+        "policy_bytes": _BYTES_OR_UNKNOWN,
+        "tokens_held": Int(0, MAX_POSITIONS, null=True, what="a number of tokens"),
+        "evicted": _POSITIONS,
+        "reprefill_ms": optional(_MS_OR_UNKNOWN),
+        "reprefill_logit_diff": optional(Number(0, null=True, what="a logit difference")),
+        "prefix_copy_bytes": optional(_BYTES_OR_UNKNOWN),
+        "note": optional(Text(null=True)),
+        "cancelled": optional(Flag(), False),
+    },
+    rules=(_turn_adds_up,),
+    what="a turn record (an object)",
+)
+
+_STEP = Record(
+    {
+        "turn": Int(0),
+        "phase": Text(("prefill", "decode")),
+        "position": _POSITIONS,
+        "token": Text(),
+        "wall_ms": Number(0, MAX_MS, what="a time in ms"),
+        "cache_bytes": _BYTES_OR_UNKNOWN,
+        "predicted_cache_bytes": _BYTES_OR_UNKNOWN,
+        "policy_bytes": _BYTES_OR_UNKNOWN,
+        "tokens_held": Int(0, MAX_POSITIONS, null=True, what="a number of tokens"),
+        "strategy": Text(nonempty=True),
+    },
+    what="a step record (an object)",
+)
+
+
+def _turns_and_steps_agree(data: dict, where) -> None:
+    """Turns numbered 0, 1, ... in order; every step and message names a turn there is."""
+    for i, turn in enumerate(data["turns"]):
+        if turn["index"] != i:
+            raise Refusal(at(where, "turns", i, "index"), f"{i} (turns are numbered 0, 1, 2, ... in order)",
+                          turn["index"])
+    count = len(data["turns"])
+    for name in ("steps", "messages"):
+        for i, item in enumerate(data[name]):
+            if item["turn"] is not None and item["turn"] >= count:
+                raise Refusal(at(where, name, i, "turn"), f"a turn of the file (0 to {count - 1})", item["turn"])
+
+
+_CONVERSATION = Record(
+    {
+        "model": MODEL_CARD,
+        "strategy": STRATEGY,
+        "system": optional(Text(), ""),
+        "template": optional(Text(), ""),
+        "settings": optional(MapOf(Json(depth=1)), {}),
+        "capacity": optional(_POSITIONS, 0),
+        "prefix": optional(Record({"tokens": _POSITIONS, "cache_bytes": Int(0, MAX_BYTES),
+                                   "prefill_ms": Number(0, MAX_MS)}, null=True, what="the cached prefix")),
+        "messages": ListOf(_MESSAGE),
+        "turns": ListOf(_TURN),
+        "steps": ListOf(_STEP),
+        "cancelled": optional(Flag(), False),
+        "error": optional(Text(null=True)),
+        "summary": optional(Json(depth=2)),  # derived again from the turns on load
+    },
+    rules=(_turns_and_steps_agree,),
+)
+
+
+def _build(data: dict) -> ConversationTrace:
+    return ConversationTrace(
+        model=data["model"],
+        strategy=data["strategy"],
+        system=data["system"],
+        template=data["template"],
+        settings=data["settings"],
+        capacity=data["capacity"],
+        prefix=PrefixRecord(**data["prefix"]) if data["prefix"] else None,
+        messages=[MessageRecord(**m) for m in data["messages"]],
+        turns=[TurnRecord(**t) for t in data["turns"]],
+        steps=[ConversationStep(**s) for s in data["steps"]],
+        cancelled=data["cancelled"],
+        error=data["error"],
+    )
+
+
+FILE_FORMAT = FileFormat(name=FORMAT, version=VERSION, kind="kvviz conversation", schema=_CONVERSATION,
+                         build=_build, error=ConversationFileError)

@@ -1,0 +1,126 @@
+"""The Conversation tab's engine side: a `kvviz.engine.conversation.Conversation` on the worker's thread.
+
+`Chatter` lives on the `Worker`'s thread, as the Evaluate tab's evaluator does: `begin` (a new conversation with
+the chosen strategy and system prompt) and `act` (send, regenerate, edit, new chat) are queued slots, and every
+engine call runs there. While a turn generates, the loop serves the chatter's own queued calls between two steps
+(`switch`), so that a switch mid-answer takes effect at the next step. Records travel as the engine's own
+`ConversationTrace`, which the window reads when it redraws; the latest step's per-layer record (the cache map)
+comes with each progress signal. `cancel()` may be called from any thread.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from PySide6.QtCore import QCoreApplication, QEvent, QObject, Signal, Slot
+
+from kvviz.errors import failure
+from kvviz.qt.worker import Worker
+
+PROGRESS_INTERVAL_S = 0.1  # about ten redraws a second while a reply streams
+
+
+class Chatter(QObject):
+    sigBegun = Signal(int, object)  # chat id, the ConversationTrace (its turns and steps fill as it goes)
+    sigTurnStarted = Signal(int, object)  # chat id, {"kind", "prompt_tokens", "kept"}
+    sigProgress = Signal(int, object)  # chat id, the latest StepRecord (its layers draw the cache map)
+    sigTurnFinished = Signal(int, object)  # chat id, the TurnRecord (cancelled or not)
+    sigNewChat = Signal(int, object)  # chat id, the PrefixRecord new chats start from (None: none to share)
+    sigFailed = Signal(int, str)  # chat id, why the request was refused (user-facing; the chat stays as it was)
+    sigSwitched = Signal(int, str)  # chat id, the strategy the cache switches to
+    sigNotice = Signal(int, str)  # chat id, what a long one-time pause is doing ("" once over)
+
+    def __init__(self, worker: Worker):
+        super().__init__()
+        self.moveToThread(worker.thread())  # its slots run on the worker's thread
+        self.worker = worker
+        self.conversation = None
+        self.chat_id = 0
+
+    # -- any thread ----------------------------------------------------------------------------------
+
+    def cancel(self) -> None:
+        """Stop the reply being generated after its step in progress; the turn keeps what it generated."""
+        conversation = self.conversation
+        if conversation is not None:
+            conversation.cancel()
+
+    # -- worker thread -------------------------------------------------------------------------------
+
+    @Slot(int, object)
+    def begin(self, chat_id: int, request: dict[str, Any]) -> None:
+        """request: "strategy", "options", "settings" (GenerationSettings fields), "system"."""
+        try:
+            from kvviz.engine import strategies
+            from kvviz.engine.conversation import Conversation
+            from kvviz.engine.decode import GenerationSettings
+
+            loaded = self.worker.loaded
+            if loaded is None:
+                raise RuntimeError("no model is loaded yet; load one first")
+            choice = strategies.choose(request["strategy"], dict(request["options"]))
+            settings = GenerationSettings(**request["settings"])
+            self.conversation = Conversation(loaded, choice, settings, system=request["system"],
+                                             notify=lambda message: self.sigNotice.emit(chat_id, message))
+            self.chat_id = chat_id
+        except Exception as exc:  # noqa: BLE001 - refused: the window says why
+            self.sigFailed.emit(chat_id, failure("starting the conversation", exc))
+            return
+        self.sigBegun.emit(chat_id, self.conversation.trace)
+
+    @Slot(int, object)
+    def act(self, chat_id: int, action: dict[str, Any]) -> None:
+        """action: {"kind": "send", "text"}, {"kind": "regenerate"}, {"kind": "edit", "index", "text"},
+        {"kind": "new_chat"}; "reprefill": also measure a full re-prefill of the history after the turn."""
+        conversation = self.conversation
+        if conversation is None or chat_id != self.chat_id:
+            return
+        try:
+            if action["kind"] == "new_chat":
+                conversation.new_chat()
+                self.sigNewChat.emit(chat_id, conversation.trace.prefix)
+                return
+            if action["kind"] == "send":
+                turn = conversation.send(action["text"])
+            elif action["kind"] == "regenerate":
+                turn = conversation.regenerate()
+            else:
+                turn = conversation.edit(action["index"], action["text"])
+        except Exception as exc:  # noqa: BLE001 - refused (an empty message, a full context): the chat is as it was
+            self.sigFailed.emit(chat_id, failure("the conversation's turn", exc))
+            return
+        self.sigTurnStarted.emit(chat_id, {"kind": action["kind"], "prompt_tokens": turn.prompt_tokens,
+                                           "kept": turn.kept})
+        last = 0.0
+        try:
+            for step in turn:
+                now = time.perf_counter()
+                if now - last >= PROGRESS_INTERVAL_S:
+                    last = now
+                    self.sigProgress.emit(chat_id, step)
+                QCoreApplication.sendPostedEvents(self, QEvent.Type.MetaCall)  # a switch asked meanwhile
+            if action.get("reprefill"):
+                conversation.reprefill(turn)
+        except Exception as exc:  # noqa: BLE001 - a failure inside the model: the turn keeps what it had
+            self.sigFailed.emit(chat_id, failure("the conversation's turn", exc))
+        finally:
+            steps = turn.decoder.trace.steps
+            if steps:
+                self.sigProgress.emit(chat_id, steps[-1])
+            self.sigTurnFinished.emit(chat_id, turn.record)
+
+    @Slot(int, str, object)
+    def switch(self, chat_id: int, strategy: str, options: dict[str, Any]) -> None:
+        """Switch the conversation's cache: at the next step of the reply being generated, or now between turns."""
+        conversation = self.conversation
+        if conversation is None or chat_id != self.chat_id:
+            return
+        try:
+            from kvviz.engine import strategies
+
+            conversation.request_switch(strategies.choose(strategy, dict(options)))
+        except Exception as exc:  # noqa: BLE001 - refused: the window says why
+            self.sigFailed.emit(chat_id, failure(f"switching to {strategy}", exc))
+            return
+        self.sigSwitched.emit(chat_id, strategy)

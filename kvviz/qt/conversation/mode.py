@@ -1,0 +1,340 @@
+"""The window's "Conversation" mode: a chat with the cache kept across turns, drawn across the whole conversation.
+
+`ConversationMode` owns the central "Conversation" tab (`view`) and the Controls' button page under the strategy
+picker (`buttons`: Switch, to convert the chat's cache between turns or mid-answer). The model, the strategy and
+the generation settings (max new tokens per reply) come from the Controls, as for a run. The first message starts
+a conversation on the worker's thread (`Chatter`) with the strategy chosen then; later messages go on with its
+cache. New chat starts from the cached system prompt; a changed system prompt starts a new conversation.
+
+The records are the engine's own `ConversationTrace`, read when the window redraws (about ten times a second while
+an answer streams): the transcript, the plots over tokens in context with the turns marked, the cache map of the
+latest step coloured by turn and role, and the per-turn table.
+
+The Tokens and Runs docks belong to the local runs: they step aside while this mode is on screen
+(kvviz.qt.docks_aside).
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QObject, Signal
+from PySide6.QtWidgets import QHBoxLayout, QPushButton, QWidget
+
+from kvviz.qt.conversation.chatter import Chatter
+from kvviz.qt.conversation.series import ChatSeries
+from kvviz.qt.conversation.view import ConversationView
+
+
+class ConversationMode(QObject):
+    sigChanged = Signal()  # something to draw
+    sigRequestBegin = Signal(int, object)  # to the chatter: chat id, request
+    sigRequestAct = Signal(int, object)  # chat id, action
+    sigRequestSwitch = Signal(int, str, object)  # chat id, strategy, options
+    sigTurnDone = Signal(int)  # turns done so far, once the last one is drawn
+
+    def __init__(self, window, worker):
+        super().__init__(window)
+        self.window = window
+        self.chatter = chatter = Chatter(worker)
+        self.view = view = ConversationView()
+        self.switch_button = QPushButton("Switch")
+        self.switch_button.setToolTip("Convert the chat's cache to the strategy chosen above: now between turns, at "
+                                      "the next step during an answer")
+        self.buttons = QWidget()
+        row = QHBoxLayout(self.buttons)
+        row.setContentsMargins(9, 0, 9, 0)
+        row.addWidget(self.switch_button)
+
+        self.chat_id = 0
+        self.trace = None  # the ConversationTrace on screen
+        self.opened = False  # it came from a file: shown, not continued
+        self.system = ""  # the system prompt the conversation began with
+        self.generating = False
+        self.starting = False  # asked to begin: the chatter has not answered yet
+        self.latest_step = None  # the latest StepRecord (the cache map's layers)
+        self.editing: int | None = None  # the index of the message Send replaces (Edit…)
+        self._model_ready = False
+        self._dirty = False
+        self.series = ChatSeries()  # the chat's steps as plot columns, extended frame by frame
+
+        view.send_button.clicked.connect(lambda *_: self.send())
+        view.send_shortcut.activated.connect(self.send)
+        view.stop_button.clicked.connect(lambda *_: self.stop())
+        view.regenerate_button.clicked.connect(lambda *_: self.act({"kind": "regenerate"}))
+        view.edit_button.clicked.connect(lambda *_: self.start_edit())
+        view.new_chat_button.clicked.connect(lambda *_: self.new_chat())
+        view.table.itemSelectionChanged.connect(self.update_buttons)
+        self.switch_button.clicked.connect(lambda *_: self.switch())
+        self.sigRequestBegin.connect(chatter.begin)
+        self.sigRequestAct.connect(chatter.act)
+        self.sigRequestSwitch.connect(chatter.switch)
+        chatter.sigBegun.connect(self._on_begun)
+        chatter.sigTurnStarted.connect(self._on_turn_started)
+        chatter.sigProgress.connect(self._on_progress)
+        chatter.sigTurnFinished.connect(self._on_turn_finished)
+        chatter.sigNewChat.connect(self._on_new_chat)
+        chatter.sigFailed.connect(self._on_failed)
+        chatter.sigSwitched.connect(self._on_switched)
+        chatter.sigNotice.connect(self._on_notice)
+        self.update_buttons()
+
+    @property
+    def busy(self) -> bool:
+        return self.generating or self.starting
+
+    # -- the user's actions --------------------------------------------------------------------------
+
+    def send(self) -> bool:
+        """Send the message in the box (or the edited one); False when it cannot go now (the window says why)."""
+        text = self.view.message.toPlainText()
+        if self.busy or not self.view.send_button.isEnabled():
+            return False
+        if not text.strip():
+            self.window.show_error("Type a message first: an empty message is not sent.")
+            return False
+        system = self.view.system.text().strip()
+        if self.trace is None or self.opened or system != self.system:
+            self._begin(system)
+        action = {"kind": "send", "text": text} if self.editing is None else {
+            "kind": "edit", "index": self.editing, "text": text}
+        self.editing = None
+        self.view.message.clear()
+        return self.act(action)
+
+    def act(self, action: dict) -> bool:
+        if self.busy and action["kind"] != "send" or (self.trace is None and not self.starting):
+            return False
+        action["reprefill"] = self.view.reprefill_box.isChecked()
+        self.generating = action["kind"] != "new_chat"
+        self.window.error_bar.hide()
+        self.sigRequestAct.emit(self.chat_id, action)
+        self.window.update_controls()
+        return True
+
+    def new_chat(self) -> None:
+        """A new chat from the cached system prompt; a changed system prompt begins a new conversation."""
+        system = self.view.system.text().strip()
+        if self.trace is None or self.opened or system != self.system:
+            self._begin(system)
+            self._changed()
+            return
+        self.act({"kind": "new_chat"})
+
+    def start_edit(self) -> None:
+        """The selected turn's message into the box: Send replaces it (the cache is cropped at its first change)."""
+        rows = self.view.table.selectionModel().selectedRows()
+        conversation = self.chatter.conversation
+        if not rows or conversation is None or self.trace is None:
+            return
+        turn = self.trace.turns[rows[0].row()]
+        users = [i for i, m in enumerate(conversation.messages) if m.role == "user"]
+        chat_turns = [t for t in self.trace.turns if t.chat == turn.chat]
+        if turn.chat != conversation.chat:
+            self.window.show_error("That turn belongs to an earlier chat; edit a message of the chat on screen.")
+            return
+        place = [t.index for t in chat_turns if t.kind != "regenerate"]
+        order = next((i for i, index in enumerate(place) if index >= turn.index), len(place) - 1)
+        if order >= len(users):
+            return
+        self.editing = users[order]
+        self.view.message.setPlainText(conversation.messages[self.editing].content)
+        self.view.message.setFocus()
+        self.window.statusBar().showMessage("Edit the message and Send: the answers after it are dropped", 10_000)
+
+    def stop(self) -> None:
+        if self.generating:
+            self.chatter.cancel()
+            self.window.status_line.hold("stopping the answer after this step…")
+
+    def switch(self) -> bool:
+        picker = self.window.controls.strategy_panel
+        problem = picker.problem()
+        if self.trace is None or problem:
+            if problem:
+                self.window.show_error(f"Cannot switch: {problem}")
+            return False
+        self.sigRequestSwitch.emit(self.chat_id, picker.current(), picker.values())
+        return True
+
+    def _begin(self, system: str) -> None:
+        controls = self.window.controls
+        self.chat_id += 1
+        self.system = system
+        self.trace, self.latest_step, self.editing, self.opened = None, None, None, False
+        self.starting = True
+        request = {"strategy": controls.strategy_panel.current(), "options": controls.strategy_panel.values(),
+                   "settings": controls.settings_panel.settings(), "system": system}
+        self.sigRequestBegin.emit(self.chat_id, request)
+
+    def open_trace(self, trace):
+        """Show a kept conversation (a kvviz-conversation file): its transcript, plots and table; the next message
+        begins a new conversation. Returns it, or None while a chat is answering."""
+        if self.busy:
+            self.window.show_error("The chat is answering: stop it before opening a conversation file.")
+            return None
+        self.trace, self.opened, self.latest_step, self.editing = trace, True, None, None
+        self.system = trace.system
+        self.view.system.setText(trace.system)
+        self._changed()
+        return trace
+
+    # -- the chatter's answers ---------------------------------------------------------------------
+
+    def _on_begun(self, chat_id: int, trace) -> None:
+        if chat_id == self.chat_id:
+            self.trace, self.starting = trace, False
+            self._changed()
+
+    def _on_turn_started(self, chat_id: int, info: dict) -> None:
+        if chat_id == self.chat_id:
+            self._changed()
+
+    def _on_progress(self, chat_id: int, step) -> None:
+        if chat_id == self.chat_id:
+            self.latest_step = step
+            self._changed()
+
+    def _on_turn_finished(self, chat_id: int, record) -> None:
+        if chat_id != self.chat_id:
+            return
+        self.generating = False
+        if record.note:
+            self.window.statusBar().showMessage(f"Turn {record.index + 1}: {record.note}", 20_000)
+        self.window.update_controls()
+        self._changed()
+        turns = len(self.trace.turns) if self.trace else 0
+        self.window.redraws.redraw_then(lambda: self.sigTurnDone.emit(turns))
+
+    def _on_new_chat(self, chat_id: int, prefix) -> None:
+        if chat_id != self.chat_id:
+            return
+        self.generating = False
+        self.latest_step = None
+        conversation = self.chatter.conversation
+        if prefix is None:
+            self.window.statusBar().showMessage("New chat: the chats share no prefix, so it starts empty", 20_000)
+        else:
+            from kvviz.present import mib, ms
+
+            self.window.statusBar().showMessage(
+                f"New chat from the cached prefix: {prefix.tokens:,} tokens, {mib(prefix.cache_bytes)} kept and "
+                f"{mib(conversation.pending_copy_bytes)} copied for this chat (a deep copy doubles it); saves its "
+                f"prefill of {ms(prefix.prefill_ms)}", 20_000)
+        self.window.update_controls()
+        self._changed()
+
+    def _on_failed(self, chat_id: int, message: str) -> None:
+        if chat_id != self.chat_id:
+            return
+        if self.starting:
+            self.trace, self.starting = None, False
+        self.generating = False
+        self.window.show_error(f"Conversation: {message}")
+        self.window.update_controls()
+        self._changed()
+
+    def _on_switched(self, chat_id: int, strategy: str) -> None:
+        if chat_id == self.chat_id:
+            when = "at the next step" if self.generating else "now"
+            self.window.status_line.say(f"the chat's cache switches to {strategy} {when}")
+
+    def _on_notice(self, chat_id: int, message: str) -> None:
+        if chat_id == self.chat_id and message:
+            self.window.statusBar().showMessage(message, 20_000)
+
+    # -- the controls --------------------------------------------------------------------------------
+
+    def update_controls(self, model_ready: bool) -> None:
+        """model_ready: a model is loaded and nothing else runs on the worker."""
+        self._model_ready = model_ready
+        self.update_buttons()
+
+    def update_buttons(self) -> None:
+        ready = self._model_ready and not self.busy
+        started = self.trace is not None and not self.opened
+        answered = started and bool(self.chatter.conversation and self.chatter.conversation.messages
+                                    and self.chatter.conversation.messages[-1].role == "assistant")
+        view = self.view
+        view.send_button.setEnabled(ready)
+        view.send_button.setText("Send edit" if self.editing is not None else "Send")
+        view.stop_button.setEnabled(self.generating)
+        view.regenerate_button.setEnabled(ready and answered)
+        view.edit_button.setEnabled(ready and started and bool(view.table.selectionModel().selectedRows()))
+        view.new_chat_button.setEnabled(ready)
+        view.system.setEnabled(not self.busy)
+        self.switch_button.setEnabled(started and (ready or self.generating))
+
+    # -- drawing --------------------------------------------------------------------------------------
+
+    def _changed(self) -> None:
+        self._dirty = True
+        self.update_buttons()
+        self.sigChanged.emit()
+
+    def redraw_parts(self) -> list:
+        """The parts that draw what changed (the redraw scheduler gives each its own turn of the event loop, as the
+        local view's plots get): the transcript, each plot, then the table and header."""
+        if not (self._dirty or self.generating):
+            return []
+        self._dirty = False
+        trace, conversation = self.trace, self.chatter.conversation
+        if trace is None or (conversation is None and not self.opened):
+            return [lambda: self.view.show_transcript([], None)]
+        turns = list(trace.turns)
+        if self.opened:  # the file's last chat, as it ended
+            chat = turns[-1].chat if turns else 0
+            messages = [(m.role, m.content) for m in trace.messages if m.turn is None or turns[m.turn].chat == chat]
+        else:
+            chat = conversation.chat
+            messages = [(m.role, m.content) for m in list(conversation.messages)]
+        steps = self.series.update(trace.steps, turns, chat)
+        streaming = None
+        if self.generating:
+            streaming = "".join(s.token for s in steps[self.series.turn_begins(len(turns)):])
+        starts = [(t.index + 1, t.start) for t in turns if t.chat == chat]
+        x, columns = self.series.x, self.series.columns
+        parts = [lambda: self.view.show_transcript(messages, streaming),
+                 lambda: self.view.memory_plot.show_chat(x, columns, starts),
+                 lambda: self.view.latency_plot.show_chat(x, columns, starts)]
+        if self.latest_step is not None:
+            layers = self.latest_step.layers
+            parts.append(lambda: self.view.cache_map.show_map(layers, self._owners(turns, chat), starts))
+
+        def table() -> None:
+            self.view.show_turns(turns)
+            self.view.header.setText(self.header_text(turns))
+
+        return [*parts, table]
+
+    def _owners(self, turns, chat: int) -> list[tuple[int, str]]:
+        """Per position of the chat on screen: (turn number, role) of the token there."""
+        owners: list[tuple[int, str]] = []
+        for turn in (t for t in turns if t.chat == chat):
+            del owners[turn.start:]
+            # the template's tokens between the last answer and this message (its end-of-turn marks) are the answer's
+            owners += [owners[-1] if owners else (0, "system")] * (turn.start - len(owners))
+            owners += [(turn.index + 1, "user")] * (turn.prompt_end - turn.start)
+            owners += [(turn.index + 1, "assistant")] * (turn.end - turn.prompt_end)
+        if self.generating and self.latest_step is not None:  # the answer being generated
+            number = len(turns) + 1
+            owners += [(number, "assistant")] * (self.latest_step.position + 1 - len(owners))
+        return owners
+
+    def header_text(self, turns) -> str:
+        from kvviz.present import strategy_label
+
+        trace = self.trace
+        name = (trace.model or {}).get("name", "?")
+        if self.opened or self.chatter.conversation is None:
+            label = strategy_label(turns[-1].strategy if turns else trace.strategy)
+        else:
+            choice = self.chatter.conversation.choice
+            label = strategy_label({"name": choice.name, "options": choice.options})
+        state = "answering…" if self.generating else f"{len(turns)} turns" + (" (opened from a file)" * self.opened)
+        return f"<b>{name}</b> with <b>{label}</b>: {state}; turns written with {trace.template}"
+
+    def restyle(self, palette) -> None:
+        self.view.apply_palette(palette)
+        self._dirty = True
+
+    def shutdown(self) -> None:
+        self.chatter.cancel()

@@ -1,0 +1,52 @@
+"""The Conversation tab: a chat on the tiny model through the window's own controls, its plots, map and table."""
+
+from kvviz.qt.controls import CONVERSATION
+from tests.qt.conftest import load
+
+
+def send(qtbot, window, text: str, turns: int) -> None:
+    window.chat_mode.view.message.setPlainText(text)
+    with qtbot.waitSignal(window.chat_mode.sigTurnDone, timeout=60000) as blocker:
+        assert window.start_run() is None  # Ctrl+Enter in this mode sends the message
+    assert blocker.args == [turns], window.last_error
+
+
+def test_a_chat_with_a_bounded_cache_is_drawn_by_turn_and_role(qtbot, window):
+    load(qtbot, window)
+    window.set_mode(CONVERSATION)
+    assert window.views.tabText(CONVERSATION) == "Conversation" and not window.runs_dock.isVisible()
+    controls, mode = window.controls, window.chat_mode
+    controls.settings_panel.max_new_tokens.setValue(6)
+    assert controls.strategy_panel.set_current("sink")
+    controls.strategy_panel.set_option("window", 24)
+    mode.view.system.setText("Be brief.")
+    mode.view.message.setPlainText("   ")
+    assert not mode.send() and "empty" in window.last_error
+    for i, text in enumerate(["Hello there.", "What is a cache?", "And a sink?"]):
+        send(qtbot, window, text, i + 1)
+    turns = mode.trace.turns
+    assert mode.view.table.rowCount() == 3 and turns[2].evicted > 0
+    assert "evicting" in mode.view.table.item(2, 9).text()
+    layers = window.engine.card["num_layers"]
+    assert mode.view.cache_map.codes.shape == (layers, turns[2].end)  # the last token is not fed yet: unseen
+    assert (mode.view.cache_map.codes[:, 4:10] == 1).all()  # the first turn's message is evicted, the sinks kept
+    assert len(mode.view.memory_plot.turn_lines.lines) == 3
+    assert "user" in mode.view.transcript.toPlainText() and "Be brief." in mode.view.transcript.toPlainText()
+
+    with qtbot.waitSignal(mode.sigTurnDone, timeout=60000):
+        mode.view.regenerate_button.click()
+    assert mode.trace.turns[3].kind == "regenerate"
+    with qtbot.waitSignal(mode.chatter.sigNewChat, timeout=60000):
+        mode.view.new_chat_button.click()
+    send(qtbot, window, "Hello there.", 5)
+    assert mode.trace.turns[4].kept == mode.trace.prefix.tokens and mode.trace.turns[4].chat == 1
+
+    path = window.file_actions.save_conversation(window.settings.fileName() + ".conversation.json")
+    window.set_mode(0)
+    assert window.runs_dock.isVisible()
+    from kvviz.files.formats import read_kept
+
+    assert window.show_kept(read_kept(path)) is not None and window.views.currentIndex() == CONVERSATION
+    window.redraw()
+    assert "opened from a file" in mode.view.header.text() and mode.view.table.rowCount() == 5
+    assert not mode.view.regenerate_button.isEnabled()  # a kept chat is shown; the next message begins a new one
