@@ -1,4 +1,4 @@
-"""Every kind of cache layer transformers has, on tiny random models of fourteen families: linear-attention and
+"""Every kind of cache layer transformers has, on tiny random models of fifteen families: linear-attention and
 state-space layers (a fixed-size state), hybrid layers (both), KV-shared layers, latent attention and indexed
 attention. For each: greedy tokens equal plain generate, the bytes kvviz measures equal every tensor in
 transformers' own DynamicCache, the prediction from the config equals the measurement at every step, and each
@@ -162,7 +162,8 @@ def test_window_and_eviction_act_on_the_attention_layers_alone(architectures, fa
                     assert layer.state_bytes == 0 and layer.seq_len <= kept < seen, spec
 
 
-@pytest.mark.parametrize("family", ["jamba", "mamba2", "qwen3_next"])  # Mamba-1, Mamba-2, gated DeltaNet mixers
+# Mamba-1, Mamba-2, gated DeltaNet and Kimi delta attention mixers
+@pytest.mark.parametrize("family", ["jamba", "mamba2", "qwen3_next", "kimi_linear"])
 def test_bfloat16_states_are_predicted_in_the_dtypes_transformers_keeps_them(tiny_model, family):
     loaded = tiny_architecture(family, tiny_model.tokenizer, dtype=torch.bfloat16)
     tokens, decoder = kvviz_tokens(loaded, "dynamic", {}, 2)  # the prefill and a decode step
