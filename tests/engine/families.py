@@ -70,6 +70,9 @@ ARCHITECTURES = {
     # a short convolution: a state without a recurrent part
     "lfm2": lambda: transformers.Lfm2Config(
         **SMALL, num_hidden_layers=4, layer_types=["conv", "full_attention", "conv", "full_attention"]),
+    # lightning attention beside softmax attention, in MiniMax's own cache class
+    "minimax": lambda: transformers.MiniMaxConfig(
+        **SMALL, num_hidden_layers=4, head_dim=16, num_local_experts=2, num_experts_per_tok=1, block_size=8),
     # state-space models without attention
     "mamba": lambda: transformers.MambaConfig(
         vocab_size=49152, hidden_size=64, state_size=8, num_hidden_layers=2, use_mambapy=False, eos_token_id=2,
