@@ -97,6 +97,10 @@ def state_bytes(config, element: int) -> int | None:
     """Bytes of the fixed-size state of one linear-attention or state-space layer (convolution state in the model's
     dtype of `element` bytes, recurrent state in float32; batch 1), from the config. None where kvviz knows no
     formula for the config's mixer."""
+    c = text_config(config)
+    if c.model_type == "minimax":  # lightning attention: K^T V per head, kept in the model's dtype (`own_caches`)
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        return c.num_attention_heads * head_dim * head_dim * element
     sizes = state_elements(config)
     if sizes is None:
         return None

@@ -32,6 +32,7 @@ from transformers.cache_utils import (
 from kvviz.engine import held_positions
 from kvviz.engine.held_positions import Carried
 from kvviz.engine.layers import KvvizLayer
+from kvviz.engine.own_caches import StateBesideLayers, layers_of
 from kvviz.files.trace import LayerRecord, SlotState
 
 _PROCESS = psutil.Process(os.getpid())
@@ -131,6 +132,8 @@ def measure_layer(layer, counter: StorageCounter, seen: int, carried: Carried | 
 
 def _state_tensors(layer) -> list[torch.Tensor]:
     """The convolution and recurrent states a linear-attention or state-space layer holds (none for other layers)."""
+    if isinstance(layer, StateBesideLayers):
+        return layer.tensors
     if not isinstance(layer, LinearAttentionCacheLayerMixin):
         return []
     held = [*layer.conv_states.values(), *layer.recurrent_states.values()]
@@ -172,7 +175,7 @@ def measure_cache(cache, seen: int, slots: bool = True,
 def cache_layers(cache) -> list:
     """The layers of a cache that hold what the decoder's own tokens add: an encoder-decoder's self-attention
     layers (its cross-attention layers are measured beside them), every layer of any other cache."""
-    return cache.self_attention_cache.layers if isinstance(cache, EncoderDecoderCache) else cache.layers
+    return cache.self_attention_cache.layers if isinstance(cache, EncoderDecoderCache) else layers_of(cache)
 
 
 def tokens_dropped(cache, seen: int, windows: tuple[int | None, ...]) -> int:
@@ -187,6 +190,8 @@ def tokens_dropped(cache, seen: int, windows: tuple[int | None, ...]) -> int:
 
 def _state_only(layer) -> bool:
     """A linear-attention or state-space layer without attention of its own (not a hybrid one)."""
+    if isinstance(layer, StateBesideLayers):
+        return True
     return isinstance(layer, LinearAttentionCacheLayerMixin) and not isinstance(layer, (DynamicLayer, StaticLayer))
 
 

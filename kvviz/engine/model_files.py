@@ -23,7 +23,6 @@ from transformers import (
     AutoModelForCausalLM,
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
-    DynamicCache,
     PreTrainedModel,
 )
 from transformers.models.auto.modeling_auto import (
@@ -282,29 +281,22 @@ def check_keeps_kv_cache(model: PreTrainedModel, where: str) -> None:
 
     One token through the model, as the decoder feeds it. Keys and values, indexer keys and the fixed-size states
     of linear-attention and state-space layers (Mamba, gated DeltaNet) are all read; a model that keeps its cache in
-    a class of its own (MiniMax) or its recurrent state inside its modules (RecurrentGemma) is refused with that
-    reason.
+    a class of its own is read through it (MiniMax, `own_caches`); one that keeps its recurrent state inside its
+    modules (RecurrentGemma) is refused with that reason.
     """
     from kvviz.engine.geometry import HAS_STATE, cache_kinds
     from kvviz.engine.measure import measure_cache
+    from kvviz.engine.own_caches import dynamic_cache
 
     if model.config.is_encoder_decoder:  # text-to-text (check_runnable): its decoder keeps keys and values
         return
-    cache = DynamicCache(config=model.config)
+    cache = dynamic_cache(model.config)
     token = torch.zeros((1, 1), dtype=torch.long, device=model.device)
     name = type(model).__name__
     try:
         with torch.no_grad():
             model_forward(model, token, cache, position_ids=None)
-    except ValueError as exc:
-        if "cache of its own" in str(exc):
-            raise ModelError(
-                f"{where} is {name}, which keeps its cache in a class of its own, not in transformers' DynamicCache: "
-                "kvviz reads the caches transformers' DynamicCache builds (Llama, Qwen3-Next, Jamba, Mamba, ...)"
-            ) from exc
-        raise ModelError(f"{where} is {name}, which fails one forward pass through transformers' DynamicCache "
-                         "(run with --debug for why)") from exc
-    except (TypeError, RuntimeError, AttributeError, IndexError) as exc:
+    except (ValueError, TypeError, RuntimeError, AttributeError, IndexError) as exc:
         raise ModelError(f"{where} is {name}, which fails one forward pass through transformers' DynamicCache "
                          "(run with --debug for why)") from exc
     records = measure_cache(cache, 1, slots=False)

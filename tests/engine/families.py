@@ -48,6 +48,10 @@ ARCHITECTURES = {
         moe_intermediate_size=32, shared_expert_intermediate_size=32),
     "qwen3_5": lambda: transformers.Qwen3_5TextConfig(**SMALL, num_hidden_layers=4, head_dim=16, **GATED_DELTA),
     "olmo_hybrid": lambda: transformers.OlmoHybridConfig(**SMALL, num_hidden_layers=4, **GATED_DELTA),
+    # Kimi delta attention (per-channel decay) beside latent attention
+    "kimi_linear": lambda: transformers.KimiLinearConfig(
+        **MLA, num_hidden_layers=4, num_local_experts=4, linear_num_heads=2, linear_head_dim=8,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"]),
     # Mamba mixers beside attention
     "jamba": lambda: transformers.JambaConfig(
         **SMALL, num_hidden_layers=4, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
@@ -66,6 +70,9 @@ ARCHITECTURES = {
     # a short convolution: a state without a recurrent part
     "lfm2": lambda: transformers.Lfm2Config(
         **SMALL, num_hidden_layers=4, layer_types=["conv", "full_attention", "conv", "full_attention"]),
+    # lightning attention beside softmax attention, in MiniMax's own cache class
+    "minimax": lambda: transformers.MiniMaxConfig(
+        **SMALL, num_hidden_layers=4, head_dim=16, num_local_experts=2, num_experts_per_tok=1, block_size=8),
     # state-space models without attention
     "mamba": lambda: transformers.MambaConfig(
         vocab_size=49152, hidden_size=64, state_size=8, num_hidden_layers=2, use_mambapy=False, eos_token_id=2,

@@ -1,4 +1,4 @@
-"""Every kind of cache layer transformers has, on tiny random models of fourteen families: linear-attention and
+"""Every kind of cache layer transformers has, on tiny random models of sixteen families: linear-attention and
 state-space layers (a fixed-size state), hybrid layers (both), KV-shared layers, latent attention and indexed
 attention. For each: greedy tokens equal plain generate, the bytes kvviz measures equal every tensor in
 transformers' own DynamicCache, the prediction from the config equals the measurement at every step, and each
@@ -7,12 +7,13 @@ strategy runs exactly or is refused in one sentence that names the layers it can
 import pytest
 import torch
 import transformers
+from transformers.models.minimax.modeling_minimax import MiniMaxCache
 
 from kvviz.engine import decode, model_files, strategies
 from kvviz.engine.models import build_random_model
 from kvviz.errors import ModelError, OptionError
 
-from .families import ARCHITECTURES, SMALL, tiny_architecture
+from .families import ARCHITECTURES, tiny_architecture
 from .test_equality import PROMPT, generate_reference, kvviz_tokens
 
 NEW_TOKENS = 4
@@ -22,6 +23,13 @@ NEW_TOKENS = 4
 def architectures(tiny_model):
     """Each family built once for this module."""
     return {name: tiny_architecture(name, tiny_model.tokenizer) for name in ARCHITECTURES}
+
+
+def own_cache(config):
+    """The cache transformers' generate builds for the model: MiniMax's own class, DynamicCache for the others."""
+    if config.model_type == "minimax":
+        return MiniMaxCache()
+    return transformers.DynamicCache(config=config)
 
 
 def tensor_bytes(cache) -> int:
@@ -44,6 +52,7 @@ def tensor_bytes(cache) -> int:
 
     for layer in cache.layers:
         walk(vars(layer))
+    walk(getattr(cache, "linear_cache", []))  # MiniMax's cache class keeps its linear layers' states beside them
     return total
 
 
@@ -56,7 +65,7 @@ def test_dynamic_matches_generate_and_transformers_own_cache(architectures, fami
     for step in decoder.trace.steps:
         assert step.cache_bytes == step.predicted_cache_bytes, f"step {step.index}"
     # the same tokens through transformers' own DynamicCache: every tensor it holds, as kvviz measured it
-    cache = transformers.DynamicCache(config=loaded.model.config)
+    cache = own_cache(loaded.model.config)
     with torch.inference_mode():
         loaded.model(input_ids=torch.tensor([ids + tokens[:-1]]), cache=cache, use_cache=True)
     assert decoder.trace.steps[-1].cache_bytes == tensor_bytes(cache) > 0
@@ -131,12 +140,28 @@ def test_models_that_keep_their_cache_elsewhere_are_refused_with_the_reason():
         num_hidden_layers=3, lru_width=64, attention_window_size=16))
     with pytest.raises(ModelError, match="keeps the state of its recurrent layers .2 of them. inside the model's own"):
         model_files.check_keeps_kv_cache(recurrent_gemma.eval(), "rg")
-    minimax = build_random_model(transformers.MiniMaxConfig(
-        **dict(SMALL, vocab_size=128), num_hidden_layers=2, head_dim=16, num_local_experts=2, num_experts_per_tok=1))
-    with pytest.raises(ModelError, match="which keeps its cache in a class of its own, not in transformers'"):
-        model_files.check_keeps_kv_cache(minimax.eval(), "mm")
     mamba = build_random_model(ARCHITECTURES["mamba"]())
     model_files.check_keeps_kv_cache(mamba.eval(), "mamba")  # a state-space model keeps a state: it runs
+
+
+def test_minimax_runs_none_beside_its_own_cache_and_refuses_the_rest(architectures):
+    """Dynamic runs in `test_dynamic_matches_generate_and_transformers_own_cache`."""
+    loaded = architectures["minimax"]
+    model_files.check_keeps_kv_cache(loaded.model, "mm")  # its own cache class is read, not refused
+    ran = []
+    for spec in SPECS:
+        settings = decode.GenerationSettings(max_new_tokens=2, raw=True, stop_at_eos=False)
+        try:
+            decoder = decode.Decoder(loaded, strategies.parse_spec(spec), settings, PROMPT, reference=True)
+        except OptionError as refused:
+            assert str(refused).endswith("keeps its cache in a class of its own whose linear-attention states only "
+                                         "its forward pass updates; run dynamic or none"), refused
+            continue
+        for step in decoder:
+            assert step.cache_bytes == step.predicted_cache_bytes, f"{spec} step {step.index}"
+            assert step.top1_agree, f"{spec} step {step.index}"  # the exact reference runs in its own cache too
+        ran.append(spec)
+    assert ran == ["none"]
 
 
 @pytest.mark.parametrize("family", ["bamba", "jamba", "lfm2"])
@@ -162,7 +187,8 @@ def test_window_and_eviction_act_on_the_attention_layers_alone(architectures, fa
                     assert layer.state_bytes == 0 and layer.seq_len <= kept < seen, spec
 
 
-@pytest.mark.parametrize("family", ["jamba", "mamba2", "qwen3_next"])  # Mamba-1, Mamba-2, gated DeltaNet mixers
+# Mamba-1, Mamba-2, gated DeltaNet and Kimi delta attention mixers
+@pytest.mark.parametrize("family", ["jamba", "mamba2", "qwen3_next", "kimi_linear"])
 def test_bfloat16_states_are_predicted_in_the_dtypes_transformers_keeps_them(tiny_model, family):
     loaded = tiny_architecture(family, tiny_model.tokenizer, dtype=torch.bfloat16)
     tokens, decoder = kvviz_tokens(loaded, "dynamic", {}, 2)  # the prefill and a decode step
@@ -175,3 +201,15 @@ def test_bfloat16_states_are_predicted_in_the_dtypes_transformers_keeps_them(tin
               for tensor in getattr(layer, name, {}).values() if isinstance(tensor, torch.Tensor)}
     # the convolution state in the model's dtype, the recurrent state in float32
     assert dtypes == {("conv_states", torch.bfloat16), ("recurrent_states", torch.float32)}
+
+
+def test_minimax_keeps_its_linear_states_in_the_models_dtype(tiny_model):
+    loaded = tiny_architecture("minimax", tiny_model.tokenizer, dtype=torch.bfloat16)
+    tokens, decoder = kvviz_tokens(loaded, "dynamic", {}, 2)  # the prefill and a decode step
+    for step in decoder.trace.steps:
+        assert step.cache_bytes == step.predicted_cache_bytes, f"step {step.index}"
+    cache = own_cache(loaded.model.config)
+    with torch.inference_mode():
+        loaded.model(input_ids=torch.tensor([[5, 6, 7]]), cache=cache, use_cache=True)
+        loaded.model(input_ids=torch.tensor([[8]]), cache=cache, use_cache=True)
+    assert {t.dtype for t in cache.linear_cache if isinstance(t, torch.Tensor)} == {torch.bfloat16}

@@ -1,5 +1,6 @@
 """transformers' DynamicCache: keys and values grow by one token per step."""
 
+from kvviz.engine.own_caches import dynamic_cache
 from kvviz.engine.strategies.base import Strategy, encoder_decoder_cache
 
 
@@ -15,4 +16,4 @@ class Dynamic(Strategy):
 
         if model.config.is_encoder_decoder:  # its layers are built as the decoder's forward reaches them
             return encoder_decoder_cache(model, DynamicCache())
-        return DynamicCache(config=model.config)
+        return dynamic_cache(model.config)
