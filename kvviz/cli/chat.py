@@ -24,6 +24,8 @@ def add_parser(subparsers) -> None:
     chat = subparsers.add_parser("chat", help="a conversation with the cache kept across turns (a script or typed)")
     common.add_model_args(chat)
     common.add_strategy_args(chat)
+    common.add_switch_arg(chat, "the conversation's step STEP: steps count every token generated, across all the "
+                          "answers from the first on (mid-answer, or before the next turn when an answer ends there)")
     common.add_generation_args(chat, prompt=False, new_tokens_help="tokens each reply may have (default 128)")
     chat.add_argument("--script", type=Path, help="the user's messages: a text file with one message per line (blank "
                       f"lines skipped, a line {NEW_CHAT} starts a new chat from the cached system prompt), or a JSON "
@@ -98,6 +100,7 @@ def command(args) -> int:
     from kvviz.engine.conversation import Conversation
 
     choice = common.strategy_choice(args)
+    switches = common.parse_switches(args.switch_at)
     settings = common.generation_settings(args)
     system, lines = read_script(args.script) if args.script else (None, None)
     if system is not None and args.system:
@@ -106,13 +109,14 @@ def command(args) -> int:
     if args.trace is not None:
         common.check_writable(args.trace, "--trace")
     loaded = models.load_model(args.model, dtype=args.dtype, device=args.device, progress=common.progress)
+    common.check_switch_order(choice, switches, loaded.model)
     conversation = Conversation(loaded, choice, settings, system=system, notify=common.notice)
     messages = lines if lines is not None else _typed()
     total = sum(line != NEW_CHAT for line in lines) if lines is not None else None
     stream = not (args.json or args.quiet)
     if not args.json:
         common.log(f"{loaded.card['name']}, {choice.label()}, turns written with {conversation.trace.template}")
-    interrupted = None
+    interrupted = refused = None
     try:
         for line in messages:
             if line.strip() == NEW_CHAT:
@@ -133,8 +137,12 @@ def command(args) -> int:
                 if stream:
                     sys.stdout.write(step.token)
                     sys.stdout.flush()
+                refused = refused or _switch_if_due(conversation, switches)
             if stream:
                 print()
+            if refused:  # the cache cannot become what --switch-at asks: the chat stops there, its turns kept
+                conversation.trace.error = str(refused)
+                break
             if args.compare_reprefill:
                 conversation.reprefill(turn)
             if not args.json:
@@ -159,7 +167,23 @@ def command(args) -> int:
         print(json.dumps(out, indent=2))
     elif args.trace is not None:
         common.log(f"conversation trace: {args.trace}")
+    if refused:
+        raise refused
     return interrupts.exit_status(interrupted) if interrupted else 0
+
+
+def _switch_if_due(conversation, switches: dict) -> OptionError | None:
+    """Ask for the --switch-at switch due before the conversation's next step (mid-answer, or at the next turn
+    when the answer ends here); its refusal, as `kvviz run` gives it, stops the answer after this step."""
+    step = len(conversation.trace.steps)
+    if step not in switches:
+        return None
+    try:
+        conversation.request_switch(switches[step])
+    except OptionError as exc:
+        conversation.cancel()
+        return OptionError(f"--switch-at {step}: {exc}")
+    return None
 
 
 def _say_new_chat(conversation) -> None:

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from kvviz.errors import UsageError
+from kvviz.errors import OptionError, UsageError
 
 MODEL_HELP = "default (SmolLM2-135M-Instruct, the default), tiny, a model directory, a .gguf file or a hub id"
 
@@ -34,6 +34,39 @@ def strategy_choice(args):
 
     name, *pairs = args.strategy.split(":")
     return strategies.choose(name.strip(), strategies.parse_assignments(pairs + args.set))
+
+
+def add_switch_arg(parser: argparse.ArgumentParser, steps: str = "step STEP") -> None:
+    """`--switch-at STEP:NAME[:KEY=VALUE...]`, repeatable; `steps` says which steps STEP counts."""
+    parser.add_argument("--switch-at", action="append", default=[], metavar="STEP:NAME[:KEY=VALUE...]",
+                        help=f"switch the live cache to another strategy before {steps}, e.g. "
+                        "64:quantized:backend=hqq (repeatable)")
+
+
+def parse_switches(specs: list[str]) -> dict[int, object]:
+    """``["64:quantized:backend=hqq"]`` -> {64: StrategyChoice}; validated before any work. Commas after the name
+    (``64:quantized,backend=hqq``, the older form) are accepted too."""
+    from kvviz.engine import strategies
+
+    switches = {}
+    for spec in specs:
+        step, sep, rest = spec.partition(":")
+        if not sep or not step.strip().isdigit() or int(step) < 1 or not rest:
+            raise UsageError(f"--switch-at expects STEP:NAME[:KEY=VALUE...] with STEP >= 1, got {spec!r}")
+        switches[int(step)] = strategies.parse_spec(rest.replace(",", ":"))
+    return dict(sorted(switches.items()))
+
+
+def check_switch_order(first, switches, model) -> None:
+    """Refuse, before the run, a switch that cannot convert whatever the cache holds (the rest: at the switch)."""
+    from kvviz.engine.convert import refusal
+
+    current = first
+    for step, choice in switches.items():
+        problem = refusal(current.name, choice, model, evicted=None)
+        if problem:
+            raise OptionError(f"--switch-at {step}: cannot switch from {current.name!r} to {choice.name!r}: {problem}")
+        current = choice
 
 
 def add_generation_args(parser: argparse.ArgumentParser, prompt: bool = True,

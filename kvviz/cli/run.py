@@ -9,7 +9,7 @@ from pathlib import Path
 
 from kvviz import interrupts
 from kvviz.cli import common
-from kvviz.errors import OptionError, UsageError
+from kvviz.errors import OptionError
 from kvviz.files.trace import TraceJournal
 
 
@@ -18,13 +18,7 @@ def add_parser(subparsers) -> None:
     common.add_model_args(run)
     common.add_strategy_args(run)
     common.add_generation_args(run)
-    run.add_argument(
-        "--switch-at",
-        action="append",
-        default=[],
-        metavar="STEP:NAME[:KEY=VALUE...]",
-        help="switch the live cache to another strategy before step STEP, e.g. 64:quantized:backend=hqq (repeatable)",
-    )
+    common.add_switch_arg(run)
     run.add_argument(
         "--reference",
         action="store_true",
@@ -34,32 +28,6 @@ def add_parser(subparsers) -> None:
     run.add_argument("--no-trace", action="store_true", help="do not write a trace file")
     run.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     run.add_argument("--quiet", action="store_true", help="do not stream the generated text")
-
-
-def parse_switches(specs: list[str]) -> dict[int, object]:
-    """``["64:quantized:backend=hqq"]`` -> {64: StrategyChoice}; validated before any work. Commas after the name
-    (``64:quantized,backend=hqq``, the older form) are accepted too."""
-    from kvviz.engine import strategies
-
-    switches = {}
-    for spec in specs:
-        step, sep, rest = spec.partition(":")
-        if not sep or not step.strip().isdigit() or int(step) < 1 or not rest:
-            raise UsageError(f"--switch-at expects STEP:NAME[:KEY=VALUE...] with STEP >= 1, got {spec!r}")
-        switches[int(step)] = strategies.parse_spec(rest.replace(",", ":"))
-    return dict(sorted(switches.items()))
-
-
-def _check_switch_order(first, switches, model) -> None:
-    """Refuse, before the run, a switch that cannot convert whatever the cache holds (the rest: at the switch)."""
-    from kvviz.engine.convert import refusal
-
-    current = first
-    for step, choice in switches.items():
-        problem = refusal(current.name, choice, model, evicted=None)
-        if problem:
-            raise OptionError(f"--switch-at {step}: cannot switch from {current.name!r} to {choice.name!r}: {problem}")
-        current = choice
 
 
 def _trace_path(args, strategy: str) -> Path | None:
@@ -76,11 +44,11 @@ def command(args) -> int:
     from kvviz.engine import decode, models
 
     choice = common.strategy_choice(args)
-    switches = parse_switches(args.switch_at)
+    switches = common.parse_switches(args.switch_at)
     settings = common.generation_settings(args)
     trace_path = _trace_path(args, choice.name)
     loaded = models.load_model(args.model, dtype=args.dtype, device=args.device, progress=common.progress)
-    _check_switch_order(choice, switches, loaded.model)
+    common.check_switch_order(choice, switches, loaded.model)
     decoder = decode.Decoder(loaded, choice, settings, prompt, reference=args.reference, notify=common.notice)
     stream = not (args.json or args.quiet)
     if not args.json:

@@ -360,6 +360,11 @@ class Conversation:
             prefix_copy_bytes=self.pending_copy_bytes, note=note, cancelled=decoder.trace.cancelled,
         )
         self.pending_copy_bytes = None
+        leftover = decoder.take_pending_switch()  # asked after the turn's last step: the next turn starts with it
+        if leftover is not None and self.stale:  # the next turn prefills again, into the cache asked for
+            self.run = self._new_run(leftover)
+        elif leftover is not None:
+            run.switch(leftover)
         self.trace.turns.append(record)
         self.trace.messages.append(MessageRecord("user", self._last_user(), index, turn.start, len(ids)))
         if steps:

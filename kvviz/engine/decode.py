@@ -298,9 +298,15 @@ class Decoder:
         probs = torch.softmax(scores, dim=-1).cpu()
         return int(torch.multinomial(probs, 1, generator=self._generator).item())
 
-    def _apply_pending_switch(self, index: int) -> None:
+    def take_pending_switch(self) -> StrategyChoice | None:
+        """The switch asked for and not taken yet (one asked after the last step: a conversation's next turn takes
+        it), no longer pending."""
         with self._lock:
             choice, self._pending = self._pending, None
+        return choice
+
+    def _apply_pending_switch(self, index: int) -> None:
+        choice = self.take_pending_switch()
         if choice is None:
             return
         old = self.run.choice

@@ -127,6 +127,7 @@ class FileActions(QObject):
         except OSError as exc:
             self.show_message("Could not save conversation", f"Could not save {path}: {exc.strerror or exc}")
             return None
+        self.window.chat_mode.remember_saved(trace, saved)
         self.window.say_saved(saved, f"{len(trace.turns)} turns")
         return saved
 

@@ -21,6 +21,7 @@ from kvviz import present
 from kvviz.files.trace import SlotState
 from kvviz.qt import theme
 from kvviz.qt.log_file import log_path
+from kvviz.qt.window_settings import conversations_folder
 
 # (title, paragraph): one per view, in the order they appear in the window. {NAME}s are filled in by `words`.
 VIEWS: list[tuple[str, str]] = [
@@ -144,7 +145,9 @@ VIEWS: list[tuple[str, str]] = [
         "plots run over tokens in context, each turn's first token a dashed line; the cache map colours what the "
         "cache holds by role (shades alternate by turn) and what it evicted. The table gives per turn the tokens "
         "fed and kept, the time to first token, a full re-prefill of the history (measured when ticked), decode "
-        "tokens/s, the cache at the turn's end and the tokens evicted during it.",
+        "tokens/s, the cache at the turn's end and the tokens evicted during it. Closing the window (or Ctrl-C, "
+        "SIGTERM) loses no finished turn: the chat is written again to the file File ▸ Save conversation last "
+        "wrote, or else to a new file in the folder About kvviz names; File ▸ Open reopens it.",
     ),
     (
         "vLLM server",
@@ -276,6 +279,8 @@ class HelpMenu:
             "what it costs in memory and time, and what each cache strategy changes.</p>"
             + table_html(versions())
             + f"<p>Failures are explained in the window; their details (tracebacks) go to {log_path()}.</p>"
+            + f"<p>A conversation not saved when the window closed is kept in "
+            f"{conversations_folder(self.window.settings)}.</p>"
         )
         box = QMessageBox(QMessageBox.Icon.NoIcon, "About kvviz", text, QMessageBox.StandardButton.Ok, self.window)
         box.setTextFormat(Qt.TextFormat.RichText)

@@ -13,7 +13,9 @@ from a trace file is drawn by the same code as a live one.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QSettings, Qt, Signal
@@ -424,4 +426,21 @@ class MainWindow(QMainWindow):
         self.server.shutdown()
         self.eval_mode.shutdown()
         self.chat_mode.shutdown()
-        return self.engine.stop(timeout_ms)
+        stopped = self.engine.stop(timeout_ms)
+        self.keep_conversation()
+        return stopped
+
+    def keep_conversation(self) -> Path | None:
+        """At close (the close button, Ctrl-C, SIGTERM): the chat loses no finished turn (ConversationMode.
+        keep_at_close). Where it lies goes to the status bar and to stderr: the window is closing, and the terminal
+        it was started from is where the user still looks."""
+        folder = window_settings.conversations_folder(self.settings)
+        try:
+            path = self.chat_mode.keep_at_close(folder)
+        except OSError as exc:
+            print(f"kvviz: could not keep the conversation in {folder}: {exc.strerror or exc}", file=sys.stderr)
+            return None
+        if path is not None:
+            self.say_saved(path, "the conversation, kept at close; File ▸ Open reopens it")
+            print(f"kvviz: the conversation is kept in {path.resolve()}; File > Open reopens it", file=sys.stderr)
+        return path

@@ -2,7 +2,8 @@
 
 Kept: the model loaded last (never one that failed to load), the prompt, the generation settings,
 every strategy's options and the one chosen, the server address, model folder and load set, the theme,
-and the window's geometry, dock layout, Runs height and splitter sizes.
+and the window's geometry, dock layout, Runs height and splitter sizes; beside them, a conversation unsaved
+when the window closed.
 
 Default sizes follow the window (1280x720 up to 4K): the docks take a share of its width and height
 within fixed bounds, so the plots keep most of the room on a small screen and the side docks do not
@@ -12,13 +13,23 @@ grow without need on a large one.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
-from PySide6.QtCore import QByteArray, Qt
+import platformdirs
+from PySide6.QtCore import QByteArray, QSettings, Qt
 from PySide6.QtWidgets import QApplication, QDockWidget, QTableWidget, QWidget
 
 from kvviz.qt import theme
 
 DEFAULT_PROMPT = "Explain in a few sentences what the key-value cache of a transformer does."
+
+
+def conversations_folder(settings: QSettings) -> Path:
+    """Where the window keeps a conversation unsaved when it closed: beside its settings when they are a file of
+    their own (an INI file: tests, smoke tests), else in kvviz's folder of the user's state directory."""
+    if settings.format() == QSettings.Format.IniFormat:
+        return Path(settings.fileName()).parent / "conversations"
+    return Path(platformdirs.user_state_dir("kvviz")) / "conversations"
 
 
 def dock(window, title: str, widget: QWidget, area: Qt.DockWidgetArea) -> QDockWidget:

@@ -91,3 +91,26 @@ def test_chat_bench_prints_each_target(tmp_path):
     assert figures["bounded"][0]["budget_bytes"] == figures["bounded"][0]["max_bytes"]
     for target in ("first token", "largest deviation", "ratio"):
         assert target in ran.stdout
+
+
+def test_switch_at_counts_the_conversations_steps_and_is_refused_as_in_run(tmp_path):
+    """Steps count across the answers: a switch at the end of an answer takes the next turn, one inside an answer its
+    next step; a switch the cache cannot take by then stops the chat there, its finished turns kept."""
+    script = tmp_path / "chat.txt"
+    script.write_text("one two three four\nfive six seven eight\n", encoding="utf-8")
+    args = ("chat", "--model", "tiny", "--script", script, "--raw", "--max-new-tokens", 4, "--ignore-eos", "--quiet")
+    switched = kvviz(*args, "--switch-at", "4:sliding:window=64", "--switch-at", "6:h2o:budget=64", "--trace",
+                     tmp_path / "switched.json")
+    assert switched.returncode == 0, switched.stderr
+    kept = conversation_file.load(tmp_path / "switched.json")
+    assert [s.strategy for s in kept.steps] == ["dynamic"] * 4 + ["sliding"] * 2 + ["h2o"] * 2
+    assert [t.strategy["name"] for t in kept.turns] == ["dynamic", "h2o"] and kept.error is None
+
+    refused = kvviz(*args, "--strategy", "h2o", "--set", "budget=12", "--switch-at", "6:static", "--trace",
+                    tmp_path / "refused.json")
+    assert refused.returncode == 2
+    assert ("--switch-at 6: cannot switch from 'h2o' to 'static': 'h2o' has already evicted tokens, and a static "
+            "cache cannot hold the gaps they leave") in refused.stderr and "Traceback" not in refused.stderr
+    stopped = conversation_file.load(tmp_path / "refused.json")
+    assert len(stopped.turns) == 2 and not stopped.turns[0].cancelled and stopped.turns[1].cancelled
+    assert len(stopped.steps) == 6 and stopped.error.startswith("--switch-at 6: cannot switch")

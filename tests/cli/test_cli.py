@@ -159,7 +159,7 @@ def test_run_and_compare_say_what_the_cache_keeps_of_a_long_prompt(tmp_path):
 
 
 def test_one_form_for_a_strategy_with_options_everywhere():
-    from kvviz.cli.run import parse_switches
+    from kvviz.cli.common import parse_switches
 
     colons = parse_switches(["64:quantized:backend=hqq:nbits=2"])
     commas = parse_switches(["64:quantized,backend=hqq,nbits=2"])  # the earlier form, still read

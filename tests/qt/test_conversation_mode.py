@@ -50,3 +50,31 @@ def test_a_chat_with_a_bounded_cache_is_drawn_by_turn_and_role(qtbot, window):
     window.redraw()
     assert "opened from a file" in mode.view.header.text() and mode.view.table.rowCount() == 5
     assert not mode.view.regenerate_button.isEnabled()  # a kept chat is shown; the next message begins a new one
+
+
+
+def test_a_closed_window_loses_no_finished_turn(qtbot, window, tmp_path):
+    """Closed while answering, a chat never saved is kept in the folder About names, and the file another chat was
+    saved to is left as it was (a chat saved before is written again to its own file)."""
+    from kvviz.files import conversation as conversation_file
+
+    load(qtbot, window)
+    window.set_mode(CONVERSATION)
+    window.controls.settings_panel.max_new_tokens.setValue(3)
+    send(qtbot, window, "Hello there.", 1)
+    saved = window.file_actions.save_conversation(tmp_path / "chat.json")
+    window.chat_mode.view.system.setText("Be brief.")  # a changed system prompt begins another conversation
+    window.chat_mode.view.message.setPlainText("What is a cache?")
+    window.start_run()
+    chatter = window.chat_mode.chatter
+    qtbot.waitUntil(lambda: chatter.conversation.system == "Be brief." and chatter.conversation.turn is not None)
+    folder = tmp_path / "conversations"
+    assert str(folder) in window.help.show_about().text()
+    window.close()  # at once, as the close button does: the answer stops at its step in progress
+
+    (kept,) = folder.iterdir()
+    unsaved = conversation_file.load(kept)
+    roles = [(m.role, m.content) for m in unsaved.messages]
+    assert roles[:2] == [("system", "Be brief."), ("user", "What is a cache?")]
+    assert len(unsaved.turns) == 1 and unsaved.cancelled == unsaved.turns[0].cancelled
+    assert [m.content for m in conversation_file.load(saved).messages if m.role == "user"] == ["Hello there."]

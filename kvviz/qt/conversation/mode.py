@@ -16,6 +16,9 @@ The Tokens and Runs docks belong to the local runs: they step aside while this m
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QHBoxLayout, QPushButton, QWidget
 
@@ -48,6 +51,7 @@ class ConversationMode(QObject):
         self.trace = None  # the ConversationTrace on screen
         self.opened = False  # it came from a file: shown, not continued
         self.system = ""  # the system prompt the conversation began with
+        self.saved: tuple[object, Path] | None = None  # (trace, file) File ▸ Save conversation last wrote
         self.generating = False
         self.starting = False  # asked to begin: the chatter has not answered yet
         self.latest_step = None  # the latest StepRecord (the cache map's layers)
@@ -331,6 +335,26 @@ class ConversationMode(QObject):
             label = strategy_label({"name": choice.name, "options": choice.options})
         state = "answering…" if self.generating else f"{len(turns)} turns" + (" (opened from a file)" * self.opened)
         return f"<b>{name}</b> with <b>{label}</b>: {state}; turns written with {trace.template}"
+
+    def remember_saved(self, trace, path: Path) -> None:
+        """`trace` was saved to `path`: a close writes its turns there again."""
+        self.saved = (trace, path)
+
+    def keep_at_close(self, folder: Path) -> Path | None:
+        """Once the worker has stopped (the answer being generated ends at its step in progress), write the chat's
+        finished turns again to the file it was last saved to, or else to a new file in `folder`; returns the
+        file, or None when no turn was taken. The chat is the worker's (what it did last may not have reached the
+        window before it stopped; a conversation file opened since does not replace it). Raises OSError when it
+        cannot be written."""
+        conversation = self.chatter.conversation
+        trace = conversation.trace if conversation is not None else None
+        if trace is None or not trace.turns:
+            return None
+        trace.cancelled = trace.cancelled or (self.busy and trace.turns[-1].cancelled)  # stopped by the close
+        if self.saved is not None and self.saved[0] is trace:
+            return trace.save(self.saved[1])
+        folder.mkdir(parents=True, exist_ok=True)
+        return trace.save(folder / f"conversation-{time.strftime('%Y%m%d-%H%M%S')}.json")
 
     def restyle(self, palette) -> None:
         self.view.apply_palette(palette)
