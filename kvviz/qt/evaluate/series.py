@@ -60,6 +60,7 @@ class StrategySeries:
         self.error: str | None = None  # why it failed (also when it never started)
         self.defaults: dict[str, dict[str, Any]] | None = None  # strategies' option defaults, once listed
         self.n = 0  # records drawn
+        self.fixed_kind: str | None = None  # the memory plot draws no fixed part apart for an evaluation
         capacity = max(16, capacity)
         self._x = np.zeros(capacity)
         self._mean = np.zeros(capacity)  # the running mean of the NLL over the last SMOOTHING predictions
