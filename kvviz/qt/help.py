@@ -19,9 +19,8 @@ from PySide6.QtWidgets import QDialog, QDialogButtonBox, QMessageBox, QTextBrows
 
 from kvviz import present
 from kvviz.files.trace import SlotState
-from kvviz.qt import theme
+from kvviz.qt import theme, unsaved
 from kvviz.qt.log_file import log_path
-from kvviz.qt.window_settings import conversations_folder
 
 # (title, paragraph): one per view, in the order they appear in the window. {NAME}s are filled in by `words`.
 VIEWS: list[tuple[str, str]] = [
@@ -280,7 +279,7 @@ class HelpMenu:
             + table_html(versions())
             + f"<p>Failures are explained in the window; their details (tracebacks) go to {log_path()}.</p>"
             + f"<p>A conversation not saved when the window closed is kept in "
-            f"{conversations_folder(self.window.settings)}.</p>"
+            f"{unsaved.folder()}.</p>"
         )
         box = QMessageBox(QMessageBox.Icon.NoIcon, "About kvviz", text, QMessageBox.StandardButton.Ok, self.window)
         box.setTextFormat(Qt.TextFormat.RichText)

@@ -434,7 +434,7 @@ class MainWindow(QMainWindow):
         """At close (the close button, Ctrl-C, SIGTERM): the chat loses no finished turn (ConversationMode.
         keep_at_close). Where it lies goes to the status bar and to stderr: the window is closing, and the terminal
         it was started from is where the user still looks."""
-        folder = window_settings.conversations_folder(self.settings)
+        folder = unsaved.folder()
         try:
             path = self.chat_mode.keep_at_close(folder)
         except OSError as exc:

@@ -13,23 +13,13 @@ grow without need on a large one.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-import platformdirs
-from PySide6.QtCore import QByteArray, QSettings, Qt
+from PySide6.QtCore import QByteArray, Qt
 from PySide6.QtWidgets import QApplication, QDockWidget, QTableWidget, QWidget
 
 from kvviz.qt import theme
 
 DEFAULT_PROMPT = "Explain in a few sentences what the key-value cache of a transformer does."
-
-
-def conversations_folder(settings: QSettings) -> Path:
-    """Where the window keeps a conversation unsaved when it closed: beside its settings when they are a file of
-    their own (an INI file: tests, smoke tests), else in kvviz's folder of the user's state directory."""
-    if settings.format() == QSettings.Format.IniFormat:
-        return Path(settings.fileName()).parent / "conversations"
-    return Path(platformdirs.user_state_dir("kvviz")) / "conversations"
 
 
 def dock(window, title: str, widget: QWidget, area: Qt.DockWidgetArea) -> QDockWidget:

@@ -53,11 +53,12 @@ def test_a_chat_with_a_bounded_cache_is_drawn_by_turn_and_role(qtbot, window):
 
 
 
-def test_a_closed_window_loses_no_finished_turn(qtbot, window, tmp_path):
+def test_a_closed_window_loses_no_finished_turn(qtbot, window, tmp_path, monkeypatch):
     """Closed while answering, a chat never saved is kept in the folder About names, and the file another chat was
     saved to is left as it was (a chat saved before is written again to its own file)."""
     from kvviz.files import conversation as conversation_file
 
+    monkeypatch.setenv("KVVIZ_UNSAVED_DIR", str(tmp_path))
     load(qtbot, window)
     window.set_mode(CONVERSATION)
     window.controls.settings_panel.max_new_tokens.setValue(3)
@@ -68,7 +69,7 @@ def test_a_closed_window_loses_no_finished_turn(qtbot, window, tmp_path):
     window.start_run()
     chatter = window.chat_mode.chatter
     qtbot.waitUntil(lambda: chatter.conversation.system == "Be brief." and chatter.conversation.turn is not None)
-    folder = tmp_path / "conversations"
+    folder = tmp_path / "unsaved"
     assert str(folder) in window.help.show_about().text()
     window.close()  # at once, as the close button does: the answer stops at its step in progress
 
