@@ -347,12 +347,12 @@ class Decoder:
                         self.run.encode(prompt)
                     logits = self.run.forward(fed, forward)[:, -1, :]
                     token = self._pick(ids, logits)
-                    if prefill:
-                        self.prefill_logits = logits[0].float().cpu()
                     if device.type == "cuda":
                         torch.cuda.synchronize(device)
                     wall_ms = (time.perf_counter() - started) * 1000.0
                     layer_ms = timer.collect()
+                    if prefill:  # kept for a conversation's re-prefill check, outside the step's time
+                        self.prefill_logits = logits[0].float().cpu()
                     fidelity = None
                     if self.reference is not None:
                         fidelity = self.reference.compare(new, logits, token)
