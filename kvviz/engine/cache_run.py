@@ -25,6 +25,7 @@ from kvviz.engine.attention_view import AttentionView
 from kvviz.engine.convert import convert, refusal
 from kvviz.engine.geometry import Geometry
 from kvviz.engine.held_positions import Carried
+from kvviz.engine.own_caches import layers_of
 from kvviz.engine.strategies import StrategyChoice, get
 from kvviz.errors import OptionError
 from kvviz.files.trace import LayerRecord
@@ -232,7 +233,7 @@ class CacheRun:
             return "it has evicted tokens"
         if any(c is not None for c in self.carried):
             return "a live switch filled it"
-        kinds = {type(layer) for layer in self.cache.layers}
+        kinds = {type(layer) for layer in layers_of(self.cache)}  # a state kept beside the layers too (MiniMax)
         if not kinds <= {DynamicLayer, StaticLayer}:
             return f"its layers ({', '.join(sorted(k.__name__ for k in kinds))}) cannot be cropped"
         return None

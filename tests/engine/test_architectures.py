@@ -213,3 +213,16 @@ def test_minimax_keeps_its_linear_states_in_the_models_dtype(tiny_model):
         loaded.model(input_ids=torch.tensor([[5, 6, 7]]), cache=cache, use_cache=True)
         loaded.model(input_ids=torch.tensor([[8]]), cache=cache, use_cache=True)
     assert {t.dtype for t in cache.linear_cache if isinstance(t, torch.Tensor)} == {torch.bfloat16}
+
+
+@pytest.mark.parametrize("family", ["minimax", "qwen3_next"])
+def test_a_cache_with_fixed_size_states_refuses_to_be_cropped(architectures, family):
+    """A state cannot be wound back to an earlier token (a conversation prefills again instead): MiniMax keeps its
+    states beside its layers, a hybrid in layers of their own; the attention layers alone would crop."""
+    from kvviz.engine.cache_run import CacheRun
+
+    loaded = architectures[family]
+    run = CacheRun(loaded.model, strategies.choose("dynamic"), 16)
+    with torch.inference_mode():
+        run.forward(torch.tensor([[1, 2, 3, 4]]))
+    assert run.crop_refusal() is not None and "cannot be cropped" in run.crop_refusal()
