@@ -57,6 +57,17 @@ def mib(n_bytes: float | None, digits: int = 2, unit: bool = True) -> str:
     return f"{text} MiB" if unit and n_bytes is not None else text
 
 
+def size(n_bytes: float | None) -> str:
+    """Bytes in the binary unit that keeps three or four significant digits: "912 B", "48.0 MiB", "5.25 GiB"."""
+    if n_bytes is None:
+        return UNKNOWN
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n_bytes) >= scale:
+            value = n_bytes / scale
+            return f"{value:,.{2 if value < 10 else 1 if value < 100 else 0}f} {unit}"
+    return f"{int(n_bytes):,} B"
+
+
 def ms(value: float | None, digits: int = 1) -> str:
     return UNKNOWN if value is None else f"{number(value, digits)} ms"
 

@@ -414,7 +414,7 @@ def _within_document(run: dict, where) -> None:
         )
 
 
-_EVAL = Record(
+EVAL_RECORD = Record(  # also a sweep's configurations' (kvviz.files.sweep)
     {
         "model": MODEL_CARD,
         "strategy": STRATEGY,
@@ -449,7 +449,7 @@ _EVAL = Record(
 )
 
 
-def _build(data: dict) -> EvalRun:
+def build_run(data: dict) -> EvalRun:
     columns = dict(data["records"])
     if columns["policy_bytes"] is None:  # a file from before kvviz measured it: unknown
         columns["policy_bytes"] = [None] * len(columns["position"])
@@ -464,5 +464,5 @@ def _from_journal(header: dict, lines: list, source: str) -> EvalRun:
     return _journaled(header, lines, source).run
 
 
-FILE_FORMAT = FileFormat(name=FORMAT, version=VERSION, kind="kvviz evaluation", schema=_EVAL, build=_build,
+FILE_FORMAT = FileFormat(name=FORMAT, version=VERSION, kind="kvviz evaluation", schema=EVAL_RECORD, build=build_run,
                          error=EvalFileError, from_journal=_from_journal)

@@ -25,6 +25,7 @@ FORMATS = {
     "kvviz-attach": "kvviz.attach.session",
     "kvviz-eval": "kvviz.files.evaluation",
     "kvviz-conversation": "kvviz.files.conversation",
+    "kvviz-sweep": "kvviz.files.sweep",
 }
 
 

@@ -1,0 +1,166 @@
+"""The answer a sweep gives to "which cache should I use?": the user's terms (a memory budget, a quality
+tolerance) read from text, each configuration's quality loss against its memory at the target, the frontier
+of configurations no other beats on both, and the answer in two sentences.
+
+Quality loss is the perplexity's rise over the exact cache's (a share) when the tolerance is on perplexity, or
+the mean KL divergence from the exact cache (nats) when it is on KL. Memory is the cache and its policy's state
+at the target context for the target number of sequences (`kvviz.engine.target_memory`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from kvviz.errors import OptionError
+from kvviz.files.sweep import Configuration, Sweep, Tolerance
+from kvviz.present import counted, percent, size
+
+UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+         "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+BUDGET_FORMS = "a size such as 4GiB, 512MiB, 1.5GB or 800000000 (bytes), or 'free' for the device's free memory"
+TOLERANCE_FORMS = "a perplexity rise such as 5% or a mean KL divergence such as kl=0.05 (nats)"
+
+
+def parse_budget(text: str) -> int:
+    """Bytes from "4GiB", "4 GiB", "512MiB", "1.5GB" or a plain number of bytes. Raises OptionError naming the
+    accepted forms ("free" is the caller's: it needs the device)."""
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*", text or "")
+    unit = match.group(2).lower() if match else ""
+    if not match or unit not in UNITS:
+        raise OptionError(f"the budget {text!r} is not a size; give {BUDGET_FORMS}")
+    value = int(float(match.group(1)) * UNITS[unit])
+    if value <= 0:
+        raise OptionError(f"the budget {text!r} is no memory at all; give {BUDGET_FORMS}")
+    return value
+
+
+def parse_tolerance(text: str) -> Tolerance:
+    """A `Tolerance` from "5%" (perplexity up to 5 % above the exact cache's) or "kl=0.05" / "0.05nats" (mean KL
+    divergence from the exact cache). Raises OptionError naming the accepted forms."""
+    spoken = (text or "").strip().lower().replace(" ", "")
+    percent_match = re.fullmatch(r"([0-9]+(?:\.[0-9]*)?)%", spoken)
+    kl_match = re.fullmatch(r"kl[=:]([0-9]+(?:\.[0-9]*)?)|([0-9]+(?:\.[0-9]*)?)nats?", spoken)
+    if percent_match:
+        return Tolerance("perplexity", float(percent_match.group(1)) / 100.0)
+    if kl_match:
+        return Tolerance("kl", float(kl_match.group(1) or kl_match.group(2)))
+    raise OptionError(f"the tolerance {text!r} is neither a share nor a divergence; give {TOLERANCE_FORMS}")
+
+
+def perplexity_change(sweep: Sweep, config: Configuration) -> float | None:
+    """The configuration's perplexity over the exact cache's, less one (0.031: 3.1 % worse); None if unknown."""
+    reference = sweep.reference()
+    mine = config.summary()["perplexity"] if config.finished else None
+    exact = reference.summary()["perplexity"] if reference else None
+    return None if mine is None or not exact else mine / exact - 1.0
+
+
+def quality_loss(sweep: Sweep, config: Configuration) -> float | None:
+    """What the configuration costs in the tolerance's own measure (a perplexity share, or nats); None if unknown."""
+    if sweep.question.tolerance.kind == "perplexity":
+        return perplexity_change(sweep, config)
+    return config.summary()["mean_kl"] if config.finished else None
+
+
+def memory(config: Configuration) -> int | None:
+    """Cache and policy bytes at the target context and number of sequences."""
+    return config.target.total_bytes if config.target else None
+
+
+def placed(sweep: Sweep) -> list[Configuration]:
+    """The configurations with both a quality loss and a memory at the target, in the sweep's order."""
+    return [c for c in sweep.configurations if quality_loss(sweep, c) is not None and memory(c) is not None]
+
+
+def frontier(sweep: Sweep) -> list[Configuration]:
+    """The configurations no other beats on both memory and quality (no worse on both, better on one), by memory."""
+    points = [(memory(c), quality_loss(sweep, c), c) for c in placed(sweep)]
+    kept = [c for m, q, c in points
+            if not any(m2 <= m and q2 <= q and (m2 < m or q2 < q) for m2, q2, _ in points)]
+    return sorted(kept, key=memory)
+
+
+def loss_text(sweep: Sweep, config: Configuration) -> str:
+    """The quality a configuration gives up, in words: "perplexity +3.1 %, KL 0.021 nats, top-1 agreement 96 %"."""
+    s = config.summary()
+    change = perplexity_change(sweep, config)
+    parts = []
+    if change is not None:
+        parts.append(f"perplexity {'+' if change >= 0 else ''}{100 * change:.1f} %")
+    if s["mean_kl"] is not None:
+        parts.append(f"KL {s['mean_kl']:.3g} nats")
+    if s["top1"] is not None:
+        parts.append(f"top-1 agreement {percent(s['top1'])}")
+    return ", ".join(parts) or "quality unknown"
+
+
+@dataclass
+class Answer:
+    """The two answers: the smallest cache within the tolerance and the best quality within the budget (None: no
+    configuration meets it; the nearest is then named), in sentences with their reasons and caveats."""
+
+    smallest: Configuration | None
+    best: Configuration | None
+    sentences: list[str] = field(default_factory=list)
+    caveats: list[str] = field(default_factory=list)
+
+    @property
+    def met(self) -> bool:
+        """Some configuration meets the tolerance and some meets the budget."""
+        return self.smallest is not None and self.best is not None
+
+    def text(self) -> str:
+        return " ".join(self.sentences + self.caveats)
+
+
+def answer(sweep: Sweep) -> Answer:
+    question = sweep.question
+    candidates = placed(sweep)
+    where = f"{counted(question.sequences, 'sequence')} of {question.context:,} tokens"
+    if not candidates:
+        return Answer(None, None, ["No configuration finished with both its quality and its memory measured, so "
+                                   "there is nothing to choose from yet."])
+    within = [c for c in candidates if quality_loss(sweep, c) <= question.tolerance.value]
+    smallest = min(within, key=lambda c: (memory(c), quality_loss(sweep, c))) if within else None
+    if smallest is not None:
+        first = (f"The smallest cache within your tolerance ({question.tolerance.describe()}) is {smallest.label}: "
+                 f"{size(memory(smallest))} for {where}, with {loss_text(sweep, smallest)}.")
+    else:
+        nearest = min(candidates, key=lambda c: quality_loss(sweep, c))
+        first = (f"No configuration meets your tolerance ({question.tolerance.describe()}); the nearest is "
+                 f"{nearest.label}, with {loss_text(sweep, nearest)} ({size(memory(nearest))} for {where}).")
+    fits = [c for c in candidates if question.budget_bytes is None or memory(c) <= question.budget_bytes]
+    best = min(fits, key=lambda c: (quality_loss(sweep, c), memory(c))) if fits else None
+    budget = f"your budget of {question.budget}" if question.budget_bytes is not None else "no budget"
+    if best is not None:
+        fit = best.target.sequences_in_budget if best.target else None
+        room = f"; {counted(fit, 'such sequence')} fit in it" if fit is not None else ""
+        second = (f"Within {budget}, the best quality is {best.label}: {loss_text(sweep, best)}, in "
+                  f"{size(memory(best))}{room}.")
+    else:
+        cheapest = min(candidates, key=memory)
+        second = (f"No configuration fits {where} in {budget}; the smallest is {cheapest.label} at "
+                  f"{size(memory(cheapest))}.")
+    return Answer(smallest, best, [first, second], caveats(sweep))
+
+
+def caveats(sweep: Sweep) -> list[str]:
+    """What the answer rests on: the measured length against the target's, and configurations that did not finish."""
+    reference = sweep.reference()
+    measured = reference.summary()["tokens"] + 1 if reference else max(
+        (c.summary()["tokens"] + 1 for c in sweep.configurations if c.run.records), default=0)
+    name = sweep.document.get("name") or "the text"
+    said = [f"Quality was measured on {measured:,} tokens of {name}"]
+    if sweep.question.context > measured:
+        said[0] += (f"; at {sweep.question.context:,} tokens it is extrapolated, not measured (a cache that keeps a "
+                    "fixed number of tokens drops a larger share of a longer context), while memory there follows "
+                    "each cache's own size rule")
+    said[0] += "."
+    unfinished = [c for c in sweep.configurations if not c.finished]
+    if unfinished:
+        said.append(f"{counted(len(unfinished), 'configuration')} did not finish and are left out: "
+                    + "; ".join(f"{c.label} ({c.run.error or c.status})" for c in unfinished) + ".")
+    if sweep.cancelled:
+        said.append("The sweep was stopped before its end.")
+    return said

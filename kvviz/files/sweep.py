@@ -1,0 +1,325 @@
+"""A sweep: many cache configurations read along one text, each measured for quality, memory and speed, with
+the memory each needs at the user's target context and number of sequences; and the file that keeps it.
+
+Plain data only (stdlib + numpy): the engine (`kvviz.engine.sweep`) fills these in, `kvviz choose` and the
+window's Choose mode show them, `kvviz.files.frontier` answers the question from them.
+
+A sweep file, as JSON:
+
+    {"format": "kvviz-sweep", "version": 1, "model": {...}, "document": {...},
+     "question": {"context": int, "sequences": int, "budget_bytes": int or null, "budget": str,
+                  "tolerance": {"kind": "perplexity" or "kl", "value": float}},
+     "speed": {"wall_s", "rows_per_forward", "forwards_per_s", "memory_bound_share", "bandwidth_bytes_per_s"},
+     "cancelled": bool,
+     "configurations": [{"evaluation": {a kvviz-eval file's fields}, "kl": [...], "top1": [...],
+                         "decode_ms": float or null, "measured_rows": int,
+                         "target": {"cache_bytes", "policy_bytes", "per_sequence_bytes", "sequences_in_budget",
+                                    "longest_context", "longest_limit", "predicted_at_measured"} or null,
+                         "error": str or null}, ...]}
+
+`kl[i]` and `top1[i]` compare the i-th prediction with the exact cache's (`kvviz.engine.fidelity`): the KL
+divergence KL(exact || configuration) in nats, and whether the two most likely next tokens agree.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvviz.files import evaluation
+from kvviz.files.evaluation import EvalRun
+from kvviz.files.jsonfile import KeptFileError, write_atomic, write_json
+from kvviz.files.schema import (
+    MAX_BYTES,
+    FileFormat,
+    Flag,
+    Int,
+    Json,
+    ListOf,
+    Number,
+    Record,
+    Refusal,
+    Text,
+    at,
+    optional,
+)
+from kvviz.files.trace_schema import MAX_POSITIONS, MODEL_CARD
+
+FORMAT = "kvviz-sweep"
+VERSION = 1
+QUALITY_KINDS = ("perplexity", "kl")
+# why a sequence cannot hold a longer context: the budget, the model's positions, or nothing (a bounded cache)
+LONGEST_LIMITS = ("budget", "context", "none")
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How much quality the user gives up: perplexity up by a share (0.05: 5 %), or a mean KL in nats."""
+
+    kind: str  # one of QUALITY_KINDS
+    value: float
+
+    def describe(self) -> str:
+        if self.kind == "perplexity":
+            return f"perplexity within {100 * self.value:g} % of the exact cache's"
+        return f"mean KL divergence from the exact cache within {self.value:g} nats"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "value": self.value}
+
+
+@dataclass(frozen=True)
+class Question:
+    """What the user asks: the context each sequence reaches, how many sequences at once, the cache memory
+    they have (None: no budget given) and the quality they accept."""
+
+    context: int
+    sequences: int
+    budget_bytes: int | None
+    budget: str  # as the user gave it ("4 GiB", "free memory of cuda:0"), for messages
+    tolerance: Tolerance
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"context": self.context, "sequences": self.sequences, "budget_bytes": self.budget_bytes,
+                "budget": self.budget, "tolerance": self.tolerance.to_dict()}
+
+
+@dataclass
+class TargetMemory:
+    """A configuration's memory at the question's target, from its size rule (`kvviz.engine.target_memory`)."""
+
+    cache_bytes: int | None  # keys, values and states of `sequences` sequences of `context` tokens
+    policy_bytes: int  # what its policy keeps beside them (H2O's attention sums), for those sequences
+    per_sequence_bytes: int | None  # cache and policy of one such sequence
+    sequences_in_budget: int | None  # how many such sequences fit in the budget (None: no budget, or unknown)
+    longest_context: int | None  # the longest context one sequence reaches within the budget (None: unknown)
+    longest_limit: str  # what stops it there: one of LONGEST_LIMITS
+    predicted_at_measured: int | None  # the size rule at the measured length (equal to the measurement: checked)
+
+    @property
+    def total_bytes(self) -> int | None:
+        return None if self.cache_bytes is None else self.cache_bytes + self.policy_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cache_bytes": self.cache_bytes, "policy_bytes": self.policy_bytes,
+                "per_sequence_bytes": self.per_sequence_bytes, "sequences_in_budget": self.sequences_in_budget,
+                "longest_context": self.longest_context, "longest_limit": self.longest_limit,
+                "predicted_at_measured": self.predicted_at_measured}
+
+
+@dataclass
+class Configuration:
+    """One configuration's measurements: its evaluation along the text (NLL, cache bytes, times per prediction),
+    its agreement with the exact cache per prediction, its speed alone and its memory at the target."""
+
+    run: EvalRun
+    kl: list[float] = field(default_factory=list)
+    top1: list[bool] = field(default_factory=list)
+    decode_ms: float | None = None  # one decode step alone (batch 1) after the text, median of a few
+    measured_rows: int = 1  # configurations sharing its forwards while it read the text
+    target: TargetMemory | None = None
+
+    @property
+    def label(self) -> str:
+        return self.run.label()
+
+    @property
+    def status(self) -> str:
+        return self.run.status
+
+    @property
+    def finished(self) -> bool:
+        return self.run.status == "finished" and bool(self.run.records)
+
+    @property
+    def exact(self) -> bool:
+        """The exact cache: every prediction the reference's own (it is the reference, or keeps every token in
+        full precision and agreed on all of them with no divergence)."""
+        return bool(self.kl) and max(self.kl) == 0.0 and all(self.top1)
+
+    def summary(self) -> dict[str, Any]:
+        s = self.run.summary()
+        n = len(self.kl)
+        return {
+            "perplexity": s["perplexity"],
+            "second_half_perplexity": s["second_half_perplexity"],
+            "mean_kl": float(np.mean(self.kl, dtype=np.float64)) if n else None,
+            "top1": sum(self.top1) / n if n else None,
+            "final_cache_bytes": s["final_cache_bytes"],
+            "final_policy_bytes": s["final_policy_bytes"],
+            "tokens": s["tokens"],
+            "sweep_tokens_per_s": s["tokens_per_s"],
+            "decode_tokens_per_s": 1000.0 / self.decode_ms if self.decode_ms else None,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        run = {k: v for k, v in self.run.to_dict().items() if k not in ("format", "version", "summary")}
+        return {"evaluation": run, "kl": list(self.kl), "top1": list(self.top1), "decode_ms": self.decode_ms,
+                "measured_rows": self.measured_rows, "target": self.target.to_dict() if self.target else None}
+
+
+@dataclass
+class SpeedRecord:
+    """How fast the sweep read the text: rows per batched forward, forwards per second, and the share of the
+    memory-bound speed reached (every weight and every row's cache read once per forward at this machine's
+    bandwidth); None where not measured."""
+
+    wall_s: float | None = None
+    rows_per_forward: float | None = None
+    forwards_per_s: float | None = None
+    memory_bound_share: float | None = None
+    bandwidth_bytes_per_s: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"wall_s": self.wall_s, "rows_per_forward": self.rows_per_forward,
+                "forwards_per_s": self.forwards_per_s, "memory_bound_share": self.memory_bound_share,
+                "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s}
+
+
+@dataclass
+class Sweep:
+    model: dict[str, Any]
+    document: dict[str, Any]
+    question: Question
+    configurations: list[Configuration] = field(default_factory=list)
+    speed: SpeedRecord = field(default_factory=SpeedRecord)
+    cancelled: bool = False
+
+    def reference(self) -> Configuration | None:
+        """The exact cache's configuration (dynamic), which every other is compared with."""
+        return next((c for c in self.configurations if c.run.strategy.get("name") == "dynamic" and c.finished), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT, "version": VERSION, "model": self.model, "document": self.document,
+                "question": self.question.to_dict(), "speed": self.speed.to_dict(), "cancelled": self.cancelled,
+                "configurations": [c.to_dict() for c in self.configurations]}
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write atomically and completely, even when Ctrl-C comes during the save (`kvviz.files.jsonfile`)."""
+        return write_json(path, self.to_dict)
+
+
+# -- the table a spreadsheet reads -------------------------------------------------------------------------
+
+CSV_COLUMNS = (
+    "strategy", "options", "status", "tokens", "perplexity", "second_half_perplexity", "perplexity_change",
+    "mean_kl", "top1_agreement", "final_cache_bytes", "final_policy_bytes", "target_context", "target_sequences",
+    "target_bytes", "sequences_in_budget", "longest_context", "decode_tokens_per_s", "sweep_tokens_per_s",
+    "rows_per_forward", "error",
+)
+
+
+def csv_row(sweep: Sweep, config: Configuration) -> dict[str, Any]:
+    from kvviz.files.frontier import perplexity_change
+
+    s = config.summary()
+    target = config.target
+    return {
+        "strategy": config.run.strategy.get("name", ""),
+        "options": " ".join(f"{k}={v}" for k, v in (config.run.strategy.get("options") or {}).items()),
+        "status": config.status,
+        "tokens": s["tokens"],
+        "perplexity": s["perplexity"],
+        "second_half_perplexity": s["second_half_perplexity"],
+        "perplexity_change": perplexity_change(sweep, config),
+        "mean_kl": s["mean_kl"],
+        "top1_agreement": s["top1"],
+        "final_cache_bytes": s["final_cache_bytes"],
+        "final_policy_bytes": s["final_policy_bytes"],
+        "target_context": sweep.question.context,
+        "target_sequences": sweep.question.sequences,
+        "target_bytes": target.total_bytes if target else None,
+        "sequences_in_budget": target.sequences_in_budget if target else None,
+        "longest_context": target.longest_context if target else None,
+        "decode_tokens_per_s": s["decode_tokens_per_s"],
+        "sweep_tokens_per_s": s["sweep_tokens_per_s"],
+        "rows_per_forward": config.measured_rows,
+        "error": config.run.error,
+    }
+
+
+def write_csv(sweep: Sweep, path: str | os.PathLike) -> Path:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    for config in sweep.configurations:
+        row = csv_row(sweep, config)
+        writer.writerow(["" if row[key] is None else f"{row[key]:.6g}" if isinstance(row[key], float) else row[key]
+                         for key in CSV_COLUMNS])
+    return write_atomic(path, out.getvalue().encode("utf-8"))
+
+
+# -- reading -----------------------------------------------------------------------------------------------
+
+
+class SweepFileError(KeptFileError):
+    """A file is not a readable kvviz sweep; the message names the file, the field and what was expected."""
+
+
+def load(path: str | os.PathLike) -> Sweep:
+    return FILE_FORMAT.read(path)
+
+
+def _fidelity_agrees(config: dict, where) -> None:
+    records = len(config["evaluation"]["records"]["position"])
+    for name in ("kl", "top1"):
+        if len(config[name]) != records:
+            raise Refusal(at(where, name), f"one value per prediction ({records:,})", config[name])
+
+
+_BYTES = Int(0, MAX_BYTES, null=True, what="a byte count")
+_TARGET = Record(
+    {"cache_bytes": _BYTES, "policy_bytes": Int(0, MAX_BYTES, what="a byte count"), "per_sequence_bytes": _BYTES,
+     "sequences_in_budget": Int(0, null=True), "longest_context": Int(0, null=True),
+     "longest_limit": Text(LONGEST_LIMITS), "predicted_at_measured": _BYTES},
+    null=True, what="a configuration's memory at the target (an object)",
+)
+_CONFIGURATION = Record(
+    {"evaluation": evaluation.EVAL_RECORD,
+     "kl": ListOf(Number(0, what="a KL divergence in nats")),
+     "top1": ListOf(Flag()),
+     "decode_ms": Number(0, null=True, what="a time in ms"),
+     "measured_rows": Int(1),
+     "target": _TARGET},
+    rules=(_fidelity_agrees,),
+    what="a configuration (an object with its evaluation)",
+)
+_SPEED = Record({name: Number(0, null=True) for name in SpeedRecord().to_dict()}, what="the sweep's speed")
+_SWEEP = Record(
+    {
+        "model": MODEL_CARD,
+        "document": Json(depth=1),
+        "question": Record(
+            {"context": Int(1, MAX_POSITIONS), "sequences": Int(1), "budget_bytes": _BYTES, "budget": Text(),
+             "tolerance": Record({"kind": Text(QUALITY_KINDS), "value": Number(0)}, what="a tolerance")},
+            what="the question (an object)",
+        ),
+        "speed": optional(_SPEED, {}),
+        "cancelled": Flag(),
+        "configurations": ListOf(_CONFIGURATION),
+    },
+)
+
+
+def _build(data: dict) -> Sweep:
+    q = data["question"]
+    question = Question(q["context"], q["sequences"], q["budget_bytes"], q["budget"],
+                        Tolerance(q["tolerance"]["kind"], q["tolerance"]["value"]))
+    configurations = []
+    for c in data["configurations"]:
+        target = TargetMemory(**c["target"]) if c["target"] else None
+        configurations.append(Configuration(evaluation.build_run(c["evaluation"]), c["kl"], c["top1"],
+                                            c["decode_ms"], c["measured_rows"], target))
+    speed = SpeedRecord(**{k: v for k, v in (data["speed"] or {}).items() if k in SpeedRecord().to_dict()})
+    return Sweep(data["model"], data["document"], question, configurations, speed, data["cancelled"])
+
+
+FILE_FORMAT = FileFormat(name=FORMAT, version=VERSION, kind="kvviz sweep", schema=_SWEEP, build=_build,
+                         error=SweepFileError)
+
