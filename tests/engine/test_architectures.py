@@ -32,9 +32,11 @@ def own_cache(config):
     return transformers.DynamicCache(config=config)
 
 
-def tensor_bytes(cache) -> int:
-    """Every tensor transformers' cache object holds, walked through its layers' attributes (storages counted
-    once; 0-dimensional bookkeeping such as a layer's window length left out)."""
+def tensor_bytes(cache, model) -> int:
+    """Every tensor transformers' cache object holds, walked through its layers' attributes, and every tensor the
+    model's modules keep as attributes of their own (RecurrentGemma's recurrent states; parameters and buffers are
+    not such attributes). Storages counted once; 0-dimensional bookkeeping such as a layer's window length left
+    out."""
     seen, total = set(), 0
 
     def walk(value):
@@ -53,6 +55,8 @@ def tensor_bytes(cache) -> int:
     for layer in cache.layers:
         walk(vars(layer))
     walk(getattr(cache, "linear_cache", []))  # MiniMax's cache class keeps its linear layers' states beside them
+    for module in model.modules():
+        walk([value for value in vars(module).values() if isinstance(value, torch.Tensor)])
     return total
 
 
@@ -64,11 +68,13 @@ def test_dynamic_matches_generate_and_transformers_own_cache(architectures, fami
     assert tokens == generate_reference(loaded, ids, NEW_TOKENS)
     for step in decoder.trace.steps:
         assert step.cache_bytes == step.predicted_cache_bytes, f"step {step.index}"
-    # the same tokens through transformers' own DynamicCache: every tensor it holds, as kvviz measured it
+    # the same tokens through transformers' own DynamicCache, fed as generate feeds them (the prompt, then one token
+    # at a time): every tensor it and the model hold, as kvviz measured it
     cache = own_cache(loaded.model.config)
     with torch.inference_mode():
-        loaded.model(input_ids=torch.tensor([ids + tokens[:-1]]), cache=cache, use_cache=True)
-    assert decoder.trace.steps[-1].cache_bytes == tensor_bytes(cache) > 0
+        for fed in [ids] + [[token] for token in tokens[:-1]]:
+            loaded.model(input_ids=torch.tensor([fed]), cache=cache, use_cache=True)
+    assert decoder.trace.steps[-1].cache_bytes == tensor_bytes(cache, loaded.model) > 0
     kinds = loaded.card["cache_kinds"]
     for kind, layer in zip(kinds, decoder.trace.steps[-1].layers, strict=True):
         assert (layer.state_bytes > 0) == (kind.startswith("state")), kind
