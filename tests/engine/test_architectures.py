@@ -1,4 +1,4 @@
-"""Every kind of cache layer transformers has, on tiny random models of sixteen families: linear-attention and
+"""Every kind of cache layer transformers has, on tiny random models of seventeen families: linear-attention and
 state-space layers (a fixed-size state), hybrid layers (both), KV-shared layers, latent attention and indexed
 attention. For each: greedy tokens equal plain generate, the bytes kvviz measures equal every tensor in
 transformers' own DynamicCache, the prediction from the config equals the measurement at every step, and each
