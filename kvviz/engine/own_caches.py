@@ -55,7 +55,7 @@ def strategy_refusal(model) -> str | None:
                 "whose linear-attention states only its forward pass updates; run dynamic or none")
     if keeps_state_in_modules(model.config):
         return (f"needs transformers' own cache layers, and this model ({name}) keeps the states of its recurrent "
-                "layers in its own modules, which kvviz hands them only beside a DynamicCache; run dynamic or none")
+                "layers in its own modules, which kvviz keeps only with a DynamicCache; run dynamic or none")
     return None
 
 

@@ -148,8 +148,8 @@ def test_a_state_space_model_is_not_refused_as_keeping_nothing():
 # what a model that keeps its cache outside transformers' layers says when it refuses every strategy but dynamic, none
 OUTSIDE = {"minimax": "keeps its cache in a class of its own whose linear-attention states only its forward pass "
                       "updates; run dynamic or none",
-           "recurrent_gemma": "keeps the states of its recurrent layers in its own modules, which kvviz hands them "
-                              "only beside a DynamicCache; run dynamic or none"}
+           "recurrent_gemma": "keeps the states of its recurrent layers in its own modules, which kvviz keeps only "
+                              "with a DynamicCache; run dynamic or none"}
 
 
 @pytest.mark.parametrize("family", sorted(OUTSIDE))
