@@ -13,13 +13,18 @@ from tests.commands import kvviz
 from tests.engine.families import tiny_architecture
 
 
+def model_folder(tmp_path_factory, tokenizer, family: str):
+    """A tiny random model of `family` saved as a model folder, as a user would pass one."""
+    folder = tmp_path_factory.mktemp(family)
+    with quiet_transformers():
+        tiny_architecture(family, tokenizer).model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+    return folder
+
+
 @pytest.fixture(scope="module")
 def hybrid(tmp_path_factory, tiny_model):
-    folder = tmp_path_factory.mktemp("qwen3-next-shape")
-    with quiet_transformers():
-        tiny_architecture("qwen3_next", tiny_model.tokenizer).model.save_pretrained(folder)
-        tiny_model.tokenizer.save_pretrained(folder)
-    return folder
+    return model_folder(tmp_path_factory, tiny_model.tokenizer, "qwen3_next")
 
 
 def test_eval_reads_a_document_through_each_strategy(hybrid, tmp_path):
@@ -57,11 +62,7 @@ def test_compare_runs_each_strategy_against_the_exact_cache(hybrid, tmp_path):
 
 @pytest.fixture(scope="module")
 def recurrent_gemma(tmp_path_factory, tiny_model):
-    folder = tmp_path_factory.mktemp("recurrent-gemma")
-    with quiet_transformers():
-        tiny_architecture("recurrent_gemma", tiny_model.tokenizer).model.save_pretrained(folder)
-        tiny_model.tokenizer.save_pretrained(folder)
-    return folder
+    return model_folder(tmp_path_factory, tiny_model.tokenizer, "recurrent_gemma")
 
 
 def test_recurrent_gemma_is_evaluated_token_by_token_and_refuses_what_its_modules_cannot_hold(recurrent_gemma,
