@@ -25,7 +25,7 @@ from kvviz.engine.attention_view import AttentionView
 from kvviz.engine.convert import convert, refusal
 from kvviz.engine.geometry import Geometry
 from kvviz.engine.held_positions import Carried
-from kvviz.engine.own_caches import layers_of
+from kvviz.engine.own_caches import feed_refusal, layers_of, module_states
 from kvviz.engine.strategies import StrategyChoice, get
 from kvviz.errors import OptionError
 from kvviz.files.trace import LayerRecord
@@ -60,7 +60,7 @@ def model_forward(model, input_ids: torch.Tensor, cache, position_ids: torch.Ten
         kwargs.update(encoder_outputs=encoder_outputs, decoder_input_ids=input_ids)
     else:
         kwargs.update(input_ids=input_ids, **({} if cache is None else {"position_ids": position_ids}))
-    with attention_scores.one_forward():
+    with attention_scores.one_forward(), module_states(model, cache):
         logits = (forward or model)(**kwargs).logits
     return logits if _keeps_logits(model) or not logits_to_keep else logits[:, -logits_to_keep:]
 
@@ -144,6 +144,8 @@ class CacheRun:
         """Feed `input_ids` ``[1, n]`` (the whole sequence when there is no cache); returns the logits
         of the last `logits_to_keep` positions ``[1, kept, vocab]`` (0: every position)."""
         n = input_ids.shape[-1]
+        if self.cache is not None and self.seen and n > 1 and feed_refusal(self.model):
+            raise OptionError(f"cannot feed {n} tokens at once after the first {self.seen}: {feed_refusal(self.model)}")
         total = n if self.cache is None else self.seen + n
         view = None
         if self._watch_attention:

@@ -28,6 +28,7 @@ from kvviz.engine.cache_run import CacheRun
 from kvviz.engine.decode import Decoder, GenerationSettings
 from kvviz.engine.geometry import Geometry
 from kvviz.engine.models import LoadedModel
+from kvviz.engine.own_caches import feed_refusal
 from kvviz.engine.strategies import StrategyChoice
 from kvviz.errors import OptionError
 from kvviz.files.conversation import (
@@ -128,6 +129,10 @@ class Conversation:
         if loaded.model.config.is_encoder_decoder:
             raise OptionError("a conversation keeps one decoder's cache across turns; this model is an "
                               "encoder-decoder, whose encoder reads each input anew: chat with a decoder-only model")
+        problem = feed_refusal(loaded.model)
+        if problem:
+            raise OptionError(f"a conversation feeds each turn's new tokens into the cache it kept, and {problem}; "
+                              "generate from one prompt instead")
         self.loaded, self.settings, self.notify = loaded, settings, notify or (lambda message: None)
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
         self.plain = settings.raw or not getattr(self.tokenizer, "chat_template", None)

@@ -22,6 +22,7 @@ from kvviz.engine.geometry import Geometry
 from kvviz.engine.held_positions import Carried, fed_positions
 from kvviz.engine.layers import KvvizLayer
 from kvviz.engine.measure import held_tokens
+from kvviz.engine.own_caches import keeps_state_in_modules
 from kvviz.engine.strategies import StrategyChoice, get
 
 
@@ -42,6 +43,9 @@ def refusal(current: str, target: StrategyChoice, model, evicted: bool | None) -
         return "a run without a cache has nothing to convert; start a new run with a cache instead"
     if not strategy.has_cache:
         return f"switching to no cache would recompute every step from scratch; start a new run with {target.name!r}"
+    if keeps_state_in_modules(model.config):
+        return (f"a switch moves what the cache's layers hold, and this model ({type(model).__name__}) keeps the "
+                "states of its recurrent layers in its own modules; start a new run")
     geometry = Geometry.of(model.config, model.dtype)
     if any(kind not in ("attention", "sliding", "state") for kind in geometry.kinds):
         unusual = geometry.unusual_layers(("state",), latent=True)

@@ -32,6 +32,7 @@ from kvviz.engine import cache_rows
 from kvviz.engine.cache_run import CacheRun
 from kvviz.engine.geometry import Geometry
 from kvviz.engine.models import LoadedModel
+from kvviz.engine.own_caches import feed_refusal
 from kvviz.engine.strategies import StrategyChoice, capacity_for, get
 from kvviz.errors import OptionError, failure
 from kvviz.files.documents import Document
@@ -166,7 +167,8 @@ class Evaluation:
         self.ids = torch.tensor([token_ids], device=self.model.device)
         self.run = CacheRun(self.model, choice, capacity_for(choice, len(token_ids)))
         self.run.check_memory()
-        self.chunk = max(1, chunk) if self.run.strategy.exact else 1
+        # a cache that keeps every token exactly may take many per forward, unless the model reads that as a new prompt
+        self.chunk = max(1, chunk) if self.run.strategy.exact and not feed_refusal(self.model) else 1
         self.prompt = prompt_tokens(choice, len(token_ids))
         self._cancel = cancel or threading.Event()
         self.started = False

@@ -108,6 +108,14 @@ def state_bytes(config, element: int) -> int | None:
     return conv * element + recurrent * RECURRENT_STATE_ELEMENT
 
 
+def step_state_bytes(config, element: int) -> int:
+    """Bytes one state layer's allocation holds beyond `state_bytes` after a one-token feed (batch 1): RecurrentGemma
+    keeps its convolution state as a view into the conv1d_width columns it convolved, one column more than it keeps;
+    0 for every other mixer."""
+    c = text_config(config)
+    return c.lru_width * element if c.model_type == "recurrent_gemma" else 0
+
+
 def state_elements(config) -> tuple[int, int] | None:
     """(convolution state, recurrent state) elements of one linear-attention or state-space layer: one formula per
     family of mixer, as its transformers module sizes it; None for a mixer kvviz knows no formula for."""
@@ -131,6 +139,8 @@ def state_elements(config) -> tuple[int, int] | None:
         groups = get("mamba_n_groups") or get("mamba_ngroups") or 1
         head_dim = get("mamba_d_head") if isinstance(get("mamba_d_head"), int) else get("mamba_headdim")
         return (inner + 2 * groups * c.mamba_d_state) * c.mamba_d_conv, heads * head_dim * c.mamba_d_state
+    if c.model_type == "recurrent_gemma":  # RG-LRU: conv1d_width - 1 columns convolved, one state per channel
+        return c.lru_width * (c.conv1d_width - 1), c.lru_width
     if c.model_type == "mamba":
         return c.intermediate_size * c.conv_kernel, c.intermediate_size * c.state_size
     if c.model_type == "mamba2":
@@ -162,6 +172,7 @@ class Geometry:
     kinds: tuple[str, ...] = ()  # per layer: `CACHE_KINDS` (empty: every layer plain attention)
     layer_token_bytes: tuple[int, ...] = ()  # per layer: keys + values (+ indexer keys) one token adds
     layer_state_bytes: tuple[int | None, ...] = ()  # per layer: its fixed state (0: none; None: no formula)
+    layer_step_state_bytes: tuple[int, ...] = ()  # per layer: what its state holds beyond that after a one-token feed
     latent: tuple[int, int] | None = None  # multi-head latent attention's (kv_lora_rank, qk_rope_head_dim)
     encoder_decoder: bool = False  # every layer also keeps cross-attention keys and values of the encoder's output
     batch: int = 1
@@ -196,6 +207,8 @@ class Geometry:
                 for kind in kinds
             ),
             layer_state_bytes=tuple(state if kind in HAS_STATE else 0 for kind in kinds),
+            layer_step_state_bytes=tuple(step_state_bytes(config, element) if kind in HAS_STATE else 0
+                                         for kind in kinds),
             latent=latent,
         )
 
@@ -215,6 +228,7 @@ class Geometry:
             kinds=("attention+cross",) * layers,
             layer_token_bytes=(2 * heads * head_dim * element,) * layers,
             layer_state_bytes=(0,) * layers,
+            layer_step_state_bytes=(0,) * layers,
             encoder_decoder=True,
         )
 

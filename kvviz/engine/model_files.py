@@ -281,8 +281,9 @@ def check_keeps_kv_cache(model: PreTrainedModel, where: str) -> None:
 
     One token through the model, as the decoder feeds it. Keys and values, indexer keys and the fixed-size states
     of linear-attention and state-space layers (Mamba, gated DeltaNet) are all read; a model that keeps its cache in
-    a class of its own is read through it (MiniMax, `own_caches`); one that keeps its recurrent state inside its
-    modules (RecurrentGemma) is refused with that reason.
+    a class of its own is read through it (MiniMax), one that keeps its recurrent states in its modules through the
+    states kvviz keeps with its cache (RecurrentGemma; both in `own_caches`). A model whose state layers still keep
+    nothing kvviz can read is refused with that reason.
     """
     from kvviz.engine.geometry import HAS_STATE, cache_kinds
     from kvviz.engine.measure import measure_cache

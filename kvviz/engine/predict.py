@@ -50,9 +50,13 @@ class CachePredictor:
 
     def cache_bytes(self) -> int | None:
         """Bytes the whole cache should hold now: every layer's tokens (`layer_bytes`), the fixed states of the
-        layers fed so far and an encoder-decoder's cross-attention keys and values; None where a state's size has no
-        formula (`geometry.state_bytes`)."""
-        states = [size for size, held in zip(self.geometry.layer_state_bytes, self.holds_state, strict=True) if held]
+        layers fed so far (and what a one-token feed leaves beside a state, `geometry.step_state_bytes`) and an
+        encoder-decoder's cross-attention keys and values; None where a state's size has no formula
+        (`geometry.state_bytes`)."""
+        geometry = self.geometry
+        sizes = zip(geometry.layer_state_bytes, geometry.layer_step_state_bytes, self.holds_state, self.last,
+                    strict=True)
+        states = [size if size is None or last != 1 else size + step for size, step, held, last in sizes if held]
         if any(size is None for size in states):
             return None
         tokens = sum(self.layer_bytes(i, window) for i, window in enumerate(self.geometry.windows))

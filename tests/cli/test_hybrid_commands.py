@@ -13,13 +13,18 @@ from tests.commands import kvviz
 from tests.engine.families import tiny_architecture
 
 
+def model_folder(tmp_path_factory, tokenizer, family: str):
+    """A tiny random model of `family` saved as a model folder, as a user would pass one."""
+    folder = tmp_path_factory.mktemp(family)
+    with quiet_transformers():
+        tiny_architecture(family, tokenizer).model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+    return folder
+
+
 @pytest.fixture(scope="module")
 def hybrid(tmp_path_factory, tiny_model):
-    folder = tmp_path_factory.mktemp("qwen3-next-shape")
-    with quiet_transformers():
-        tiny_architecture("qwen3_next", tiny_model.tokenizer).model.save_pretrained(folder)
-        tiny_model.tokenizer.save_pretrained(folder)
-    return folder
+    return model_folder(tmp_path_factory, tiny_model.tokenizer, "qwen3_next")
 
 
 def test_eval_reads_a_document_through_each_strategy(hybrid, tmp_path):
@@ -53,3 +58,26 @@ def test_compare_runs_each_strategy_against_the_exact_cache(hybrid, tmp_path):
     assert rows[0]["top-1 agreement"] == "1" and rows[0]["mean KL (nats)"] == "0"
     assert float(rows[1]["peak cache MiB"]) < float(rows[0]["peak cache MiB"])
     assert (tmp_path / "report.md").exists()
+
+
+@pytest.fixture(scope="module")
+def recurrent_gemma(tmp_path_factory, tiny_model):
+    return model_folder(tmp_path_factory, tiny_model.tokenizer, "recurrent_gemma")
+
+
+def test_recurrent_gemma_is_evaluated_token_by_token_and_refuses_what_its_modules_cannot_hold(recurrent_gemma,
+                                                                                               tmp_path):
+    """Its recurrent layers read a feed of more than one token as a new prompt: even the exact cache is fed one token
+    at a time, with the states its modules keep measured as predicted."""
+    result = kvviz("eval", "--model", recurrent_gemma, "--builtin", "alice", "--tokens", "16", "--strategies",
+                   "dynamic,none", "--out", tmp_path, "--json")
+    assert result.returncode == 0, result.stderr
+    results = json.loads(result.stdout)
+    assert [(r["status"], r["method"]["mode"]) for r in results] == [("finished", "token-by-token")] * 2
+    records = [t for t in evaluation.load(results[0]["file"]).records if t.cache_bytes is not None]
+    assert records and all(t.cache_bytes == t.predicted_cache_bytes for t in records)
+    refused = kvviz("compare", "--model", recurrent_gemma, "--strategies", "dynamic,sliding:window=8", "--prompt",
+                    "The history", "--max-new-tokens", "2", "--out", tmp_path / "compare")
+    assert refused.returncode != 0
+    assert "keeps the states of its recurrent layers in its own modules" in refused.stderr
+    assert "Error" not in refused.stderr and "Traceback" not in refused.stderr

@@ -73,6 +73,9 @@ ARCHITECTURES = {
     # lightning attention beside softmax attention, in MiniMax's own cache class
     "minimax": lambda: transformers.MiniMaxConfig(
         **SMALL, num_hidden_layers=4, head_dim=16, num_local_experts=2, num_experts_per_tok=1, block_size=8),
+    # recurrent blocks (RG-LRU) that keep their states in their own modules, beside local (sliding) attention
+    "recurrent_gemma": lambda: transformers.RecurrentGemmaConfig(
+        **SMALL, num_hidden_layers=3, attention_window_size=6),
     # state-space models without attention
     "mamba": lambda: transformers.MambaConfig(
         vocab_size=49152, hidden_size=64, state_size=8, num_hidden_layers=2, use_mambapy=False, eos_token_id=2,

@@ -1,4 +1,4 @@
-"""Every kind of cache layer transformers has, on tiny random models of sixteen families: linear-attention and
+"""Every kind of cache layer transformers has, on tiny random models of seventeen families: linear-attention and
 state-space layers (a fixed-size state), hybrid layers (both), KV-shared layers, latent attention and indexed
 attention. For each: greedy tokens equal plain generate, the bytes kvviz measures equal every tensor in
 transformers' own DynamicCache, the prediction from the config equals the measurement at every step, and each
@@ -11,7 +11,7 @@ from transformers.models.minimax.modeling_minimax import MiniMaxCache
 
 from kvviz.engine import decode, model_files, strategies
 from kvviz.engine.models import build_random_model
-from kvviz.errors import ModelError, OptionError
+from kvviz.errors import OptionError
 
 from .families import ARCHITECTURES, tiny_architecture
 from .test_equality import PROMPT, generate_reference, kvviz_tokens
@@ -32,9 +32,11 @@ def own_cache(config):
     return transformers.DynamicCache(config=config)
 
 
-def tensor_bytes(cache) -> int:
-    """Every tensor transformers' cache object holds, walked through its layers' attributes (storages counted
-    once; 0-dimensional bookkeeping such as a layer's window length left out)."""
+def tensor_bytes(cache, model) -> int:
+    """Every tensor transformers' cache object holds, walked through its layers' attributes, and every tensor the
+    model's modules keep as attributes of their own (RecurrentGemma's recurrent states; parameters and buffers are
+    not such attributes). Storages counted once; 0-dimensional bookkeeping such as a layer's window length left
+    out."""
     seen, total = set(), 0
 
     def walk(value):
@@ -53,6 +55,8 @@ def tensor_bytes(cache) -> int:
     for layer in cache.layers:
         walk(vars(layer))
     walk(getattr(cache, "linear_cache", []))  # MiniMax's cache class keeps its linear layers' states beside them
+    for module in model.modules():
+        walk([value for value in vars(module).values() if isinstance(value, torch.Tensor)])
     return total
 
 
@@ -64,11 +68,13 @@ def test_dynamic_matches_generate_and_transformers_own_cache(architectures, fami
     assert tokens == generate_reference(loaded, ids, NEW_TOKENS)
     for step in decoder.trace.steps:
         assert step.cache_bytes == step.predicted_cache_bytes, f"step {step.index}"
-    # the same tokens through transformers' own DynamicCache: every tensor it holds, as kvviz measured it
+    # the same tokens through transformers' own DynamicCache, fed as generate feeds them (the prompt, then one token
+    # at a time): every tensor it and the model hold, as kvviz measured it
     cache = own_cache(loaded.model.config)
     with torch.inference_mode():
-        loaded.model(input_ids=torch.tensor([ids + tokens[:-1]]), cache=cache, use_cache=True)
-    assert decoder.trace.steps[-1].cache_bytes == tensor_bytes(cache) > 0
+        for fed in [ids] + [[token] for token in tokens[:-1]]:
+            loaded.model(input_ids=torch.tensor([fed]), cache=cache, use_cache=True)
+    assert decoder.trace.steps[-1].cache_bytes == tensor_bytes(cache, loaded.model) > 0
     kinds = loaded.card["cache_kinds"]
     for kind, layer in zip(kinds, decoder.trace.steps[-1].layers, strict=True):
         assert (layer.state_bytes > 0) == (kind.startswith("state")), kind
@@ -134,34 +140,62 @@ def test_a_live_switch_carries_the_state_layers_over(architectures):
         decoder.request_switch(strategies.choose("static"))
 
 
-def test_models_that_keep_their_cache_elsewhere_are_refused_with_the_reason():
-    recurrent_gemma = build_random_model(transformers.RecurrentGemmaConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=1,
-        num_hidden_layers=3, lru_width=64, attention_window_size=16))
-    with pytest.raises(ModelError, match="keeps the state of its recurrent layers .2 of them. inside the model's own"):
-        model_files.check_keeps_kv_cache(recurrent_gemma.eval(), "rg")
+def test_a_state_space_model_is_not_refused_as_keeping_nothing():
     mamba = build_random_model(ARCHITECTURES["mamba"]())
     model_files.check_keeps_kv_cache(mamba.eval(), "mamba")  # a state-space model keeps a state: it runs
 
 
-def test_minimax_runs_none_beside_its_own_cache_and_refuses_the_rest(architectures):
+# what a model that keeps its cache outside transformers' layers says when it refuses every strategy but dynamic, none
+OUTSIDE = {"minimax": "keeps its cache in a class of its own whose linear-attention states only its forward pass "
+                      "updates; run dynamic or none",
+           "recurrent_gemma": "keeps the states of its recurrent layers in its own modules, which kvviz keeps only "
+                              "with a DynamicCache; run dynamic or none"}
+
+
+@pytest.mark.parametrize("family", sorted(OUTSIDE))
+def test_a_cache_kept_outside_transformers_layers_runs_none_and_refuses_the_rest(architectures, family):
     """Dynamic runs in `test_dynamic_matches_generate_and_transformers_own_cache`."""
-    loaded = architectures["minimax"]
-    model_files.check_keeps_kv_cache(loaded.model, "mm")  # its own cache class is read, not refused
+    loaded = architectures[family]
+    model_files.check_keeps_kv_cache(loaded.model, family)  # its states are read, not refused
     ran = []
     for spec in SPECS:
         settings = decode.GenerationSettings(max_new_tokens=2, raw=True, stop_at_eos=False)
         try:
             decoder = decode.Decoder(loaded, strategies.parse_spec(spec), settings, PROMPT, reference=True)
         except OptionError as refused:
-            assert str(refused).endswith("keeps its cache in a class of its own whose linear-attention states only "
-                                         "its forward pass updates; run dynamic or none"), refused
+            assert str(refused).endswith(OUTSIDE[family]), refused
             continue
         for step in decoder:
             assert step.cache_bytes == step.predicted_cache_bytes, f"{spec} step {step.index}"
             assert step.top1_agree, f"{spec} step {step.index}"  # the exact reference runs in its own cache too
         ran.append(spec)
     assert ran == ["none"]
+
+
+def test_recurrent_states_kept_in_the_modules_never_reach_another_run(architectures):
+    """RecurrentGemma reads a one-token prompt through the convolution state its modules hold: a run starts from none
+    (as a freshly loaded model does), whatever ran before, and a reference beside it keeps states of its own."""
+    from kvviz.engine.conversation import Conversation
+
+    loaded = architectures["recurrent_gemma"]
+    settings = decode.GenerationSettings(max_new_tokens=3, raw=True, stop_at_eos=False)
+
+    def one_token_run():
+        decoder = decode.Decoder(loaded, strategies.choose("dynamic"), settings, "", prompt_ids=[7], reference=True)
+        steps = list(decoder)
+        assert all(step.top1_agree and step.cache_bytes == step.predicted_cache_bytes for step in steps)
+        return [step.token_id for step in steps]
+
+    first = one_token_run()
+    generate_reference(loaded, [9, 8, 7, 6], 3)  # generate leaves its states in the modules
+    assert one_token_run() == first
+    # each of these would feed more than one token into a cache that holds some: refused by name
+    decoder = decode.Decoder(loaded, strategies.choose("dynamic"), settings, PROMPT)
+    next(iter(decoder))
+    with pytest.raises(OptionError, match="keeps the states of its recurrent layers in its own modules; start a new"):
+        decoder.request_switch(strategies.choose("dynamic"))
+    with pytest.raises(OptionError, match="reads a feed of more than one token as a new prompt"):
+        Conversation(loaded, strategies.choose("dynamic"), settings)
 
 
 @pytest.mark.parametrize("family", ["bamba", "jamba", "lfm2"])

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import torch
 
 from kvviz.engine.geometry import KEEPS_TOKENS, Geometry
-from kvviz.engine.own_caches import keeps_own_cache
+from kvviz.engine.own_caches import strategy_refusal
 from kvviz.engine.predict import CachePredictor
 from kvviz.errors import OptionError
 
@@ -163,10 +163,9 @@ class Strategy:
             return ("acts on a decoder-only model's keys and values, and this model is an encoder-decoder (its decoder "
                     "attends to the encoder's output through cross-attention keys and values kept whole); run "
                     "dynamic, static or none")
-        if keeps_own_cache(model.config) and self.name not in ("dynamic", "none"):
-            return (f"needs transformers' own cache layers, and this model ({type(model).__name__}) keeps its cache in "
-                    "a class of its own whose linear-attention states only its forward pass updates; run dynamic or "
-                    "none")
+        problem = strategy_refusal(model)
+        if problem and self.name not in ("dynamic", "none"):
+            return problem
         return self.model_problem(model, geometry, options)
 
     def model_problem(self, model, geometry: Geometry, options: dict) -> str | None:
