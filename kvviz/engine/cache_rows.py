@@ -98,15 +98,27 @@ def unsupported(model) -> str | None:
 
 
 @contextmanager
-def attention_by_rows(model) -> Iterator[None]:
-    """Inside, `feed_together` can run on `model` (checked with `unsupported` first)."""
+def attention_implementation(model, name: str) -> Iterator[None]:
+    """Inside, `model` attends with the attention implementation `name`; the one before comes back after."""
     previous = model.config._attn_implementation
-    model.set_attn_implementation(NAME)
+    if previous == name:
+        yield
+        return
+    model.set_attn_implementation(name)
     try:
         yield
     finally:
-        _local.rows = None
         model.set_attn_implementation(previous)
+
+
+@contextmanager
+def attention_by_rows(model) -> Iterator[None]:
+    """Inside, `feed_together` can run on `model` (checked with `unsupported` first)."""
+    try:
+        with attention_implementation(model, NAME):
+            yield
+    finally:
+        _local.rows = None
 
 
 def feed_together(runs: list[CacheRun], token_id: torch.Tensor) -> tuple[torch.Tensor, dict[int, Exception]]:

@@ -16,7 +16,6 @@ import functools
 import inspect
 import time
 
-import psutil
 import torch
 from transformers.cache_utils import DynamicLayer, StaticLayer
 
@@ -25,6 +24,7 @@ from kvviz.engine.attention_view import AttentionView
 from kvviz.engine.convert import convert, refusal
 from kvviz.engine.geometry import Geometry
 from kvviz.engine.held_positions import Carried
+from kvviz.engine.machine import free_memory
 from kvviz.engine.own_caches import feed_refusal, layers_of, module_states
 from kvviz.engine.strategies import StrategyChoice, get
 from kvviz.errors import OptionError
@@ -117,13 +117,7 @@ class CacheRun:
         if self.strategy.evicts:
             return
         need = self.capacity * self.geometry.kv_bytes_per_token
-        device = self.model.device
-        if device.type == "cuda":
-            free = torch.cuda.mem_get_info(device)[0]
-            where = f"free memory on {device}"
-        else:
-            free = psutil.virtual_memory().available
-            where = "available memory"
+        free, where = free_memory(self.model.device)
         if need > free:
             raise OptionError(
                 f"the cache for {self.capacity:,} tokens would need up to {need:,} bytes ({need / 2**30:.1f} GiB), "

@@ -30,6 +30,7 @@ import torch
 
 from kvviz.engine import cache_rows
 from kvviz.engine.cache_run import CacheRun
+from kvviz.engine.fidelity import ReferenceStream, divergence
 from kvviz.engine.geometry import Geometry
 from kvviz.engine.models import LoadedModel
 from kvviz.engine.own_caches import feed_refusal
@@ -107,6 +108,16 @@ def prompt_tokens(choice: StrategyChoice, tokens: int) -> int:
     return prompt
 
 
+def feed_sizes(tokens: int, chunk: int, prompt: int = 0) -> Iterator[int]:
+    """The tokens each forward feeds when an evaluation reads `tokens` tokens: `prompt` first if there is one, then
+    `chunk` at a time (the size rules of `kvviz.engine.target_memory` replay the same)."""
+    fed = 0
+    while fed < tokens:
+        size = min(prompt if fed == 0 and prompt else chunk, tokens - fed)
+        yield size
+        fed += size
+
+
 def encoder_decoder_problem(model) -> str | None:
     """Why this model cannot read a document token by token, or None: an encoder-decoder has no such reading."""
     if not model.config.is_encoder_decoder:
@@ -154,6 +165,8 @@ class Evaluation:
 
     def __init__(self, loaded: LoadedModel, choice: StrategyChoice, token_ids: list[int], document: dict,
                  cancel: threading.Event | None = None, chunk: int = CHUNK):
+        """`reference` may be set before the first forward (a `ReferenceStream` over the same tokens): each prediction
+        is then also compared with the exact cache's, in `kl` and `top1` (`fidelity.divergence`)."""
         if len(token_ids) < 2:
             raise OptionError("an evaluation needs at least 2 tokens: one fed, one predicted")
         problem = encoder_decoder_problem(loaded.model)
@@ -173,6 +186,9 @@ class Evaluation:
         self._cancel = cancel or threading.Event()
         self.started = False
         self.replay = 0  # document tokens fed again, unscored, to rebuild the cache of a resumed evaluation
+        self.reference: ReferenceStream | None = None
+        self.kl: list[float] = []
+        self.top1: list[bool] = []
         method = {"mode": "token-by-token" if self.chunk == 1 else "chunked", "chunk": self.chunk}
         if self.prompt:
             method["prompt"] = self.prompt
@@ -201,11 +217,12 @@ class Evaluation:
         result = self.result
         return self.started and (len(result.records) >= self.predictions or bool(result.error) or result.cancelled)
 
-    def batchable(self) -> bool:
+    def batchable(self, quantized: bool = False) -> bool:
         """Whether this evaluation can share forwards with others (`feed_together`) and predict as it would
-        alone: token by token, through a cache that does not quantize, on a model that allows it."""
+        alone: token by token, through a cache that does not quantize (`quantized`: or does, to the float rounding
+        of a batched forward, which may move a value to the neighbouring level), on a model that allows it."""
         return (self.chunk == 1 and not self.prompt and self.run.cache is not None
-                and not self.run.strategy.quantizes and cache_rows.unsupported(self.model) is None)
+                and (quantized or not self.run.strategy.quantizes) and cache_rows.unsupported(self.model) is None)
 
     def resume(self, kept: EvalRun, ended: bool) -> str:
         """Take up what an earlier process measured (`kept`, from its journal; `ended`: the strategy was over
@@ -235,13 +252,11 @@ class Evaluation:
         self.run.warm_up(lambda message: None)  # kernel builds before the first token, not in its time
 
     def feeds(self) -> Iterator[tuple[int, int]]:
-        """The [start, end) of the document tokens each forward feeds: the prompt first if there is one, then
-        `chunk` at a time."""
+        """The [start, end) of the document tokens each forward feeds (`feed_sizes`)."""
         start = 0
-        while start < self.predictions:
-            end = min(start + (self.prompt if start == 0 and self.prompt else self.chunk), self.predictions)
-            yield start, end
-            start = end
+        for size in feed_sizes(self.predictions, self.chunk, self.prompt):
+            yield start, start + size
+            start += size
 
     def __iter__(self) -> Iterator[TokenRecord]:
         self.start()
@@ -270,7 +285,12 @@ class Evaluation:
     def take(self, start: int, logits: torch.Tensor, wall_ms: float) -> list[TokenRecord]:
         """Record the predictions of the tokens fed from `start`, given their logits ``[n, vocab]`` and the time
         per prediction, with the cache measured as the forward left it. Raises if a prediction is not finite."""
-        return self._record(start, self._nll(logits, start), wall_ms)
+        nll = self._nll(logits, start)
+        if self.reference is not None:
+            kl, agree = divergence(self.reference.logprobs(start, logits.shape[0]), logits)
+            self.kl += kl
+            self.top1 += agree
+        return self._record(start, nll, wall_ms)
 
     def _nll(self, logits: torch.Tensor, start: int) -> list[float]:
         """The NLL of the successors of the tokens fed from `start`, given their logits ``[n, vocab]``."""

@@ -6,6 +6,10 @@ distributions at every step:
 KL(reference || run), whether the top-1 tokens agree, and the reference log-probability of the
 token the run chose (for the perplexity of the generated text under the reference). Its time is
 measured apart and never counted in the run's step times.
+
+A `ReferenceStream` does the same for an evaluation along a document (a sweep): the exact cache reads the
+document a chunk at a time, ahead of the configurations, and hands out the log-probabilities of each position
+once, keeping no more than a chunk's.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import time
 
 import torch
 
+from kvviz.engine.cache_rows import attention_implementation
 from kvviz.engine.cache_run import model_forward
 from kvviz.engine.own_caches import dynamic_cache
 
@@ -28,8 +33,47 @@ class Reference:
         started = time.perf_counter()
         logits = model_forward(self.model, fed, self.cache, position_ids=None)[:, -1, :]
         ref = torch.log_softmax(logits.float(), dim=-1)
-        run = torch.log_softmax(run_logits.float(), dim=-1)
-        kl = float((ref.exp() * (ref - run)).sum().clamp_min(0.0))
-        agree = bool(ref.argmax(dim=-1).item() == run.argmax(dim=-1).item())
+        kl, agree = divergence(ref, run_logits)
         logprob = float(ref[0, token])
-        return kl, agree, logprob, (time.perf_counter() - started) * 1000.0
+        return kl[0], agree[0], logprob, (time.perf_counter() - started) * 1000.0
+
+
+def divergence(reference_logprobs: torch.Tensor, run_logits: torch.Tensor) -> tuple[list[float], list[bool]]:
+    """Per row of ``[n, vocab]``: KL(reference || run) in nats, and whether their most likely tokens agree."""
+    run = torch.log_softmax(run_logits.float(), dim=-1)
+    kl = (reference_logprobs.exp() * (reference_logprobs - run)).sum(dim=-1).clamp_min(0.0)
+    agree = reference_logprobs.argmax(dim=-1) == run.argmax(dim=-1)
+    return kl.tolist(), agree.tolist()
+
+
+class ReferenceStream:
+    """The exact cache reading `ids` ``[1, n]`` `chunk` tokens per forward, ahead of an evaluation: `logprobs(start,
+    count)` gives the float32 log-probabilities predicted from positions start .. start + count - 1 (the forwards
+    it needs run then); asked positions only move forward, and what is behind them is let go. Its forwards attend
+    as the model did when the stream was made, also when asked from inside a batched forward (`cache_rows`)."""
+
+    def __init__(self, model, ids: torch.Tensor, chunk: int):
+        self.model = model
+        self.ids = ids
+        self.chunk = chunk
+        self.cache = dynamic_cache(model.config)
+        self.first = 0  # position of held[0]
+        self.held = None  # [positions, vocab] log-probabilities not yet let go
+        self.attention = model.config._attn_implementation
+
+    def logprobs(self, start: int, count: int) -> torch.Tensor:
+        if start < self.first:
+            raise ValueError(f"the reference has moved past position {start}")
+        end = start + count
+        fed = self.first + (0 if self.held is None else self.held.shape[0])
+        with torch.inference_mode(), attention_implementation(self.model, self.attention):
+            while fed < end:
+                stop = min(fed + self.chunk, self.ids.shape[-1])
+                logits = model_forward(self.model, self.ids[:, fed:stop], self.cache, position_ids=None,
+                                       logits_to_keep=stop - fed)[0]
+                new = torch.log_softmax(logits.float(), dim=-1)
+                self.held = new if self.held is None else torch.cat([self.held, new])
+                fed = stop
+        self.held = self.held[start - self.first :]
+        self.first = start
+        return self.held[:count]

@@ -1,4 +1,4 @@
-"""Facts about this machine that the numbers on screen depend on: its memory read bandwidth.
+"""Facts about this machine that the numbers on screen depend on: its free memory and its memory read bandwidth.
 
 Decoding one token reads every weight and the whole KV cache once, so a step cannot be faster than
 (weight bytes + KV bytes) / bandwidth: the memory-bound floor drawn under the measured latency.
@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import platformdirs
+import psutil
 import torch
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,13 @@ _MIB = 2**20
 def cache_root() -> Path:
     """kvviz's folder in the user's cache directory (KVVIZ_CACHE_DIR overrides it)."""
     return Path(os.environ.get("KVVIZ_CACHE_DIR") or platformdirs.user_cache_dir("kvviz"))
+
+
+def free_memory(device: torch.device) -> tuple[int, str]:
+    """Bytes a cache could take on `device` now, and what that figure is, in words."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0], f"free memory on {device}"
+    return psutil.virtual_memory().available, "available memory"
 
 
 def _cpu_name() -> str:

@@ -159,7 +159,7 @@ def caveats(sweep: Sweep) -> list[str]:
     said[0] += "."
     unfinished = [c for c in sweep.configurations if not c.finished]
     if unfinished:
-        said.append(f"{counted(len(unfinished), 'configuration')} did not finish and are left out: "
+        said.append("Left out, as they did not finish: "
                     + "; ".join(f"{c.label} ({c.run.error or c.status})" for c in unfinished) + ".")
     if sweep.cancelled:
         said.append("The sweep was stopped before its end.")

@@ -1,0 +1,247 @@
+"""A sweep: which cache should this model use on this text, at this context, for this many users, in this memory?
+
+Every configuration reads the same text through its own cache as `kvviz eval` reads it (`Evaluation`), and
+each prediction is compared with the exact cache's (`fidelity.ReferenceStream`: KL divergence and top-1
+agreement). Configurations that can share a forward read the text together, `rows` per batched forward
+(`cache_rows`); the exact cache reads it a chunk at a time; the rest alone. When a configuration has read the
+text, a few decode steps are timed with it alone (its speed as a user would get it, batch 1), and its memory at
+the target is derived from its size rule (`target_memory`), checked against the cache measured at the end.
+
+Quantized caches share forwards here too, unlike in `kvviz eval`: a batched forward's float rounding may move a
+value to the neighbouring quantization level, which changes a perplexity by far less than the differences a
+sweep ranks by (the suite checks the size of that change); one at a time, they alone would take most of a sweep.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+
+import torch
+
+from kvviz.engine import machine
+from kvviz.engine.evaluate import Evaluation, evaluate_together
+from kvviz.engine.fidelity import ReferenceStream
+from kvviz.engine.geometry import Geometry
+from kvviz.engine.models import LoadedModel
+from kvviz.engine.strategies import StrategyChoice, choose, get
+from kvviz.engine.target_memory import target_memory
+from kvviz.errors import OptionError, failure
+from kvviz.files.evaluation import EvalRun, seconds_left
+from kvviz.files.frontier import parse_budget, parse_tolerance
+from kvviz.files.sweep import Configuration, Question, SpeedRecord, Sweep
+from kvviz.present import size
+
+# Batched rows per forward. On this 2-core CPU, the default model reading 300 tokens: 1 row 31 forwards/s,
+# 4 rows 15.4, 8 rows 12.1, 12 rows 9.3 (112 configuration-tokens/s), 16 rows far slower (2.1: the rows'
+# caches and attention no longer share the processor's caches).
+ROWS = 12
+FRACTIONS = (0.125, 0.25, 0.5)  # of the measured length: the budgets the default grid gives evicting caches
+QUANTIZED = (("quanto", 4), ("quanto", 2), ("hqq", 8), ("hqq", 4), ("hqq", 2))
+EVICTING = ("h2o", "tova", "snapkv", "knorm")
+DECODE_STEPS = 8  # decode steps timed alone after the text, per configuration (the median is kept)
+
+
+def default_grid(model, tokens: int) -> tuple[list[StrategyChoice], list[str]]:
+    """The configurations a sweep of `tokens` tokens tries by default, and why others were left out: the exact
+    cache; each quantized backend installed at int8, int4 and int2 where it has them; a sliding window, attention
+    sinks and each eviction policy keeping an eighth, a quarter and a half of the measured length."""
+    specs: list[tuple[str, dict]] = [("dynamic", {})]
+    specs += [("quantized", {"backend": backend, "nbits": nbits}) for backend, nbits in QUANTIZED]
+    for fraction in FRACTIONS:
+        budget = max(8, round(fraction * tokens))
+        specs += [("sliding", {"window": budget + 1}), ("sink", {"sink_tokens": 4, "window": budget - 4})]
+        specs += [(name, {"budget": budget}) for name in EVICTING]
+    choices, skipped = [], []
+    for name, options in specs:
+        try:
+            choice = choose(name, options)
+        except OptionError as exc:
+            skipped.append(f"{name} ({', '.join(f'{k}={v}' for k, v in options.items())}): {exc}")
+            continue
+        ok, reason = get(name).available()
+        problem = reason if not ok else get(name).unsupported(model, choice.options)
+        if problem:
+            skipped.append(f"{choice.label()}: {problem}")
+        else:
+            choices.append(choice)
+    return choices, skipped
+
+
+def ask(model, context: int | None = None, sequences: int = 1, budget: str = "free",
+        tolerance: str = "5%") -> Question:
+    """The user's question, checked: `context` tokens per sequence (None: the model's maximum), `sequences` at once,
+    `budget` for the cache ("free": the device's free memory now) and `tolerance`. Raises OptionError."""
+    limit = Geometry.of(model.config, model.dtype).context
+    if context is None:
+        if limit is None:
+            raise OptionError("the model's config does not say how many positions it numbers; give the target "
+                              "context length")
+        context = limit
+    if context < 1:
+        raise OptionError(f"the target context must be at least 1 token, not {context}")
+    if limit is not None and context > limit:
+        raise OptionError(f"the target context of {context:,} tokens is more than the {limit:,} positions the model "
+                          f"numbers; give at most {limit:,}")
+    if sequences < 1:
+        raise OptionError(f"the number of sequences must be at least 1, not {sequences}")
+    if budget.strip().lower() == "free":
+        free, where = machine.free_memory(model.device)
+        budget_bytes, said = free, f"{size(free)} ({where})"
+    else:
+        budget_bytes, said = parse_budget(budget), budget.strip()
+    return Question(context, sequences, budget_bytes, said, parse_tolerance(tolerance))
+
+
+def with_reference(choices: list[StrategyChoice]) -> list[StrategyChoice]:
+    """The configurations with the exact cache (dynamic) first, which every other is compared with."""
+    rest = [c for c in choices if c != choose("dynamic")]
+    return [choose("dynamic"), *rest]
+
+
+class SweepRun:
+    """Run a sweep: iterate to get each `Configuration` as it finishes (in `sweep.configurations`, in the order
+    given, from the start: those not yet finished have no records). A configuration that cannot run on this model
+    is there at once with its reason. `cancel()` (or the shared `cancel` event) stops after the forward in
+    progress; what finished stays."""
+
+    def __init__(self, loaded: LoadedModel, choices: list[StrategyChoice], token_ids: list[int], document: dict,
+                 question: Question, cancel: threading.Event | None = None, rows: int = ROWS):
+        self.loaded = loaded
+        self.model = loaded.model
+        self.ids = token_ids
+        self.question = question
+        self.rows = max(1, rows)
+        self._cancel = cancel or threading.Event()
+        self.sweep = Sweep(dict(loaded.card), dict(document), question)
+        self.evaluations: list[Evaluation | None] = []
+        for choice in with_reference(choices):
+            try:
+                evaluation = Evaluation(loaded, choice, token_ids, document, cancel=self._cancel)
+                run = evaluation.result
+            except OptionError as exc:
+                evaluation = None
+                run = EvalRun(dict(loaded.card), {"name": choice.name, "options": dict(choice.options)},
+                              dict(document), {"mode": "token-by-token", "chunk": 1},
+                              error=failure(f"{choice.label()} in the sweep", exc))
+            self.evaluations.append(evaluation)
+            self.sweep.configurations.append(Configuration(run))
+        if self.evaluations[0] is None:
+            raise OptionError(f"the exact cache cannot read this text: {self.sweep.configurations[0].run.error}")
+        self._forwards = 0  # token-by-token forwards (batched or alone) and their time, for the speed figures
+        self._forward_ms = 0.0
+        self._row_tokens = 0
+        self._floor_bytes = 0.0
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def seconds_left(self) -> tuple[float | None, bool]:
+        """(seconds, complete) until every configuration has read the text (`evaluation.seconds_left`)."""
+        return seconds_left([(e.result, e.predictions) for e in self.evaluations if e is not None])
+
+    def progress(self) -> tuple[int, int]:
+        """(predictions made, predictions in all) over every configuration."""
+        live = [e for e in self.evaluations if e is not None]
+        return sum(len(e.result.records) for e in live), sum(e.predictions for e in live)
+
+    def groups(self) -> list[list[int]]:
+        """Indices of the evaluations in the order they read: the exact cache first (alone), then batches of up to
+        `rows` that share forwards, then the rest one at a time."""
+        together = [i for i, e in enumerate(self.evaluations) if i and e is not None and e.batchable(quantized=True)]
+        alone = [i for i, e in enumerate(self.evaluations) if i and e is not None and i not in together]
+        batches = [together[k : k + self.rows] for k in range(0, len(together), self.rows)]
+        if batches and len(batches[-1]) == 1:  # a batch of one reads as one alone does
+            alone = batches.pop() + alone
+        return [[0], *batches, *([i] for i in alone)]
+
+    def __iter__(self) -> Iterator[Configuration]:
+        started = time.perf_counter()
+        reference_chunk = self.evaluations[0].chunk
+        try:
+            for group in self.groups():
+                if self.cancelled:
+                    break
+                evaluations = [self.evaluations[i] for i in group]
+                stream = ReferenceStream(self.model, evaluations[0].ids, reference_chunk)
+                for e in evaluations:
+                    e.reference = stream
+                self._read(evaluations)
+                for i in group:
+                    config = self.sweep.configurations[i]
+                    e = self.evaluations[i]
+                    config.run = e.result
+                    config.kl, config.top1 = e.kl, e.top1
+                    config.measured_rows = len(group)
+                    if not self.cancelled and not e.result.error:
+                        config.decode_ms = self._decode_ms(e)
+                    config.target = target_memory(self.model, e.run.choice, self.question.context,
+                                                  self.question.sequences, self.question.budget_bytes,
+                                                  reference_chunk, len(e.result.records) or None)
+                    yield config
+        finally:
+            self.sweep.cancelled = self.cancelled
+            self.sweep.speed = self._speed(time.perf_counter() - started)
+
+    def _read(self, evaluations: list[Evaluation]) -> None:
+        """Read the text through these evaluations' caches: together when there are several, else alone."""
+        if len(evaluations) > 1:
+            for _ in evaluate_together(evaluations):
+                pass
+        else:
+            e = evaluations[0]
+            try:
+                for _ in e:
+                    pass
+            except Exception as exc:  # noqa: BLE001 - this configuration's own failure, reported in its row
+                e.result.error = failure(f"{e.result.label()} in the sweep", exc)
+        for e in evaluations:
+            if e.started and not e.result.error and len(e.result.records) < e.predictions:
+                e.result.cancelled = True
+        self._count(evaluations)
+
+    def _count(self, evaluations: list[Evaluation]) -> None:
+        """Add these evaluations' token-by-token forwards to the speed figures: a batched forward's time is the sum
+        of its rows' shares; its memory-bound floor reads every weight once and every row's cache."""
+        if evaluations[0].chunk != 1 or evaluations[0].prompt:
+            return
+        forwards = max(len(e.result.records) for e in evaluations)
+        self._forwards += forwards
+        self._row_tokens += sum(len(e.result.records) for e in evaluations)
+        self._forward_ms += sum(r.wall_ms for e in evaluations for r in e.result.records)
+        weights = self.loaded.card.get("weight_bytes") or 0
+        self._floor_bytes += forwards * weights + sum(r.cache_bytes or 0 for e in evaluations
+                                                      for r in e.result.records)
+
+    def _decode_ms(self, e: Evaluation) -> float | None:
+        """The median time of a decode step with this configuration's cache alone, right after the text; None where
+        the model numbers no more positions."""
+        context = Geometry.of(self.model.config, self.model.dtype).context
+        if context is not None and e.run.position + DECODE_STEPS > context:
+            return None
+        token = e.ids[:, -1:]
+        times = []
+        with torch.inference_mode():
+            for _ in range(DECODE_STEPS):
+                begun = time.perf_counter()
+                e.run.forward(token)
+                times.append((time.perf_counter() - begun) * 1000.0)
+        return statistics.median(times)
+
+    def _speed(self, wall_s: float) -> SpeedRecord:
+        bandwidth = machine.memory_bandwidth(self.model.device)
+        if not self._forwards:
+            return SpeedRecord(wall_s=wall_s, bandwidth_bytes_per_s=bandwidth)
+        seconds = self._forward_ms / 1000.0
+        floor_s = self._floor_bytes / bandwidth if bandwidth else None
+        return SpeedRecord(wall_s=wall_s, rows_per_forward=self._row_tokens / self._forwards,
+                           forwards_per_s=self._forwards / seconds if seconds else None,
+                           memory_bound_share=floor_s / seconds if floor_s and seconds else None,
+                           bandwidth_bytes_per_s=bandwidth)
+
