@@ -145,3 +145,28 @@ def notice(message: str) -> None:
 def progress(message: str, fraction: float | None) -> None:
     pct = "" if fraction is None else f" [{fraction * 100:3.0f}%]"
     print(f"kvviz:{pct} {message}", file=sys.stderr, flush=True)
+
+
+def document(args):
+    """The text `--text FILE` or `--builtin NAME` names, checked."""
+    from kvviz.files import documents
+
+    try:
+        return documents.builtin(args.builtin) if args.builtin is not None else documents.from_file(args.text)
+    except documents.DocumentError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def out_folder(out: Path | None) -> Path | None:
+    """The output folder, created and checked before any work so that what is measured is never lost to it."""
+    if out is None:
+        return None
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file; give a folder for the files it writes")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create the folder {out}: {exc.strerror or exc}") from None
+    if not os.access(out, os.W_OK):
+        raise UsageError(f"cannot write into the folder {out}: it is not writable")
+    return out

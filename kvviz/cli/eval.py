@@ -13,7 +13,6 @@ others (exit status 1 then).
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -65,38 +64,14 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
 
 
-def _document(args):
-    from kvviz.files import documents
-
-    try:
-        return documents.builtin(args.builtin) if args.builtin is not None else documents.from_file(args.text)
-    except documents.DocumentError as exc:
-        raise UsageError(str(exc)) from None
-
-
-def _out_folder(out: Path | None) -> Path | None:
-    """The output folder, created and checked before any work so that an evaluation is never lost to it."""
-    if out is None:
-        return None
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file; give a folder for the evaluation files")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"cannot create the folder {out}: {exc.strerror or exc}") from None
-    if not os.access(out, os.W_OK):
-        raise UsageError(f"cannot write into the folder {out}: it is not writable")
-    return out
-
-
 def command(args) -> int:
     from kvviz.files import evaluation
 
     problem = evaluation.token_count_problem(args.tokens)
     if problem:
         raise UsageError(f"--tokens: {problem}")
-    document = _document(args)
-    out = _out_folder(args.out)
+    document = common.document(args)
+    out = common.out_folder(args.out)
     from kvviz.engine import evaluate, models
 
     choices = common.strategy_list(args.strategies)

@@ -16,7 +16,7 @@ import sys
 import traceback
 
 from kvviz import __version__, interrupts
-from kvviz.cli import attach, bench, chat, chat_bench, compare, demo, model, run, strategies, trace
+from kvviz.cli import attach, bench, chat, chat_bench, choose, compare, demo, model, run, strategies, trace
 from kvviz.cli import eval as evaluate
 from kvviz.errors import ModelError, OptionError, UsageError
 
@@ -27,6 +27,7 @@ COMMANDS = {
     "compare": compare,
     "attach": attach,
     "eval": evaluate,
+    "choose": choose,
     "demo": demo,
     "strategies": strategies,
     "model": model,

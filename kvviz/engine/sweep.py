@@ -17,7 +17,7 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -130,6 +130,7 @@ class SweepRun:
             self.sweep.configurations.append(Configuration(run))
         if self.evaluations[0] is None:
             raise OptionError(f"the exact cache cannot read this text: {self.sweep.configurations[0].run.error}")
+        self.on_progress: Callable[[], None] = lambda: None  # called after every prediction (`progress` tells how far)
         self._forwards = 0  # token-by-token forwards (batched or alone) and their time, for the speed figures
         self._forward_ms = 0.0
         self._row_tokens = 0
@@ -176,8 +177,7 @@ class SweepRun:
                 for i in group:
                     config = self.sweep.configurations[i]
                     e = self.evaluations[i]
-                    config.run = e.result
-                    config.kl, config.top1 = e.kl, e.top1
+                    config.run, config.kl, config.top1 = e.result, e.kl, e.top1
                     config.measured_rows = len(group)
                     if not self.cancelled and not e.result.error:
                         config.decode_ms = self._decode_ms(e)
@@ -185,20 +185,37 @@ class SweepRun:
                                                   self.question.sequences, self.question.budget_bytes,
                                                   reference_chunk, len(e.result.records) or None)
                     yield config
+        except BaseException:  # Ctrl-C or SIGTERM (a KeyboardInterrupt) or a failure of kvviz's own: stop here
+            self._cancel.set()
+            raise
         finally:
-            self.sweep.cancelled = self.cancelled
+            self._settle()
             self.sweep.speed = self._speed(time.perf_counter() - started)
+
+    def _settle(self) -> None:
+        """After the sweep's end or its stop: each configuration holds what its evaluation measured, as many
+        comparisons as predictions (a stop may fall between the two), and one that did not read the whole text
+        says it was cancelled."""
+        self.sweep.cancelled = self.cancelled
+        for config, e in zip(self.sweep.configurations, self.evaluations, strict=True):
+            if e is None:
+                continue
+            kept = min(len(e.result.records), len(e.kl))
+            del e.result.records[kept:], e.kl[kept:], e.top1[kept:]
+            config.run, config.kl, config.top1 = e.result, e.kl, e.top1
+            if kept < e.predictions and not e.result.error:
+                e.result.cancelled = True
 
     def _read(self, evaluations: list[Evaluation]) -> None:
         """Read the text through these evaluations' caches: together when there are several, else alone."""
         if len(evaluations) > 1:
             for _ in evaluate_together(evaluations):
-                pass
+                self.on_progress()
         else:
             e = evaluations[0]
             try:
                 for _ in e:
-                    pass
+                    self.on_progress()
             except Exception as exc:  # noqa: BLE001 - this configuration's own failure, reported in its row
                 e.result.error = failure(f"{e.result.label()} in the sweep", exc)
         for e in evaluations:

@@ -22,13 +22,15 @@ from kvviz.files.sweep import TargetMemory
 STREAMS = 10**9  # tokens: a length no context reaches, to ask whether a strategy numbers positions past any context
 
 
-def size_at(model, choice: StrategyChoice, tokens: int, chunk: int, sequences: int = 1) -> tuple[int | None, int]:
+def size_at(model, choice: StrategyChoice, tokens: int, chunk: int, sequences: int = 1,
+            slots: int | None = None) -> tuple[int | None, int]:
     """(cache bytes, policy bytes) after `sequences` sequences have each been read for `tokens` tokens; cache
     bytes are None where a state's size has no formula. `chunk`: the tokens per forward of a cache that keeps
-    every token exactly (1 where the model takes one at a time)."""
+    every token exactly (1 where the model takes one at a time); `slots`: what a static cache reserves (default
+    `tokens`; an evaluation reserves one more, for the text's last token, which it only predicts)."""
     strategy = get(choice.name)
     geometry = replace(Geometry.of(model.config, model.dtype), batch=sequences)
-    predictor = strategy.predictor(choice.options, geometry, capacity_for(choice, tokens))
+    predictor = strategy.predictor(choice.options, geometry, capacity_for(choice, slots or tokens))
     try:
         prompt = prompt_tokens(choice, tokens + 1)  # an evaluation of n + 1 tokens feeds n
     except OptionError:  # so short a text that SnapKV keeps it whole: fed token by token, it never evicts
@@ -73,6 +75,6 @@ def target_memory(model, choice: StrategyChoice, context: int, sequences: int, b
     if budget is not None and one is not None:
         fit = budget // one if one else None
         longest, limit = longest_context(model, choice, budget, chunk)
-    checked = size_at(model, choice, measured_tokens, chunk)[0] if measured_tokens else None
+    checked = size_at(model, choice, measured_tokens, chunk, slots=measured_tokens + 1)[0] if measured_tokens else None
     return TargetMemory(cache_bytes=cache, policy_bytes=policy, per_sequence_bytes=one, sequences_in_budget=fit,
                         longest_context=longest, longest_limit=limit, predicted_at_measured=checked)

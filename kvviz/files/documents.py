@@ -80,3 +80,19 @@ def from_file(path: str | os.PathLike) -> Document:
     if not text.strip():
         raise DocumentError(f"{path} is empty; give a document with some text in it")
     return Document(path.name, str(path), text)
+
+
+def from_conversation(path: str | os.PathLike) -> Document:
+    """A kept conversation (`kvviz chat --out`, a kvviz-conversation file) as one text: its system prompt and
+    messages in order, each as "role: content" on its own paragraph (the words said, not a chat template)."""
+    from kvviz.files.conversation import FILE_FORMAT
+    from kvviz.files.jsonfile import KeptFileError
+
+    try:
+        conversation = FILE_FORMAT.read(path)
+    except KeptFileError as exc:
+        raise DocumentError(str(exc)) from None
+    said = [f"{m.role}: {m.content}" for m in conversation.messages]
+    if not said:
+        raise DocumentError(f"{path} is a conversation with no messages; give one with at least one turn")
+    return Document(Path(path).name, str(path), "\n\n".join(said))

@@ -1,0 +1,257 @@
+"""`kvviz choose`: which cache should this model use? A sweep of cache configurations along the user's text, the
+memory each needs at the user's context and number of sequences, the frontier and the answer.
+
+Every configuration reads the text through its own cache and is compared at each prediction with the exact
+cache (`kvviz.engine.sweep`); its row is printed as soon as it has finished. Then the answer: the smallest
+cache within the tolerance and the best quality within the budget. `--out DIR` keeps the sweep
+(sweep.json, a kvviz-sweep file the window opens), sweep.csv, report.md and the frontier picture
+(frontier.png, frontier.svg). Ctrl-C or SIGTERM keeps and writes the configurations that finished.
+
+Exit status: 0 when some configuration meets the tolerance and some fits the budget, 3 when none does (the
+nearest is named), 2 for a mistake in the arguments, 130/143 when stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from kvviz import interrupts
+from kvviz.cli import common
+from kvviz.errors import OptionError, UsageError
+from kvviz.files.frontier import BUDGET_FORMS, TOLERANCE_FORMS
+from kvviz.present import clock, counted
+
+PROGRESS_S = 10.0
+NOT_MET = 3  # exit status: no configuration meets the tolerance, or none fits the budget
+TOKENS = 2000
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "choose", help="which cache should I use? a sweep of configurations on your model and text, the "
+        "quality-memory frontier and the memory each needs at your context length",
+        description="Read a text through many cache configurations, compare each prediction with the exact cache "
+        "(perplexity, KL, top-1 agreement), size each cache at the target context and number of sequences from its "
+        "own size rule, and answer: the smallest cache within the tolerance, the best quality within the budget. "
+        f"Exit status {NOT_MET} when no configuration meets one of them.",
+    )
+    common.add_model_args(parser)
+    text = parser.add_mutually_exclusive_group()
+    text.add_argument("--text", type=Path, metavar="FILE", help="a .txt or .md file of UTF-8 text")
+    text.add_argument("--builtin", metavar="NAME", help="a text shipped with kvviz (default: alice)")
+    text.add_argument("--conversation", type=Path, metavar="FILE",
+                      help="a kept conversation (kvviz chat --out), read as its messages one after another")
+    parser.add_argument("--tokens", type=int, metavar="N",
+                        help=f"measure the text's first N tokens (default {TOKENS:,}, or all of a shorter text)")
+    parser.add_argument("--context", type=int, metavar="N",
+                        help="the context length each sequence reaches in your application (default: the model's "
+                        "maximum)")
+    parser.add_argument("--sequences", type=int, default=1, metavar="N",
+                        help="sequences held at once at that context, e.g. concurrent users (default 1)")
+    parser.add_argument("--budget", default="free", metavar="SIZE",
+                        help=f"memory for the cache: {BUDGET_FORMS} (the default)")
+    parser.add_argument("--tolerance", default="5%", metavar="T", help=f"quality you accept to lose: {TOLERANCE_FORMS} "
+                        "(default 5%%)")
+    parser.add_argument("--configs", metavar="LIST",
+                        help="comma-separated configurations to try, as --strategies of kvviz eval (default: every "
+                        "strategy available here at sensible settings; the exact cache is always added)")
+    parser.add_argument("--rows", type=int, metavar="N", help="configurations per batched forward (default 12)")
+    parser.add_argument("--out", type=Path, metavar="DIR",
+                        help="write sweep.json, sweep.csv, report.md, frontier.png and frontier.svg")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
+
+
+def _text(args):
+    from kvviz.files import documents
+
+    if args.conversation is not None:
+        try:
+            return documents.from_conversation(args.conversation)
+        except documents.DocumentError as exc:
+            raise UsageError(str(exc)) from None
+    if args.text is None and args.builtin is None:
+        args.builtin = "alice"
+    return common.document(args)
+
+
+def command(args) -> int:
+    from kvviz.files import evaluation
+
+    problem = evaluation.token_count_problem(args.tokens)
+    if problem:
+        raise UsageError(f"--tokens: {problem}")
+    if args.rows is not None and args.rows < 1:
+        raise UsageError(f"--rows must be at least 1, not {args.rows}")
+    if args.context is not None and args.context < 1:
+        raise UsageError(f"--context must be at least 1 token, not {args.context}")
+    if args.sequences < 1:
+        raise UsageError(f"--sequences must be at least 1, not {args.sequences}")
+    configs = common.strategy_list(args.configs) if args.configs else None
+    if configs is not None and not configs:
+        raise UsageError("--configs names no configuration; give e.g. dynamic,sink:window=252")
+    document = _text(args)
+    out = common.out_folder(args.out)
+    from kvviz.engine import evaluate, models, sweep
+
+    loaded = models.load_model(args.model, dtype=args.dtype, device=args.device,
+                               progress=lambda message, fraction: common.log(message))
+    try:
+        question = sweep.ask(loaded.model, args.context, args.sequences, args.budget, args.tolerance)
+    except OptionError as exc:
+        raise UsageError(str(exc)) from None
+    tokens = args.tokens or TOKENS
+    if configs is None:
+        configs, skipped = sweep.default_grid(loaded.model, tokens)
+        for reason in skipped:
+            common.log(f"left out: {reason}")
+    ids, record, notice = evaluate.prepare(loaded, document, sweep.with_reference(configs), tokens)
+    if notice and args.tokens is None and len(ids) < tokens:
+        notice = f"the text has {len(ids):,} tokens, fewer than the {tokens:,} a sweep reads by default: measuring all"
+    if notice:
+        common.log(notice)
+    run = sweep.SweepRun(loaded, configs, ids, record, question, rows=args.rows or sweep.ROWS)
+    common.log(f"{loaded.card['name']}, text {document.name}, {counted(len(ids), 'token')}, "
+               f"{counted(len(run.sweep.configurations), 'configuration')}; target: {_question(run.sweep)}")
+    table = Table(run.sweep, args.json)
+    run.on_progress = Progress(run).update
+    interrupted = None
+    try:
+        for config in run:
+            table.show(config)
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: keep what finished
+        interrupted = exc
+    with interrupts.deferred():  # a second Ctrl-C waits until what finished is shown and written
+        result = run.sweep
+        for config in result.configurations:  # those that did not finish: their rows say so
+            table.show(config)
+        _finish(result, out, args.json)
+    if interrupted is not None:
+        raise interrupted
+    from kvviz.files.frontier import answer
+
+    return 0 if answer(result).met else NOT_MET
+
+
+def _question(result) -> str:
+    from kvviz.files.sweep_report import question_text
+
+    return question_text(result)
+
+
+def show_sweep(result, as_json: bool) -> None:
+    """The sweep's speed, answer and frontier on stdout (or all of it as JSON)."""
+    from kvviz.files.frontier import answer, frontier, memory
+    from kvviz.files.sweep_report import speed_text
+
+    said = answer(result)
+    if as_json:
+        print(json.dumps(_json(result, said), indent=2, allow_nan=False))
+        return
+    print(f"\n{speed_text(result)}.")
+    print("\n" + "\n".join(said.sentences))
+    print("\n".join(said.caveats))
+    print("frontier (no other configuration is both smaller at the target and better): "
+          + "; ".join(f"{c.label} {memory(c):,} B" for c in frontier(result)))
+
+
+def show_kept_sweep(result, path: Path, as_json: bool) -> None:
+    """`kvviz trace` of a kept sweep: every configuration by memory at the target, then the answer."""
+    from kvviz.files.sweep_report import by_memory
+
+    if not as_json:
+        print(f"{path}: {result.model.get('name')} on {result.document.get('name')}; {_question(result)}")
+    table = Table(result, as_json)
+    for config in by_memory(result):
+        table.show(config)
+    show_sweep(result, as_json)
+
+
+def _finish(result, out: Path | None, as_json: bool) -> None:
+    from kvviz.files.sweep_report import write_report
+
+    show_sweep(result, as_json)
+    if out is None:
+        return
+    from kvviz.files.sweep import write_csv
+
+    result.save(out / "sweep.json")
+    write_csv(result, out / "sweep.csv")
+    figures = {}
+    try:
+        from kvviz.qt.tools.figures import render_frontier  # Qt only here, and only to draw
+
+        figures = render_frontier(result, out)
+    except Exception as exc:  # noqa: BLE001 - the sweep and its table are kept whatever the drawing does
+        from kvviz.errors import failure
+
+        common.log(f"the frontier picture was not drawn: {failure('drawing the frontier', exc)}")
+    write_report(result, out / "report.md", figures)
+    common.log(f"wrote {out / 'sweep.json'}, sweep.csv, report.md" + (", frontier.png and frontier.svg"
+                                                                        if figures else ""))
+
+
+def _json(result, said) -> dict:
+    from kvviz.files.frontier import frontier, quality_loss
+    from kvviz.files.sweep import csv_row
+
+    rows = []
+    for config in result.configurations:
+        row = csv_row(result, config)
+        row["quality_loss"] = quality_loss(result, config)
+        rows.append(row)
+    return {
+        "model": result.model.get("name"),
+        "document": result.document.get("name"),
+        "question": result.question.to_dict(),
+        "speed": result.speed.to_dict(),
+        "configurations": rows,
+        "frontier": [c.label for c in frontier(result)],
+        "answer": {"smallest": said.smallest.label if said.smallest else None,
+                   "best": said.best.label if said.best else None, "met": said.met,
+                   "sentences": said.sentences, "caveats": said.caveats},
+        "cancelled": result.cancelled,
+    }
+
+
+class Progress:
+    """How far the sweep is, on stderr every PROGRESS_S seconds."""
+
+    def __init__(self, run):
+        self.run = run
+        self.said = time.monotonic()
+
+    def update(self) -> None:
+        if time.monotonic() - self.said < PROGRESS_S:
+            return
+        self.said = time.monotonic()
+        done, total = self.run.progress()
+        left, complete = self.run.seconds_left()
+        time_left = f", about {clock(left)} left" if left is not None and complete else ""
+        common.log(f"{done / total:.0%} of the predictions made{time_left}")
+
+
+class Table:
+    """The configurations' rows on stdout, each once, as soon as it has finished (or, at the end, as it stands)."""
+
+    def __init__(self, result, as_json: bool):
+        from kvviz.files.sweep_report import COLUMNS
+
+        self.result = result
+        self.as_json = as_json
+        self.shown: set[int] = set()
+        self.keys = [key for key, _ in COLUMNS]
+        self.titles = dict(COLUMNS)
+        if not as_json:
+            print(" | ".join(self.titles[k] for k in self.keys), flush=True)
+
+    def show(self, config) -> None:
+        from kvviz.files.sweep_report import cells
+
+        if id(config) in self.shown or self.as_json:
+            return
+        self.shown.add(id(config))
+        row = cells(self.result, config)
+        print(" | ".join(row[k] for k in self.keys), file=sys.stdout, flush=True)

@@ -1,0 +1,122 @@
+"""How a sweep is written for people: its table (the same cells on the command line and in the report) and the
+Markdown report `kvviz choose --out` keeps beside the sweep file, with the frontier picture and the answer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvviz.files.frontier import answer, frontier, loss_text, memory, perplexity_change
+from kvviz.files.jsonfile import write_atomic
+from kvviz.files.sweep import Configuration, Sweep
+from kvviz.present import UNKNOWN, clock, counted, percent, perplexity, size
+
+# (key, title): the columns of a sweep's table, in order
+COLUMNS = (
+    ("configuration", "configuration"),
+    ("perplexity", "perplexity"),
+    ("change", "vs exact"),
+    ("second_half", "2nd half"),
+    ("kl", "KL (nats)"),
+    ("top1", "top-1"),
+    ("measured", "measured at end"),
+    ("target", "at target"),
+    ("fit", "sequences in budget"),
+    ("longest", "longest context in budget"),
+    ("decode", "decode tok/s"),
+    ("status", "status"),
+)
+
+
+def longest_text(config: Configuration) -> str:
+    target = config.target
+    if target is None or target.per_sequence_bytes is None:
+        return UNKNOWN
+    if target.longest_limit == "none":
+        return "any (bounded)"
+    if target.longest_context is None:
+        return UNKNOWN
+    return f"{target.longest_context:,}" + (" (all positions)" if target.longest_limit == "context" else "")
+
+
+def cells(sweep: Sweep, config: Configuration) -> dict[str, str]:
+    """A configuration's row, written: unknown values as UNKNOWN, never 0."""
+    s = config.summary()
+    change = perplexity_change(sweep, config)
+    target = config.target
+    measured = size(s["final_cache_bytes"])
+    checked = target.predicted_at_measured if target else None
+    if s["final_cache_bytes"] is not None and checked is not None and checked != s["final_cache_bytes"]:
+        measured += f" (rule: {size(checked)})"
+    return {
+        "configuration": config.label,
+        "perplexity": perplexity(s["perplexity"]),
+        "change": UNKNOWN if change is None else f"{'+' if change >= 0 else ''}{100 * change:.1f} %",
+        "second_half": perplexity(s["second_half_perplexity"]),
+        "kl": UNKNOWN if s["mean_kl"] is None else f"{s['mean_kl']:.3g}",
+        "top1": percent(s["top1"]),
+        "measured": measured,
+        "target": size(memory(config)),
+        "fit": UNKNOWN if target is None or target.sequences_in_budget is None else f"{target.sequences_in_budget:,}",
+        "longest": longest_text(config),
+        "decode": UNKNOWN if s["decode_tokens_per_s"] is None else f"{s['decode_tokens_per_s']:.1f}",
+        "status": config.status if not config.run.error else f"{config.status}: {config.run.error}",
+    }
+
+
+def by_memory(sweep: Sweep) -> list[Configuration]:
+    """The configurations by memory at the target, smallest first; those without one last, in the sweep's order."""
+    known = sorted((c for c in sweep.configurations if memory(c) is not None), key=memory)
+    return known + [c for c in sweep.configurations if memory(c) is None]
+
+
+def question_text(sweep: Sweep) -> str:
+    q = sweep.question
+    return (f"{counted(q.sequences, 'sequence')} of {q.context:,} tokens, a cache budget of {q.budget}, "
+            f"{q.tolerance.describe()}")
+
+
+def speed_text(sweep: Sweep) -> str:
+    speed = sweep.speed
+    tokens = max((c.summary()["tokens"] for c in sweep.configurations if c.run.records), default=0) + 1
+    text = (f"{counted(len(sweep.configurations), 'configuration')} x {tokens:,} tokens in "
+            f"{clock(speed.wall_s) if speed.wall_s is not None else UNKNOWN}")
+    if speed.forwards_per_s is not None:
+        text += (f"; forwards of one token: {speed.rows_per_forward:.1f} rows each, "
+                 f"{speed.forwards_per_s:.1f} per second")
+        if speed.memory_bound_share is not None:
+            text += (f", {percent(speed.memory_bound_share, 1)} of the memory-bound speed (every weight and every "
+                     f"row's cache read once per forward at {speed.bandwidth_bytes_per_s / 1e9:.1f} GB/s)")
+    return text
+
+
+def markdown(sweep: Sweep, figures: dict[str, Path] | None = None) -> str:
+    said = answer(sweep)
+    lines = [f"# Which cache? {sweep.model.get('name', 'the model')} on {sweep.document.get('name', 'the text')}", "",
+             f"Asked: {question_text(sweep)}.", "", "## Answer", "", *said.sentences, "", *said.caveats, ""]
+    if figures and "png" in figures:
+        lines += [f"![Quality loss against cache memory at the target]({figures['png'].name})", ""]
+    best = frontier(sweep)
+    if best:
+        lines += ["## The frontier", "", "No other configuration is both smaller at the target and better:", ""]
+        lines += [f"- {c.label}: {size(memory(c))}, {loss_text(sweep, c)}" for c in best]
+        lines.append("")
+    keys = [key for key, _ in COLUMNS]
+    titles = dict(COLUMNS)
+    lines += ["## Every configuration, by memory at the target", "",
+              "| " + " | ".join(titles[k] for k in keys) + " |", "|" + "---|" * len(keys)]
+    for config in by_memory(sweep):
+        row = cells(sweep, config)
+        lines.append("| " + " | ".join(row[k].replace("|", "/") for k in keys) + " |")
+    lines += ["", "## How it was measured", "",
+              f"Speed: {speed_text(sweep)}.", "",
+              "Each configuration read the text through its own cache, one token per forward (the exact cache a "
+              "chunk at a time, SnapKV the first half as its prompt), and each prediction was compared with the exact "
+              "cache's: perplexity, KL(exact || configuration) and whether the most likely tokens agree. Memory at the "
+              "target is each cache's own size rule replayed to the target (checked against the cache measured at "
+              "the end of the text: a differing rule is shown beside the measurement); decode tok/s is a step with the "
+              "configuration's cache alone after the text.", ""]
+    return "\n".join(lines)
+
+
+def write_report(sweep: Sweep, path: Path, figures: dict[str, Path] | None = None) -> Path:
+    return write_atomic(path, markdown(sweep, figures).encode("utf-8"))

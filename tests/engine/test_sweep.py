@@ -1,0 +1,173 @@
+"""A sweep on the tiny model: the frontier, the answer, memory at a target against a measured run, a stop that keeps
+what finished, and the sweep file."""
+
+import pytest
+import torch
+
+from kvviz.engine import evaluate, strategies, sweep
+from kvviz.engine.cache_run import CacheRun
+from kvviz.engine.strategies import capacity_for
+from kvviz.engine.target_memory import size_at
+from kvviz.errors import OptionError
+from kvviz.files import documents, frontier
+from kvviz.files import sweep as sweep_file
+from kvviz.files.formats import read_kept
+from kvviz.files.jsonfile import KeptFileError
+
+TOKENS = 96
+CONFIGS = ["sink:sink_tokens=4:window=20", "h2o:budget=24", "tova:budget=48", "sliding:window=33",
+           "quantized:backend=hqq:nbits=4:residual_length=16", "snapkv:budget=40:window=8", "knorm:budget=24"]
+
+
+def prepared(loaded, choices, tokens=TOKENS):
+    ids, record, _ = evaluate.prepare(loaded, documents.builtin("alice"), sweep.with_reference(choices), tokens)
+    return ids, record
+
+
+@pytest.fixture(scope="module")
+def swept(tiny_model):
+    choices = [strategies.parse_spec(c) for c in CONFIGS]
+    ids, record = prepared(tiny_model, choices)
+    question = sweep.ask(tiny_model.model, context=1024, sequences=3, budget="2MiB", tolerance="kl=0.01")
+    run = sweep.SweepRun(tiny_model, choices, ids, record, question, rows=4)
+    finished = list(run)
+    return run, finished
+
+
+def test_every_configuration_reads_the_whole_text_and_is_compared(swept):
+    run, finished = swept
+    result = run.sweep
+    assert [c.label for c in result.configurations][0] == "dynamic"  # the exact cache was added, first
+    assert len(finished) == len(CONFIGS) + 1 and all(c.finished for c in result.configurations)
+    for config in result.configurations:
+        assert len(config.kl) == len(config.top1) == len(config.run.records) == TOKENS - 1
+        s = config.summary()
+        assert s["final_cache_bytes"] == config.target.predicted_at_measured  # the size rule, checked
+    reference = result.reference().summary()
+    assert reference["mean_kl"] < 1e-6 and reference["top1"] == 1.0
+    assert max(c.summary()["mean_kl"] for c in result.configurations) > 1e-3  # eviction does cost something
+    assert {c.measured_rows for c in result.configurations} >= {1, 4}  # batches of at most 4 rows, and alone
+
+
+def test_the_frontier_is_what_no_other_configuration_beats_on_both(swept):
+    result = swept[0].sweep
+    points = {c.label: (frontier.memory(c), frontier.quality_loss(result, c)) for c in frontier.placed(result)}
+    on = {c.label for c in frontier.frontier(result)}
+    for label, (m, q) in points.items():
+        beaten = any(m2 <= m and q2 <= q and (m2, q2) != (m, q) for other, (m2, q2) in points.items() if other != label)
+        assert (label in on) == (not beaten), label
+    assert len(on) >= 2
+
+
+def test_the_answer_agrees_with_the_table(swept):
+    result = swept[0].sweep
+    said = frontier.answer(result)
+    tolerance, budget = result.question.tolerance.value, result.question.budget_bytes
+    placed = frontier.placed(result)
+    within = [c for c in placed if c.summary()["mean_kl"] <= tolerance]
+    fits = [c for c in placed if frontier.memory(c) <= budget]
+    assert said.smallest is min(within, key=lambda c: (frontier.memory(c), c.summary()["mean_kl"]))
+    assert said.best is min(fits, key=lambda c: (c.summary()["mean_kl"], frontier.memory(c)))
+    assert said.smallest.label in said.sentences[0] and said.best.label in said.sentences[1]
+    assert "extrapolated" in said.caveats[0]  # measured on 96 tokens, asked at 1,024
+    per_sequence = said.best.target.per_sequence_bytes
+    assert said.best.target.sequences_in_budget == budget // per_sequence
+
+
+def test_no_configuration_meeting_the_terms_names_the_nearest(swept):
+    result = swept[0].sweep
+    strict = sweep_file.Sweep(result.model, result.document, sweep_file.Question(
+        1024, 3, 1, "1 byte", sweep_file.Tolerance("perplexity", 0.0)), result.configurations)
+    said = frontier.answer(strict)
+    assert not said.met and said.best is None
+    assert "No configuration fits" in said.sentences[1] and "the smallest is" in said.sentences[1]
+
+
+@pytest.mark.parametrize("spec", ["dynamic", "static", "sliding:window=40", "sink:sink_tokens=4:window=30",
+                                  "h2o:budget=32", "quantized:backend=hqq:nbits=4:residual_length=16"])
+def test_memory_at_a_target_equals_a_measured_run_at_that_length(tiny_model, spec):
+    """The size rule replayed to a target of 100 tokens against a cache sized for and fed those 100 tokens as a sweep
+    feeds them (a chunk at a time where it keeps every token exactly, else one by one)."""
+    target = 100
+    choice = strategies.parse_spec(spec)
+    ids, _ = prepared(tiny_model, [choice], target)
+    run = CacheRun(tiny_model.model, choice, capacity_for(choice, target))
+    chunk = evaluate.CHUNK if run.strategy.exact else 1
+    fed = 0
+    with torch.inference_mode():
+        for n in evaluate.feed_sizes(target, chunk):
+            run.forward(torch.tensor([ids[fed : fed + n]]))
+            fed += n
+    measured = sum(layer.total_bytes for layer in run.measure(slots=False))
+    assert size_at(tiny_model.model, choice, target, chunk) == (measured, run.policy_bytes())
+    assert size_at(tiny_model.model, choice, target, chunk, sequences=3)[0] == 3 * measured
+
+
+def test_quantized_rows_read_together_predict_as_they_would_alone(tiny_model):
+    """A batched forward's float rounding may move a quantized value to the neighbouring level: the sweep accepts
+    that, and the change it makes stays far below what a sweep ranks by."""
+    choice = strategies.parse_spec("quantized:backend=hqq:nbits=2:residual_length=16")
+    ids, record = prepared(tiny_model, [choice], 64)
+    alone = evaluate.Evaluation(tiny_model, choice, ids, record)
+    for _ in alone:
+        pass
+    rows = [evaluate.Evaluation(tiny_model, c, ids, record)
+            for c in (choice, strategies.parse_spec("h2o:budget=24"))]
+    for _ in evaluate.evaluate_together(rows):
+        pass
+    a, b = alone.result.summary()["perplexity"], rows[0].result.summary()["perplexity"]
+    assert abs(a / b - 1) < 1e-3
+
+
+def test_a_stop_keeps_what_finished(tiny_model, tmp_path):
+    choices = [strategies.parse_spec(c) for c in CONFIGS[:3]]
+    ids, record = prepared(tiny_model, choices)
+    question = sweep.ask(tiny_model.model, budget="1GiB")
+    run = sweep.SweepRun(tiny_model, choices, ids, record, question, rows=1)  # one at a time
+    for config in run:
+        assert config.finished
+        run.cancel()
+    result = run.sweep
+    assert result.cancelled and result.configurations[0].finished
+    assert [c.status for c in result.configurations[1:]] == ["cancelled"] * 3
+    kept = read_kept(result.save(tmp_path / "sweep.json"))
+    assert [c.label for c in kept.configurations] == [c.label for c in result.configurations]
+    assert kept.configurations[0].kl == result.configurations[0].kl
+    assert "did not finish" in frontier.answer(kept).text()
+
+
+def test_a_damaged_sweep_file_is_refused_by_field(swept, tmp_path):
+    import json
+
+    data = swept[0].sweep.to_dict()
+    data["configurations"][1]["kl"] = data["configurations"][1]["kl"][:-1]
+    path = tmp_path / "damaged.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(KeptFileError, match=r"configurations\[1\]\.kl: expected one value per prediction"):
+        read_kept(path)
+
+
+@pytest.mark.parametrize("budget", ["lots", "4 GiBs", "-1GiB", "0"])
+def test_a_budget_that_does_not_parse_names_the_accepted_forms(tiny_model, budget):
+    with pytest.raises(OptionError, match="give a size such as 4GiB"):
+        sweep.ask(tiny_model.model, budget=budget)
+
+
+def test_the_question_is_checked(tiny_model):
+    with pytest.raises(OptionError, match="more than the 4,096 positions"):
+        sweep.ask(tiny_model.model, context=5000)
+    with pytest.raises(OptionError, match="5% or a mean KL"):
+        sweep.ask(tiny_model.model, tolerance="five")
+    assert sweep.ask(tiny_model.model, tolerance="0.05 nats").tolerance == sweep_file.Tolerance("kl", 0.05)
+    assert frontier.parse_budget("1.5 GB") == 1_500_000_000 and frontier.parse_budget("512MiB") == 512 * 2**20
+
+
+def test_the_default_grid_covers_every_strategy_family_at_three_budgets(tiny_model):
+    choices, skipped = sweep.default_grid(tiny_model.model, 2000)
+    names = [c.name for c in choices]
+    assert names[0] == "dynamic"
+    for name in ("sliding", "sink", "h2o", "tova", "snapkv", "knorm"):
+        assert names.count(name) == 3, name
+    assert {(c.options["backend"], c.options["nbits"]) for c in choices if c.name == "quantized"} >= {
+        ("quanto", 4), ("quanto", 2), ("hqq", 8), ("hqq", 4), ("hqq", 2)}
+    assert not skipped
