@@ -46,34 +46,43 @@ def divergence(reference_logprobs: torch.Tensor, run_logits: torch.Tensor) -> tu
     return kl.tolist(), agree.tolist()
 
 
+KEEP_BYTES = 2**30  # log-probabilities of a whole text up to this size are kept for every evaluation that asks
+
+
 class ReferenceStream:
-    """The exact cache reading `ids` ``[1, n]`` `chunk` tokens per forward, ahead of an evaluation: `logprobs(start,
-    count)` gives the float32 log-probabilities predicted from positions start .. start + count - 1 (the forwards
-    it needs run then); asked positions only move forward, and what is behind them is let go. Its forwards attend
-    as the model did when the stream was made, also when asked from inside a batched forward (`cache_rows`)."""
+    """The exact cache reading `ids` ``[1, n]`` `chunk` tokens per forward, ahead of the evaluations that ask:
+    `logprobs(start, count)` gives the float32 log-probabilities predicted from positions start .. start + count - 1
+    (the forwards it needs run then). Where the whole text's log-probabilities fit in KEEP_BYTES they are all kept,
+    so that every later evaluation reads them again at no cost; else only those not yet asked for, and an
+    evaluation asking from further back reads the text again from its start. Its forwards attend as the model did
+    when the stream was made, also when asked from inside a batched forward (`cache_rows`)."""
 
     def __init__(self, model, ids: torch.Tensor, chunk: int):
         self.model = model
         self.ids = ids
         self.chunk = chunk
-        self.cache = dynamic_cache(model.config)
-        self.first = 0  # position of held[0]
-        self.held = None  # [positions, vocab] log-probabilities not yet let go
+        self.keep = ids.shape[-1] * model.config.get_text_config().vocab_size * 4 <= KEEP_BYTES
         self.attention = model.config._attn_implementation
+        self._restart()
+
+    def _restart(self) -> None:
+        self.cache = dynamic_cache(self.model.config)
+        self.chunks: list[tuple[int, torch.Tensor]] = []  # (first position, [positions, vocab] log-probabilities)
+        self.fed = 0
 
     def logprobs(self, start: int, count: int) -> torch.Tensor:
-        if start < self.first:
-            raise ValueError(f"the reference has moved past position {start}")
+        if not self.chunks or start < self.chunks[0][0]:
+            self._restart()
         end = start + count
-        fed = self.first + (0 if self.held is None else self.held.shape[0])
         with torch.inference_mode(), attention_implementation(self.model, self.attention):
-            while fed < end:
-                stop = min(fed + self.chunk, self.ids.shape[-1])
-                logits = model_forward(self.model, self.ids[:, fed:stop], self.cache, position_ids=None,
-                                       logits_to_keep=stop - fed)[0]
-                new = torch.log_softmax(logits.float(), dim=-1)
-                self.held = new if self.held is None else torch.cat([self.held, new])
-                fed = stop
-        self.held = self.held[start - self.first :]
-        self.first = start
-        return self.held[:count]
+            while self.fed < end:
+                stop = min(self.fed + self.chunk, self.ids.shape[-1])
+                logits = model_forward(self.model, self.ids[:, self.fed : stop], self.cache, position_ids=None,
+                                       logits_to_keep=stop - self.fed)[0]
+                self.chunks.append((self.fed, torch.log_softmax(logits.float(), dim=-1)))
+                self.fed = stop
+        if not self.keep:  # let go of what lies before `start`
+            self.chunks = [(first, held) for first, held in self.chunks if first + held.shape[0] > start]
+        parts = [held[max(start - first, 0) : end - first] for first, held in self.chunks
+                 if first < end and first + held.shape[0] > start]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)

@@ -165,12 +165,12 @@ class SweepRun:
     def __iter__(self) -> Iterator[Configuration]:
         started = time.perf_counter()
         reference_chunk = self.evaluations[0].chunk
+        stream = ReferenceStream(self.model, self.evaluations[0].ids, reference_chunk)
         try:
             for group in self.groups():
                 if self.cancelled:
                     break
                 evaluations = [self.evaluations[i] for i in group]
-                stream = ReferenceStream(self.model, evaluations[0].ids, reference_chunk)
                 for e in evaluations:
                     e.reference = stream
                 self._read(evaluations)
