@@ -231,6 +231,8 @@ def card(sweep: Sweep, index: int) -> str:
         limit = {"budget": " (the budget's limit)", "context": " (the model's positions)", "none": ""}
         lines.append(f"longest context in the budget: {target.longest_context:,} tokens"
                      f"{limit.get(target.longest_limit, '')}")
+    elif target is not None and target.longest_limit == "none":
+        lines.append("longest context in the budget: no limit (the cache's size is bounded)")
     speed = config.summary()["decode_tokens_per_s"]
     lines.append(f"decode: {number(speed) if speed else UNKNOWN} tokens/s")
     return "<br>".join(lines)

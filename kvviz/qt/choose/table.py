@@ -55,10 +55,18 @@ def cells(sweep: Sweep, index: int, state: str) -> list[str]:
         percent(s.get("top1"), 1) if s.get("top1") is not None else UNKNOWN,
         size(frontier.memory(config)) if frontier.memory(config) is not None else UNKNOWN,
         UNKNOWN if target is None or target.sequences_in_budget is None else f"{target.sequences_in_budget:,}",
-        UNKNOWN if target is None or target.longest_context is None else f"{target.longest_context:,}",
+        longest(target),
         number(speed) if speed else UNKNOWN,
         status,
     ]
+
+
+def longest(target) -> str:
+    """The longest context one sequence reaches in the budget: "no limit" for a cache of bounded size that no
+    position limit stops (attention sinks), "–" when unknown."""
+    if target is not None and target.longest_context is None and target.longest_limit == "none":
+        return "no limit"
+    return UNKNOWN if target is None or target.longest_context is None else f"{target.longest_context:,}"
 
 
 class ChooseTable(QTableWidget):
