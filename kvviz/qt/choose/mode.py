@@ -188,8 +188,9 @@ class ChooseMode(QObject):
         self.sigDone.emit(sweep_id)
 
     def pick(self, index: int) -> None:
-        """Show configuration `index`'s curves along the text (a finished one's)."""
-        if self.sweep is not None and index in self.done and self.sweep.configurations[index].run.records:
+        """Show configuration `index`'s curves along the text (a finished one's: one stopped part-way is on no
+        plot, and its row says so)."""
+        if self.sweep is not None and index in self.done and self.sweep.configurations[index].finished:
             self.selected = index
             self._changed()
 
