@@ -5,6 +5,8 @@ strategy (or server load), and the Run, Switch and Stop buttons that stay in vie
 (`set_mode`), and so do the buttons. The server mode's own widgets come from kvviz.qt.server_mode.
 "Evaluate" keeps the model and the strategy picker, and puts the document above the picker and the
 list of strategies to evaluate below it in place of the prompt and settings (kvviz.qt.evaluate.mode).
+"Choose" keeps the model and puts its question (the text, the target, the budget and tolerance, the configurations)
+in place of the strategy picker (kvviz.qt.choose.mode).
 "Chat" keeps the model, the settings (max new tokens per answer) and the strategy picker, with Switch below
 them; its messages are typed in the central Conversation tab (kvviz.qt.conversation.mode).
 """
@@ -26,10 +28,11 @@ from kvviz.qt.panels.generation import PromptPanel, SettingsPanel
 from kvviz.qt.panels.model import ModelPanel
 from kvviz.qt.panels.strategy import StrategyPanel
 
-# the modes: a model run here, evaluated on a document, a vLLM server watched, or a chat with the cache kept
-LOCAL, EVALUATE, SERVER, CONVERSATION = 0, 1, 2, 3
+# the modes: a model run here, evaluated on a document, a vLLM server watched, a chat with the cache kept, or a
+# sweep that chooses a cache
+LOCAL, EVALUATE, SERVER, CONVERSATION, CHOOSE = 0, 1, 2, 3, 4
 # the page each of the three swapping stacks (chooser, strategy or load, buttons) shows in each mode
-PAGES = {LOCAL: (0, 0, 0), EVALUATE: (0, 0, 2), SERVER: (1, 1, 1), CONVERSATION: (0, 0, 3)}
+PAGES = {LOCAL: (0, 0, 0), EVALUATE: (0, 0, 2), SERVER: (1, 1, 1), CONVERSATION: (0, 0, 3), CHOOSE: (0, 2, 4)}
 
 
 class PageSwap(QWidget):
@@ -60,10 +63,11 @@ class PageSwap(QWidget):
 
 
 class Controls(QWidget):
-    def __init__(self, server, evaluate, conversation, parent: QWidget | None = None):
+    def __init__(self, server, evaluate, conversation, choose, parent: QWidget | None = None):
         """server: the window's ServerMode, whose panel, load panel and buttons fill the server pages;
         evaluate: its EvalMode, whose document and strategy list panels and buttons fill the Evaluate mode;
-        conversation: its ConversationMode, whose buttons (Switch) fill the Conversation mode's page."""
+        conversation: its ConversationMode, whose buttons (Switch) fill the Conversation mode's page;
+        choose: its ChooseMode, whose controls page and buttons fill the Choose mode's pages."""
         super().__init__(parent)
         self.model_panel = ModelPanel()
         self.prompt_panel = PromptPanel()
@@ -87,14 +91,16 @@ class Controls(QWidget):
         # short names: four modes share the dock's width (the central tabs say them in full)
         tabs = (("Local", "A model run here"), ("Evaluate", "Strategies read a long document"),
                 ("Server", "A vLLM server's cache, watched"),
-                ("Chat", "A conversation with the cache kept across turns"))
+                ("Chat", "A conversation with the cache kept across turns"),
+                ("Choose", "Which cache should I use? A sweep of configurations on your text, and the answer"))
         for i, (name, tip) in enumerate(tabs):
             self.source_tabs.addTab(name)
             self.source_tabs.setTabToolTip(i, tip)
         self.source_tabs.setExpanding(True)
+        self.source_tabs.setUsesScrollButtons(False)  # every mode in view: the dock is as wide as five names
         self.source_tabs.setToolTip(
             "Run a model here, evaluate strategies on a long document, attach to a vLLM server and watch its cache, "
-            "or chat with the cache kept across turns"
+            "chat with the cache kept across turns, or choose a cache for your text, context and memory"
         )
         self.stacks = [PageSwap() for _ in range(3)]  # chooser, strategy or load, buttons
         pages = [
@@ -107,6 +113,8 @@ class Controls(QWidget):
             stack.addWidget(server_page)
         self.stacks[2].addWidget(evaluate.buttons)
         self.stacks[2].addWidget(conversation.buttons)
+        self.stacks[1].addWidget(choose.controls_page)
+        self.stacks[2].addWidget(choose.buttons)
         self.document_panel, self.eval_list_panel = evaluate.document_panel, evaluate.list_panel
         self.document_panel.hide()
         self.eval_list_panel.hide()
@@ -167,7 +175,7 @@ class Controls(QWidget):
         evaluating = index == EVALUATE
         self.strategy_panel.set_prompt_relevant(index in (LOCAL, SERVER))
         self.prompt_panel.setVisible(index in (LOCAL, SERVER))  # a chat's messages are typed in its own view
-        self.settings_panel.setVisible(not evaluating)
+        self.settings_panel.setVisible(index in (LOCAL, SERVER, CONVERSATION))
         for panel in (self.document_panel, self.eval_list_panel):
             panel.setVisible(evaluating)
 

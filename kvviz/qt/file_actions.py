@@ -1,8 +1,8 @@
-"""The File menu's keep-and-share actions: open and save traces, open a prompt file, save a conversation or an
-evaluation, export the Runs table, the evaluation's summary, plots and window.
+"""The File menu's keep-and-share actions: open and save traces, open a prompt file, save a conversation, an
+evaluation or a sweep, export the Runs table, the evaluation's summary, plots and window.
 
 Every action is a thin dialog in front of a function that takes an explicit path (`open_trace`,
-`open_prompt_file`, `save_selected_trace`, `save_conversation`, `save_evaluation`, `export_runs_csv`,
+`open_prompt_file`, `save_selected_trace`, `save_conversation`, `save_evaluation`, `save_sweep`, `export_runs_csv`,
 `export_evaluation_csv`, `export_plots`, `save_window_png`), so tests and scripts call the same code the menu
 does. The dialogs (these, the model chooser's, the server panel's and the recording's) start in the folder last
 used for their kind of file (kvviz.qt.file_dialogs). Every save is confirmed in the status bar with the file's
@@ -41,7 +41,7 @@ from kvviz.files.jsonfile import KeptFileError
 from kvviz.qt.file_dialogs import FileDialogs
 from kvviz.qt.plots.base import DEFAULT_EXPORT_WIDTH, short_forms
 
-TRACE_FILTER = ("kvviz traces, evaluations and server sessions (*.json *.journal);;"
+TRACE_FILTER = ("kvviz traces, evaluations, sweeps and server sessions (*.json *.journal);;"
                 "Journals a killed run or evaluation left (*.journal);;All files (*)")
 PROMPT_SUFFIXES = (".txt", ".md")
 PROMPT_MAX_BYTES = 1024 * 1024
@@ -145,6 +145,22 @@ class FileActions(QObject):
             self.show_message("Could not save evaluation", f"Could not save into {folder}: {exc.strerror or exc}")
             return []
         self.window.say_saved(folder, f"{len(written) - 1} evaluation files and summary.csv")
+        return written
+
+    def save_sweep(self, folder: str | os.PathLike) -> list[Path]:
+        """The sweep in the Choose tab as `kvviz choose --out` keeps it: sweep.json (kvviz-sweep), sweep.csv and
+        the frontier as frontier.png and frontier.svg, in folder."""
+        mode = self.window.choose_mode
+        if mode.running is not None or mode.sweep is None:
+            self.show_message("Nothing to save", "Stop the sweep first." if mode.running is not None else
+                              "Choose first (Controls ▸ Choose), or open a sweep file.")
+            return []
+        try:
+            written = mode.save(folder)
+        except OSError as exc:
+            self.show_message("Could not save sweep", f"Could not save into {folder}: {exc.strerror or exc}")
+            return []
+        self.window.say_saved(folder, ", ".join(p.name for p in written))
         return written
 
     def export_evaluation_csv(self, path: str | os.PathLike) -> Path | None:
@@ -251,6 +267,11 @@ class FileActions(QObject):
         folder = self.dialogs.folder("evaluations", "Save evaluation into folder")
         if folder:
             self.save_evaluation(folder)
+
+    def _ask_sweep(self) -> None:
+        folder = self.dialogs.folder("sweeps", "Save sweep into folder")
+        if folder:
+            self.save_sweep(folder)
 
     def _ask_eval_csv(self) -> None:
         path = self.dialogs.save_file("tables", "Export evaluation summary", "summary.csv", "CSV (*.csv)")
@@ -440,6 +461,7 @@ def install_file_actions(window: QMainWindow) -> FileActions:
         ("session", "Save se&rver session…", None, actions._ask_session),
         ("evaluation", "Save e&valuation…", None, actions._ask_evaluation),
         ("conversation", "Save co&nversation…", None, actions._ask_conversation),
+        ("sweep", "Save s&weep (file, CSV, frontier picture)…", None, actions._ask_sweep),
         ("csv", "Export runs table as &CSV…", None, actions._ask_csv),
         ("eval_csv", "Export evaluation summary as CS&V…", None, actions._ask_eval_csv),
         ("plots", "Export &plots as PNG/SVG…", None, actions._ask_plots),

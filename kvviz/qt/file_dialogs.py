@@ -19,6 +19,7 @@ KINDS = {
     "documents": "documents to evaluate on (.txt, .md)",
     "tables": "CSV exports",
     "evaluations": "folders evaluations are saved into",
+    "sweeps": "folders sweeps are saved into",
     "images": "window pictures",
     "recordings": "recordings of the window",
     "models": "model folders and GGUF files (local and served)",

@@ -2,7 +2,7 @@
 
 The window composes its parts and carries out the user's actions; each part is its own module (the
 README's module map): the run store (every run, its trace and buffers), the local engine (the worker
-thread that loads and generates, feeding the store), one folder per mode (local/, evaluate/, server/),
+thread that loads and generates, feeding the store), one folder per mode (local/, evaluate/, server/, choose/),
 the Controls dock, the redraw scheduler, the status line, the menus and what is kept between sessions.
 
 Data flow: the worker (own thread) appends records to its run's trace and signals each one; the
@@ -23,10 +23,12 @@ from PySide6.QtWidgets import QApplication, QMainWindow, QVBoxLayout, QWidget
 
 from kvviz.files.conversation import ConversationTrace
 from kvviz.files.evaluation import EvalRun
+from kvviz.files.sweep import Sweep
 from kvviz.files.trace import Trace
 from kvviz.present import final_status
 from kvviz.qt import theme, unsaved, wheel_guard, window_settings
-from kvviz.qt.controls import CONVERSATION, EVALUATE, SERVER, Controls
+from kvviz.qt.choose.mode import ChooseMode
+from kvviz.qt.controls import CHOOSE, CONVERSATION, EVALUATE, SERVER, Controls
 from kvviz.qt.conversation.mode import ConversationMode
 from kvviz.qt.docks_aside import DocksAside
 from kvviz.qt.evaluate.mode import EvalMode
@@ -64,7 +66,8 @@ class MainWindow(QMainWindow):
         self.server = ServerMode(self, self.store)
         self.eval_mode = EvalMode(self, self.engine.worker)
         self.chat_mode = ConversationMode(self, self.engine.worker)
-        self.controls = Controls(self.server, self.eval_mode, self.chat_mode)
+        self.choose_mode = ChooseMode(self, self.engine.worker)
+        self.controls = Controls(self.server, self.eval_mode, self.chat_mode, self.choose_mode)
         self.local_view = LocalView()
         self.error_bar = ErrorBar()
         self.views = ViewTabs()
@@ -73,6 +76,7 @@ class MainWindow(QMainWindow):
         self.views.addTab(self.eval_mode.view, "Evaluate")
         self.views.addTab(self.server.view, "vLLM server")
         self.views.addTab(self.chat_mode.view, "Conversation")
+        self.views.addTab(self.choose_mode.view, "Choose")
         self.views.setCornerWidget(self.local_view.run_legend, Qt.Corner.TopRightCorner)  # costs no height
         central = QWidget()
         layout = QVBoxLayout(central)
@@ -110,6 +114,7 @@ class MainWindow(QMainWindow):
         self.server.sigChanged.connect(self.redraws.schedule)
         self.eval_mode.sigChanged.connect(self.redraws.schedule)
         self.chat_mode.sigChanged.connect(self.redraws.schedule)
+        self.choose_mode.sigChanged.connect(self.redraws.schedule)
         self.store.sigRunsChanged.connect(self.redraws.schedule)
         self.store.sigShownChanged.connect(self.redraws.schedule)
         self.store.sigRunEnded.connect(self._on_run_ended)
@@ -171,29 +176,34 @@ class MainWindow(QMainWindow):
         self.theme_name = window_settings.apply_theme(self, name)
         self.eval_mode.restyle(theme.current())
         self.chat_mode.restyle(theme.current())
+        self.choose_mode.restyle(theme.current())
         self.menus.check_theme(self.theme_name)
         self.redraws.schedule()
 
     def set_mode(self, index: int) -> None:
         """LOCAL: a model run here; EVALUATE: strategies read a document; SERVER: a vLLM server; CONVERSATION: a
-        chat with the cache kept across turns. The controls and the central view follow together."""
+        chat with the cache kept across turns; CHOOSE: a sweep that answers which cache to use. The controls and the
+        central view follow together."""
         self.controls.set_mode(index)
         if self.views.currentIndex() != index:
             self.views.blockSignals(True)
             self.views.setCurrentIndex(index)
             self.views.blockSignals(False)
-        if index in (EVALUATE, CONVERSATION):
+        if index in (EVALUATE, CONVERSATION, CHOOSE):
             self.docks_aside.enter()
         else:
             self.docks_aside.leave()
         if index == EVALUATE:
             self.eval_mode.enter()
+        if index == CHOOSE:
+            self.choose_mode.enter()
         self.update_controls()
         self.redraws.schedule()
 
     def visible_plots(self) -> list:
         """The plots of the central view on screen: the local run's, the evaluation's or the server's."""
-        views = {SERVER: self.server.view, EVALUATE: self.eval_mode.view, CONVERSATION: self.chat_mode.view}
+        views = {SERVER: self.server.view, EVALUATE: self.eval_mode.view, CONVERSATION: self.chat_mode.view,
+                 CHOOSE: self.choose_mode.view}
         return views.get(self.views.currentIndex(), self.local_view).plots
 
     def connect_server(self, url: str) -> None:
@@ -208,7 +218,7 @@ class MainWindow(QMainWindow):
 
     def load_model(self, spec: str) -> None:
         if self.store.generating is not None or self.eval_mode.running is not None or self.chat_mode.busy \
-                or self.closing:
+                or self.choose_mode.running is not None or self.closing:
             return
         self.controls.model_panel.set_spec(spec)
         self.controls.model_panel.set_loading(f"loading {spec}…", None)
@@ -230,6 +240,7 @@ class MainWindow(QMainWindow):
         self.controls.model_panel.set_loaded(card)
         self.error_bar.hide()
         self.update_controls()
+        self.choose_mode.request_grid()
         self.sigModelReady.emit(spec, True)
 
     def _on_run_failed(self, run_id: int, message: str) -> None:
@@ -272,6 +283,9 @@ class MainWindow(QMainWindow):
             return None
         if self.views.currentIndex() == CONVERSATION:
             self.chat_mode.send()
+            return None
+        if self.views.currentIndex() == CHOOSE:
+            self.choose_mode.start()
             return None
         controls = self.controls
         if not controls.run_button.isEnabled():
@@ -317,16 +331,20 @@ class MainWindow(QMainWindow):
             self.status_line.hold("stopping after this step…")
         self.eval_mode.stop()
         self.chat_mode.stop()
+        self.choose_mode.stop()
 
     def show_kept(self, kept):
         """A trace opened from a file into the Runs table (returns its run id), an evaluation into the Evaluate
-        tab, a conversation into the Conversation tab or a server session into the server view (returns it; None
-        for an evaluation or a conversation refused)."""
+        tab, a sweep into the Choose tab, a conversation into the Conversation tab or a server session into the
+        server view (returns it; None for an evaluation, a sweep or a conversation refused)."""
         if isinstance(kept, Trace):
             return self.store.add(kept, final_status(kept))
         if isinstance(kept, EvalRun):
             self.set_mode(EVALUATE)
             return self.eval_mode.open_run(kept)
+        if isinstance(kept, Sweep):
+            self.set_mode(CHOOSE)
+            return self.choose_mode.open_sweep(kept)
         if isinstance(kept, ConversationTrace):
             self.set_mode(CONVERSATION)
             return self.chat_mode.open_trace(kept)
@@ -358,6 +376,9 @@ class MainWindow(QMainWindow):
         elif self.views.currentIndex() == EVALUATE:
             parts = [self.eval_mode.redraw]  # its plots name the strategies; the runs' legend is not theirs
             self.local_view.run_legend.set_entries([])
+        elif self.views.currentIndex() == CHOOSE:
+            parts = [self.choose_mode.redraw]
+            self.local_view.run_legend.set_entries([])
         elif self.views.currentIndex() == CONVERSATION:
             parts = self.chat_mode.redraw_parts()  # one conversation, named in its header
             self.local_view.run_legend.set_entries([])
@@ -379,7 +400,8 @@ class MainWindow(QMainWindow):
 
     def update_controls(self) -> None:
         generating = self.store.generating is not None
-        idle = not generating and self.eval_mode.running is None and not self.chat_mode.busy
+        idle = (not generating and self.eval_mode.running is None and not self.chat_mode.busy
+                and self.choose_mode.running is None)
         loading = self.engine.loading
         ready = self.engine.card is not None and self.controls.strategy_panel.current() is not None
         valid = self.controls.strategy_panel.problem() is None  # its message is beside the field
@@ -389,8 +411,10 @@ class MainWindow(QMainWindow):
         self.controls.model_panel.load_button.setEnabled(idle and not loading)
         self.eval_mode.update_controls(idle and not loading and self.engine.card is not None)
         self.chat_mode.update_controls(idle and not loading and self.engine.card is not None and valid)
-        evaluating = self.views.currentIndex() == EVALUATE
-        self.menus.set_enabled(self.eval_mode.evaluate_button.isEnabled() if evaluating else can_run, not idle)
+        self.choose_mode.update_controls(idle and not loading and self.engine.card is not None)
+        mode_button = {EVALUATE: self.eval_mode.evaluate_button, CHOOSE: self.choose_mode.choose_button}
+        button = mode_button.get(self.views.currentIndex())
+        self.menus.set_enabled(button.isEnabled() if button is not None else can_run, not idle)
         self.menus.switch_action.setEnabled(generating and valid)
         self._update_status()
 
@@ -426,6 +450,7 @@ class MainWindow(QMainWindow):
         self.server.shutdown()
         self.eval_mode.shutdown()
         self.chat_mode.shutdown()
+        self.choose_mode.shutdown()
         stopped = self.engine.stop(timeout_ms)
         self.keep_conversation()
         return stopped

@@ -123,6 +123,8 @@ def window_state(window) -> str:
         return "loading model…"
     if window.eval_mode.running is not None:
         return window.eval_mode.status()
+    if window.choose_mode.running is not None:
+        return window.choose_mode.status()
     if store.generating is not None:
         return f"generating run #{store.generating}: {store.runs[store.generating].n} tokens"
     if window.engine.card is None:

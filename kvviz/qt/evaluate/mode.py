@@ -28,9 +28,10 @@ from kvviz.files import documents, evaluation
 from kvviz.files.evaluation import EvalRun
 from kvviz.present import clock, number
 from kvviz.qt.evaluate.evaluator import Evaluator
-from kvviz.qt.evaluate.panel import DocumentPanel, StrategyListPanel
+from kvviz.qt.evaluate.panel import DEFAULT_TOKENS, StrategyListPanel
 from kvviz.qt.evaluate.series import CANCELLED, FAILED, FINAL, FINISHED, NOT_RUN, STARTING, StrategySeries
 from kvviz.qt.evaluate.view import EvalView
+from kvviz.qt.panels.document import DocumentPanel
 from kvviz.qt.window_settings import stored_json
 
 # a first evaluation that shows what the mode is for (StreamingLLM's comparison): options set away from defaults
@@ -58,7 +59,7 @@ class EvalMode(QObject):
         super().__init__(window)
         self.window = window
         self.evaluator = evaluator = Evaluator(worker)
-        self.document_panel = DocumentPanel()
+        self.document_panel = DocumentPanel(DEFAULT_TOKENS)
         self.list_panel = StrategyListPanel()
         self.view = EvalView()
         self.evaluate_button = QPushButton("Evaluate")

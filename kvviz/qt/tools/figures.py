@@ -1,13 +1,15 @@
 """Figures for reports, drawn offscreen by the window's own plot widgets.
 
 Used by `kvviz compare`: the same MemoryPlot, LatencyPlot and CacheMapPlot the window shows,
-filled from finished traces and saved with `QWidget.grab()`.
+filled from finished traces and saved with `QWidget.grab()`; and by `kvviz choose --out`: the Choose tab's
+frontier plot of a sweep, as PNG and SVG.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from kvviz.files.sweep import Sweep
 from kvviz.files.trace import Trace
 from kvviz.qt.tools import drive
 
@@ -47,3 +49,26 @@ def render_comparison(traces: list[Trace], out: Path) -> dict[str, Path]:
         name = f"Cache map of run #{run.run_id}: {run.label()}"
         figures[name] = _save(CacheMapPlot(), runs, run, out / f"cache-map-{run.run_id}.png")
     return figures
+
+
+FRONTIER_WIDTH = 1600  # px of frontier.png
+
+
+def render_frontier(sweep: Sweep, out: Path) -> dict[str, Path]:
+    """The sweep's frontier plot as the Choose tab draws it, in the light theme: {"png": out/frontier.png,
+    "svg": out/frontier.svg}."""
+    drive.application("kvviz-figures")
+    from kvviz.qt import theme
+    from kvviz.qt.choose.frontier_plot import FrontierPlot
+
+    theme.use("light")
+    out.mkdir(parents=True, exist_ok=True)
+    plot = FrontierPlot()
+    plot.apply_palette(theme.PALETTES["light"])
+    plot.show_sweep(sweep)
+    png = out / "frontier.png"
+    if not plot.export_image(FRONTIER_WIDTH).save(str(png)):
+        raise OSError(f"could not write {png}")
+    svg = plot.export_svg(out / "frontier.svg", FRONTIER_WIDTH)
+    plot.deleteLater()
+    return {"png": png, "svg": svg}

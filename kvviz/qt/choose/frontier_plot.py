@@ -1,0 +1,238 @@
+"""The Choose mode's frontier plot: each finished configuration's quality loss against its cache memory at the
+user's target (log axis), coloured by its decode speed, with the frontier (`kvviz.files.frontier.frontier`) drawn
+through the configurations no other beats on both, the tolerance as a horizontal line and the budget as a
+vertical one. Hover names the configuration under the mouse; a click picks it (`sigPicked`).
+
+The x axis holds log10(bytes) and labels its ticks in bytes ("48.0 MiB"), so that every item (points, frontier,
+budget line) is placed in the same plain coordinates.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pyqtgraph as pg
+from PySide6.QtCore import QPointF, Qt, Signal
+
+from kvviz.files import frontier
+from kvviz.files.sweep import Configuration, Sweep
+from kvviz.present import UNKNOWN, counted, number, size
+from kvviz.qt import theme
+from kvviz.qt.plots.base import PlotPanel
+from kvviz.qt.plots.legend import Entry
+
+SLOW, FAST = "#d1495b", "#2fb380"  # decode speed's colour ramp: the slowest configuration to the fastest
+UNMEASURED = "#8a919c"  # a configuration whose decode speed is not known
+POINT_SIZE = 11  # px
+PICK_PX = 14  # a hover or a click within this many pixels of a point is on it
+BUDGET_SPAN_DECADES = 2.0  # the budget widens the x range to show its line when it lies this close to the points
+LOG2 = math.log10(2)
+MAX_TICKS = 8  # on the memory axis
+
+
+class BytesAxis(pg.AxisItem):
+    """An axis of log10(bytes): ticks at powers of two (every one, or every second, third... on a long span), each
+    labelled as a size ("128 KiB")."""
+
+    def tickValues(self, minVal, maxVal, size_px):  # noqa: N802,N803 - pyqtgraph override
+        if not (math.isfinite(minVal) and math.isfinite(maxVal)) or maxVal <= minVal:
+            return []
+        low, high = math.ceil(minVal / LOG2), math.floor(maxVal / LOG2)
+        step = max(1, math.ceil((high - low + 1) / MAX_TICKS))
+        return [(step * LOG2, [k * LOG2 for k in range(low, high + 1) if k % step == 0])]
+
+    def tickStrings(self, values, scale, spacing):  # noqa: N802 - pyqtgraph override
+        return [size(2.0 ** round(v / LOG2)) for v in values]
+
+
+class FrontierPlot(PlotPanel):
+    title = "Quality lost against cache memory at your target: one point per configuration"
+    export_aspect = 0.6
+    sigPicked = Signal(int)  # the index (in the sweep) of the configuration clicked
+
+    def __init__(self, parent=None):
+        self.bytes_axis = BytesAxis("bottom")
+        super().__init__(parent)
+        self.plot.setAxisItems({"bottom": self.bytes_axis})
+        self.plot.getAxis("bottom").enableAutoSIPrefix(False)
+        self.sweep: Sweep | None = None
+        self.selected: int | None = None
+        self.points = pg.ScatterPlotItem(size=POINT_SIZE, pxMode=True)
+        self.ring = pg.ScatterPlotItem(size=POINT_SIZE + 10, pxMode=True, brush=None)
+        self.frontier_line = pg.PlotDataItem()
+        self.tolerance_line = pg.InfiniteLine(angle=0, movable=False)
+        self.budget_line = pg.InfiniteLine(angle=90, movable=False)
+        self.plot.addItem(self.frontier_line)
+        self.plot.addItem(self.points)
+        self.plot.addItem(self.ring)
+        self.plot.addItem(self.tolerance_line, ignoreBounds=True)
+        self.plot.addItem(self.budget_line, ignoreBounds=True)
+        self._placed: list[tuple[int, float, float]] = []  # (index, log10 bytes, loss) of each point drawn
+        self.set_labels("perplexity change (%)", "cache memory at the target (bytes, log scale)")
+
+    # -- what is drawn -------------------------------------------------------------------------------------
+
+    def loss_in_units(self, sweep: Sweep, config: Configuration) -> float | None:
+        """The quality loss as the y axis reads it: a percentage, or nats."""
+        loss = frontier.quality_loss(sweep, config)
+        if loss is None:
+            return None
+        return 100.0 * loss if sweep.question.tolerance.kind == "perplexity" else loss
+
+    def show_sweep(self, sweep: Sweep | None, selected: int | None = None) -> None:
+        """Draw `sweep`'s finished configurations (None: nothing), `selected` ringed."""
+        changed = sweep is not self.sweep
+        self.sweep, self.selected = sweep, selected
+        if changed:
+            self.clear_hover()
+        if sweep is None:
+            self._placed = []
+            for item in (self.points, self.ring):
+                item.setData([])
+            self.frontier_line.setData([], [])
+            self.tolerance_line.setVisible(False)
+            self.budget_line.setVisible(False)
+            self.update_legend()
+            return
+        kl = sweep.question.tolerance.kind == "kl"
+        self.set_axis_label("left", "mean KL divergence from the exact cache (nats)" if kl else
+                            "perplexity change (%)")
+        index = {id(c): i for i, c in enumerate(sweep.configurations)}
+        self._placed = [(index[id(c)], math.log10(max(1, frontier.memory(c))), self.loss_in_units(sweep, c))
+                        for c in frontier.placed(sweep)]
+        speeds = self._speeds()
+        spots = [{"pos": (x, y), "data": i, "brush": pg.mkBrush(self._speed_colour(speeds, i)),
+                  "pen": pg.mkPen(self.palette_.background, width=1)} for i, x, y in self._placed]
+        self.points.setData(spots)
+        line = frontier.frontier(sweep)
+        self.frontier_line.setData([math.log10(max(1, frontier.memory(c))) for c in line],
+                                   [self.loss_in_units(sweep, c) for c in line])
+        ringed = [(x, y) for i, x, y in self._placed if i == selected]
+        self.ring.setData([{"pos": p} for p in ringed])
+        tolerance = sweep.question.tolerance.value * (1.0 if kl else 100.0)
+        self.tolerance_line.setPos(tolerance)
+        self.tolerance_line.setVisible(True)
+        budget = sweep.question.budget_bytes
+        self.budget_line.setVisible(budget is not None)
+        if budget is not None:
+            self.budget_line.setPos(math.log10(budget))
+        self._fit()
+        self.update_legend()
+
+    def _fit(self) -> None:
+        """The points, the tolerance and (when near them) the budget in view, with a margin."""
+        if not self._placed:
+            return
+        xs = [x for _, x, _ in self._placed]
+        ys = [y for _, _, y in self._placed] + [self.tolerance_line.value()]
+        budget = self.budget_line.value() if self.budget_line.isVisible() else None
+        if budget is not None and min(xs) - BUDGET_SPAN_DECADES <= budget <= max(xs) + BUDGET_SPAN_DECADES:
+            xs.append(budget)
+        x_pad = max(0.1, 0.06 * (max(xs) - min(xs)))
+        y_pad = max(1e-3, 0.08 * (max(ys) - min(ys)))
+        self.plot.setXRange(min(xs) - x_pad, max(xs) + x_pad, padding=0)
+        self.plot.setYRange(min(ys) - y_pad, max(ys) + y_pad, padding=0)
+
+    def reset_view(self) -> None:
+        self._fit()
+
+    def _speeds(self) -> dict[int, float]:
+        """Decode tokens/s of each point whose speed was measured."""
+        configs = self.sweep.configurations
+        return {i: 1000.0 / configs[i].decode_ms for i, _, _ in self._placed if configs[i].decode_ms}
+
+    def _speed_colour(self, speeds: dict[int, float], index: int) -> str:
+        if index not in speeds:
+            return UNMEASURED
+        low, high = min(speeds.values()), max(speeds.values())
+        share = (speeds[index] - low) / (high - low) if high > low else 1.0
+        return theme.mix(SLOW, FAST, share)
+
+    def has_data(self) -> bool:
+        return bool(self._placed)
+
+    def apply_palette(self, palette: theme.Palette) -> None:
+        super().apply_palette(palette)
+        foreground = palette.foreground
+        self.frontier_line.setPen(pg.mkPen(foreground, width=2))
+        self.ring.setPen(pg.mkPen(foreground, width=2))
+        self.tolerance_line.setPen(pg.mkPen(foreground, width=1, style=Qt.PenStyle.DashLine))
+        self.budget_line.setPen(pg.mkPen(foreground, width=1, style=Qt.PenStyle.DashDotLine))
+        if self.sweep is not None:
+            self.show_sweep(self.sweep, self.selected)
+
+    def legend_entries(self) -> list[Entry]:
+        sweep = self.sweep
+        if sweep is None or not self._placed:
+            return []
+        foreground = self.palette_.foreground
+        entries = [Entry("frontier", foreground, tooltip="the configurations no other beats on both memory and "
+                                                         "quality")]
+        entries.append(Entry(f"tolerance ({sweep.question.tolerance.describe()})", foreground,
+                             style=Qt.PenStyle.DashLine, width=1.0))
+        if sweep.question.budget_bytes is not None:
+            entries.append(Entry(f"budget ({size(sweep.question.budget_bytes)})", foreground,
+                                 style=Qt.PenStyle.DashDotLine, width=1.0, tooltip=sweep.question.budget))
+        speeds = self._speeds()
+        if speeds:
+            low, high = min(speeds.values()), max(speeds.values())
+            entries.append(Entry(f"decode speed {number(low)} to {number(high)} tokens/s", SLOW, kind="ramp",
+                                 to_colour=FAST, tooltip="one decode step with the configuration's cache alone, "
+                                                         "after the text (median of a few)"))
+        if len(speeds) < len(self._placed):
+            entries.append(Entry("speed not measured", UNMEASURED, kind="marker"))
+        return entries
+
+    # -- hover and click ----------------------------------------------------------------------------------
+
+    def nearest(self, x: float, y: float) -> int | None:
+        """The index of the point drawn nearest to view position (x, y), within PICK_PX pixels; None if none."""
+        vb = self.plot.vb
+        here = vb.mapViewToScene(QPointF(x, y))
+        best, best_d = None, float(PICK_PX)
+        for i, px, py in self._placed:
+            there = vb.mapViewToScene(QPointF(px, py))
+            d = math.hypot(there.x() - here.x(), there.y() - here.y())
+            if d <= best_d:
+                best, best_d = i, d
+        return best
+
+    def hover_text(self, x: float, y: float) -> str:
+        index = self.nearest(x, y)
+        return "" if index is None else card(self.sweep, index)
+
+    def _on_click(self, event) -> None:
+        if event.double():
+            self.reset_view()
+            return
+        if not self.plot.vb.sceneBoundingRect().contains(event.scenePos()):
+            return
+        point = self.plot.vb.mapSceneToView(event.scenePos())
+        index = self.nearest(point.x(), point.y())
+        if index is not None:
+            self.sigPicked.emit(index)
+
+    def fill_export_copy(self, copy: FrontierPlot) -> None:
+        copy.show_sweep(self.sweep, self.selected)
+
+
+def card(sweep: Sweep, index: int) -> str:
+    """The hover card of one configuration: its name, what it costs in quality, its memory at the target, the
+    sequences that fit in the budget, the longest context one sequence reaches in it, and its decode speed."""
+    config = sweep.configurations[index]
+    target = config.target
+    question = sweep.question
+    lines = [f"<b>{config.label}</b>", frontier.loss_text(sweep, config),
+             f"{size(frontier.memory(config))} for {counted(question.sequences, 'sequence')} of "
+             f"{question.context:,} tokens"]
+    if target is not None and target.sequences_in_budget is not None:
+        lines.append(f"{counted(target.sequences_in_budget, 'such sequence')} fit in the budget")
+    if target is not None and target.longest_context is not None:
+        limit = {"budget": " (the budget's limit)", "context": " (the model's positions)", "none": ""}
+        lines.append(f"longest context in the budget: {target.longest_context:,} tokens"
+                     f"{limit.get(target.longest_limit, '')}")
+    elif target is not None and target.longest_limit == "none":
+        lines.append("longest context in the budget: no limit (the cache's size is bounded)")
+    speed = config.summary()["decode_tokens_per_s"]
+    lines.append(f"decode: {number(speed) if speed else UNKNOWN} tokens/s")
+    return "<br>".join(lines)

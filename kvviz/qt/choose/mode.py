@@ -1,0 +1,301 @@
+"""The window's "Choose" mode: which cache should this model use, on this text, at this context, for this many
+sequences, in this memory? A sweep (`kvviz.engine.sweep.SweepRun`) answers it live, as `kvviz choose` does.
+
+`ChooseMode` owns the widgets the window places (`controls_page`: the document, the question and the
+configurations, in the Controls dock; `buttons` under them; `view` as the central "Choose" tab) and the sweep on
+screen. Choose sends the request to the `SweepRunner` on the worker's thread; each configuration appears on the
+frontier as it finishes, the time left is read from the running sweep at each redraw, and Stop keeps the
+finished configurations. Kept sweeps (`kvviz-sweep` files) open into the same view, and the one on screen saves
+as that file, its CSV and the frontier picture (PNG and SVG).
+"""
+
+from __future__ import annotations
+
+import os
+from html import escape
+from pathlib import Path
+
+from PySide6.QtCore import QObject, QTimer, Signal
+from PySide6.QtWidgets import QHBoxLayout, QPushButton, QVBoxLayout, QWidget
+
+from kvviz.files import documents
+from kvviz.files import sweep as sweep_file
+from kvviz.files.sweep import Sweep
+from kvviz.present import clock, counted
+from kvviz.qt.choose.panel import DEFAULT_TOKENS, ConfigurationsPanel, QuestionPanel
+from kvviz.qt.choose.runner import SweepRunner
+from kvviz.qt.choose.view import ChooseView
+from kvviz.qt.panels.document import DocumentPanel
+
+MIN_TOKENS = 16  # a sweep's shortest text: its evicting budgets are fractions of it
+PROGRESS_INTERVAL_MS = 500  # the time left is said again this often while a sweep runs
+WAITING, NOT_RUN = "waiting", "not run"  # a configuration's state before it finished, and after a Stop
+
+
+class ChooseMode(QObject):
+    sigChanged = Signal()  # something to draw
+    sigRequestGrid = Signal(int)  # to the runner: tokens
+    sigRequestSweep = Signal(int, object)  # to the runner: sweep id, request
+    sigDone = Signal(int)  # sweep id: it ended (finished, stopped or failed) and its last state is drawn
+
+    def __init__(self, window, worker):
+        super().__init__(window)
+        self.window = window
+        self.runner = runner = SweepRunner(worker)
+        self.document_panel = DocumentPanel(DEFAULT_TOKENS)
+        self.document_panel.tokens.setMinimum(MIN_TOKENS)
+        self.document_panel.tokens.setSpecialValueText("")  # every sweep measures a given number of tokens
+        self.question_panel = QuestionPanel()
+        self.config_panel = ConfigurationsPanel()
+        self.controls_page = QWidget()
+        column = QVBoxLayout(self.controls_page)
+        column.setContentsMargins(0, 0, 0, 0)
+        for panel in (self.document_panel, self.question_panel, self.config_panel):
+            panel.layout().setContentsMargins(8, 4, 8, 6)
+            column.addWidget(panel)
+        self.view = ChooseView()
+        self.choose_button = QPushButton("Choose")
+        self.choose_button.setObjectName("runButton")
+        self.choose_button.setToolTip("Read the text through every configuration ticked, compare each with the exact "
+                                      "cache and answer the question")
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setToolTip("Stop the sweep after this forward: the finished configurations stay")
+        self.buttons = QWidget()
+        row = QHBoxLayout(self.buttons)
+        row.setContentsMargins(9, 0, 9, 0)
+        row.addWidget(self.choose_button, 2)
+        row.addWidget(self.stop_button, 1)
+        self.choose_button.clicked.connect(lambda *_: self.start())
+        self.stop_button.clicked.connect(lambda *_: self.stop())
+        self.document_panel.sigOpenRequested.connect(self._ask_document)
+        self.document_panel.tokens.editingFinished.connect(self.request_grid)
+        self.config_panel.sigChanged.connect(self.window.update_controls)
+        self.view.frontier_plot.sigPicked.connect(self.pick)
+        self.view.table.sigPicked.connect(self.pick)
+        self.sigRequestGrid.connect(runner.grid)
+        self.sigRequestSweep.connect(runner.choose)
+        runner.sigGrid.connect(self._on_grid)
+        runner.sigStarted.connect(self._on_started)
+        runner.sigConfiguration.connect(self._on_configuration)
+        runner.sigFailed.connect(self._on_failed)
+        runner.sigFinished.connect(self._on_finished)
+        self.ticker = QTimer(self)
+        self.ticker.setInterval(PROGRESS_INTERVAL_MS)
+        self.ticker.timeout.connect(self._changed)
+
+        self.sweep: Sweep | None = None  # the sweep on screen
+        self.run = None  # the engine's SweepRun while it runs (its progress and time left)
+        self.running: int | None = None  # the id of the sweep in progress
+        self.done: set[int] = set()  # the configurations (indices) that have ended
+        self.selected: int | None = None  # the configuration whose curves are shown
+        self.opened = False  # the sweep on screen came from a file
+        self.notice = ""  # why the text was cut
+        self._next_id = 1
+        self._dirty = False
+
+    # -- the controls ---------------------------------------------------------------------------------
+
+    def request_grid(self) -> None:
+        """Ask the worker for the default grid at the tokens set (after a model loaded, or the tokens changed)."""
+        if self.window.engine.card is not None and self.running is None:
+            self.sigRequestGrid.emit(self.document_panel.tokens.value())
+
+    def _on_grid(self, tokens: int, entries: list, skipped: list) -> None:
+        if tokens == self.document_panel.tokens.value():
+            self.config_panel.set_grid(entries, skipped)
+
+    def _ask_document(self) -> None:
+        path = self.window.file_actions.dialogs.open_file("documents", "Open a text to choose on",
+                                                         "Text and Markdown (*.txt *.md);;All files (*)")
+        if path:
+            self.open_document(path)
+
+    def open_document(self, path: str | os.PathLike) -> bool:
+        """A user's .txt or .md file as the text; False (and a message saying why) when it cannot be used."""
+        try:
+            document = documents.from_file(path)
+        except documents.DocumentError as exc:
+            self.window.show_error(f"Cannot choose on this text: {exc}")
+            return False
+        self.document_panel.add_document(document)
+        return True
+
+    def update_controls(self, model_ready: bool) -> None:
+        """model_ready: a model is loaded and nothing else runs on the worker."""
+        idle = self.running is None
+        self.choose_button.setEnabled(model_ready and idle and bool(self.config_panel.chosen()))
+        self.stop_button.setEnabled(not idle)
+        for panel in (self.document_panel, self.question_panel):
+            panel.setEnabled(idle)
+        self.config_panel.set_enabled(idle)
+
+    # -- a sweep ---------------------------------------------------------------------------------------
+
+    def start(self) -> int | None:
+        """Sweep the configurations ticked; the sweep's id, or None if it cannot start (a budget or tolerance
+        that does not read: the message says what is accepted, and every field keeps what was typed)."""
+        if not self.choose_button.isEnabled():
+            return None
+        problem = self.question_panel.problem()
+        if problem:
+            self.window.show_error(f"Cannot choose: {problem}")
+            return None
+        sweep_id, self._next_id = self._next_id, self._next_id + 1
+        request = {"document": self.document_panel.document(), "tokens": self.document_panel.tokens.value(),
+                   "configurations": self.config_panel.chosen(), **self.question_panel.question()}
+        self.running, self.run, self.sweep = sweep_id, None, None
+        self.done, self.selected, self.opened, self.notice = set(), None, False, ""
+        self.window.error_bar.hide()
+        self.sigRequestSweep.emit(sweep_id, request)
+        self.ticker.start()
+        self.window.update_controls()
+        self._changed()
+        return sweep_id
+
+    def stop(self) -> None:
+        if self.running is not None:
+            self.runner.cancel(self.running)
+            self.window.status_line.hold("stopping the sweep after this forward…")
+
+    def _on_started(self, sweep_id: int, start: dict) -> None:
+        if sweep_id != self.running:
+            return
+        self.run = start["run"]
+        self.sweep = self.run.sweep
+        self.notice = start["notice"] or ""
+        # refused on this model before reading: ended already, their rows say why
+        self.done = {i for i, c in enumerate(self.sweep.configurations) if c.run.error}
+        self._changed()
+
+    def _on_configuration(self, sweep_id: int, index: int) -> None:
+        if sweep_id != self.running:
+            return
+        self.done.add(index)
+        self._changed()
+
+    def _on_failed(self, sweep_id: int, message: str) -> None:
+        if sweep_id == self.running:
+            self.window.show_error(f"Cannot choose: {message}")
+
+    def _on_finished(self, sweep_id: int) -> None:
+        if sweep_id != self.running:
+            return
+        self.running, self.run = None, None
+        self.ticker.stop()
+        self.window.update_controls()
+        self._dirty = True
+        self.window.redraw()
+        self.sigDone.emit(sweep_id)
+
+    def pick(self, index: int) -> None:
+        """Show configuration `index`'s curves along the text (a finished one's: one stopped part-way is on no
+        plot, and its row says so)."""
+        if self.sweep is not None and index in self.done and self.sweep.configurations[index].finished:
+            self.selected = index
+            self._changed()
+
+    def _changed(self) -> None:
+        self._dirty = True
+        self.sigChanged.emit()
+
+    # -- kept sweeps ----------------------------------------------------------------------------------
+
+    def open_sweep(self, sweep: Sweep) -> Sweep | None:
+        """Show a kept sweep in place of the one on screen; None (and a message) while a sweep runs."""
+        if self.running is not None:
+            self.window.show_error("A sweep is running: stop it before opening a sweep file.")
+            return None
+        self.sweep, self.opened, self.selected, self.notice = sweep, True, None, sweep.document.get("cut") or ""
+        self.done = set(range(len(sweep.configurations)))
+        self._changed()
+        return sweep
+
+    def save(self, folder: str | os.PathLike) -> list[Path]:
+        """The sweep on screen as `kvviz choose --out` keeps it: sweep.json (kvviz-sweep), sweep.csv, and the
+        frontier picture as frontier.png and frontier.svg."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        written = [self.sweep.save(folder / "sweep.json"), sweep_file.write_csv(self.sweep, folder / "sweep.csv")]
+        plot = self.view.frontier_plot
+        if plot.has_data():
+            png = folder / "frontier.png"
+            if not plot.export_image().save(str(png)):
+                raise OSError(f"could not write {png}")
+            written += [png, plot.export_svg(folder / "frontier.svg")]
+        return written
+
+    # -- drawing --------------------------------------------------------------------------------------
+
+    def states(self) -> list[str]:
+        """Each configuration's state in the table's words."""
+        if self.sweep is None:
+            return []
+        unfinished = WAITING if self.running is not None else NOT_RUN
+        return [c.status if i in self.done else unfinished for i, c in enumerate(self.sweep.configurations)]
+
+    def answered(self) -> Sweep | None:
+        """The sweep the answer is read from: while (or after) a sweep ran here, only the configurations that
+        ended, so that the ones still waiting are not taken for failures."""
+        if self.sweep is None or self.opened:
+            return self.sweep
+        s = self.sweep
+        ended = [c for i, c in enumerate(s.configurations) if i in self.done]
+        return Sweep(s.model, s.document, s.question, ended, s.speed, s.cancelled)
+
+    def redraw(self) -> None:
+        if not self._dirty:
+            return
+        self._dirty = False
+        self.view.redraw(self.sweep, self.states(), self.selected, self.header(), self.answered())
+
+    def header(self) -> str:
+        """What the sweep is and where it stands: the model and text, then its progress or how it ended."""
+        if self.running is not None and self.run is None:
+            return "reading the text and building the caches…"
+        if self.sweep is None:
+            return ""
+        doc = self.sweep.document
+        title = doc.get("title") or doc.get("name") or "?"
+        tokens = f", {doc['tokens']:,} tokens" if doc.get("tokens") else ""
+        line = f"{escape(self.sweep.model.get('name') or '?')} reading {escape(title)}{tokens}: "
+        if self.opened:
+            line += "opened from a file"
+        elif self.running is not None:
+            line += escape(self.progress())
+        else:
+            line += "stopped" if self.sweep.cancelled else "done"
+        if self.notice:
+            line += f"; {escape(self.notice)}"
+        return line
+
+    def progress(self) -> str:
+        """"5 of 12 configurations, 31 % of the predictions, 1:02 left" (time left from the predictions' measured
+        times; "+" where some configuration has not started, so it is a lower bound)."""
+        total = len(self.sweep.configurations)
+        text = f"{len(self.done)} of {counted(total, 'configuration')}"
+        if self.run is None:
+            return text
+        made, predictions = self.run.progress()
+        if predictions:
+            text += f", {100 * made / predictions:.0f} % of the predictions"
+        left, complete = self.run.seconds_left()
+        if left is not None:
+            text += f", {clock(left)}{'' if complete else '+'} left"
+        return text
+
+    def status(self) -> str:
+        return f"choosing: {self.progress()}" if self.running is not None and self.sweep is not None else (
+            "choosing: reading the text…" if self.running is not None else "")
+
+    def enter(self) -> None:
+        self._dirty = True
+        if not self.config_panel.chosen() and self.running is None:
+            self.request_grid()
+
+    def restyle(self, palette) -> None:
+        self.view.apply_palette(palette)
+        self._dirty = True
+
+    def shutdown(self) -> None:
+        self.ticker.stop()
+        self.runner.cancel()

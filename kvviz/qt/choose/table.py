@@ -1,0 +1,127 @@
+"""The Choose mode's table: one row per configuration, sorted by its memory at the target (smallest first; the ones
+without a memory yet last, in the sweep's order). Selecting a row picks that configuration (`sigPicked`).
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QTableWidget, QTableWidgetItem, QWidget
+
+from kvviz.files import frontier
+from kvviz.files.sweep import Sweep
+from kvviz.present import UNKNOWN, number, percent, size
+
+# (title, right-aligned, tooltip)
+COLUMNS = (
+    ("strategy", False, "The cache strategy"),
+    ("options", False, "Its options"),
+    ("perplexity", True, "exp of the mean negative log-likelihood over the text"),
+    ("change", True, "Perplexity against the exact cache's"),
+    ("KL", True, "Mean KL divergence from the exact cache's next-token distribution (nats)"),
+    ("top-1", True, "Share of predictions whose most likely token is the exact cache's"),
+    ("at target", True, "Cache and policy bytes at the target context and number of sequences"),
+    ("in budget", True, "Sequences of the target length that fit in the budget"),
+    ("longest context", True, "The longest context one sequence reaches within the budget"),
+    ("decode tok/s", True, "One decode step with this cache alone, after the text (median of a few)"),
+    ("status", False, "finished, running, waiting, cancelled, or why it failed"),
+)
+
+OPTIONS = 1  # the options' column
+OPTIONS_CHARS = 28  # its width, in characters
+
+
+def order(sweep: Sweep) -> list[int]:
+    """The configurations' indices by memory at the target, those without one last (in the sweep's order)."""
+    configs = sweep.configurations
+    known = [i for i, c in enumerate(configs) if frontier.memory(c) is not None]
+    return sorted(known, key=lambda i: frontier.memory(configs[i])) + [i for i in range(len(configs)) if i not in known]
+
+
+def cells(sweep: Sweep, index: int, state: str) -> list[str]:
+    """A configuration's row (unknown values as –, never 0); `state` for one not finished."""
+    config = sweep.configurations[index]
+    s = config.summary() if config.run.records else {}
+    target = config.target
+    change = frontier.perplexity_change(sweep, config)
+    options = config.run.strategy.get("options") or {}
+    status = f"{config.status}: {config.run.error}" if config.run.error else state
+    speed = s.get("decode_tokens_per_s")
+    return [
+        str(config.run.strategy.get("name", "")),
+        ", ".join(f"{k}={v}" for k, v in options.items()),
+        number(s.get("perplexity"), 2),
+        UNKNOWN if change is None else f"{'+' if change >= 0 else ''}{100 * change:.1f} %",
+        UNKNOWN if s.get("mean_kl") is None else f"{s['mean_kl']:.3g}",
+        percent(s.get("top1"), 1) if s.get("top1") is not None else UNKNOWN,
+        size(frontier.memory(config)) if frontier.memory(config) is not None else UNKNOWN,
+        UNKNOWN if target is None or target.sequences_in_budget is None else f"{target.sequences_in_budget:,}",
+        longest(target),
+        number(speed) if speed else UNKNOWN,
+        status,
+    ]
+
+
+def longest(target) -> str:
+    """The longest context one sequence reaches in the budget: "no limit" for a cache of bounded size that no
+    position limit stops (attention sinks), "–" when unknown."""
+    if target is not None and target.longest_context is None and target.longest_limit == "none":
+        return "no limit"
+    return UNKNOWN if target is None or target.longest_context is None else f"{target.longest_context:,}"
+
+
+class ChooseTable(QTableWidget):
+    sigPicked = Signal(int)  # the sweep index of the row selected
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(0, len(COLUMNS), parent)
+        self.setHorizontalHeaderLabels([title for title, _, _ in COLUMNS])
+        for column, (_, _, tip) in enumerate(COLUMNS):
+            self.horizontalHeaderItem(column).setToolTip(tip)
+        self.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.verticalHeader().hide()
+        self.verticalHeader().setDefaultSectionSize(self.fontMetrics().height() + 8)
+        self.setAlternatingRowColors(True)
+        header = self.horizontalHeader()
+        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        header.setStretchLastSection(True)
+        # an eviction policy's options are long: the column keeps a fixed width, the cell's tooltip has them all
+        header.setSectionResizeMode(OPTIONS, QHeaderView.ResizeMode.Interactive)
+        header.resizeSection(OPTIONS, self.fontMetrics().horizontalAdvance("x") * OPTIONS_CHARS)
+        self.rows: list[int] = []  # the sweep index each row shows
+        self.itemSelectionChanged.connect(self._picked)
+
+    def show_sweep(self, sweep: Sweep | None, states: list[str], selected: int | None) -> None:
+        """One row per configuration by memory at the target; `states`: each one's state in the window's words."""
+        self.blockSignals(True)
+        try:
+            self.rows = order(sweep) if sweep is not None else []
+            self.setRowCount(len(self.rows))
+            for row, index in enumerate(self.rows):
+                for column, text in enumerate(cells(sweep, index, states[index])):
+                    item = self.item(row, column)
+                    if item is None:
+                        item = QTableWidgetItem()
+                        if COLUMNS[column][1]:
+                            item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+                        self.setItem(row, column, item)
+                    if item.text() != text:
+                        item.setText(text)
+                self.item(row, 0).setToolTip(sweep.configurations[index].label)
+                self.item(row, OPTIONS).setToolTip(self.item(row, OPTIONS).text())
+                self.item(row, len(COLUMNS) - 1).setToolTip(sweep.configurations[index].run.error or "")
+            if selected in self.rows:
+                self.selectRow(self.rows.index(selected))
+            else:
+                self.clearSelection()
+        finally:
+            self.blockSignals(False)
+
+    def _picked(self) -> None:
+        rows = {i.row() for i in self.selectedItems()}
+        if len(rows) == 1:
+            self.sigPicked.emit(self.rows[rows.pop()])
+
+    def row_text(self, row: int) -> list[str]:
+        return [self.item(row, c).text() for c in range(self.columnCount())]

@@ -1,0 +1,97 @@
+"""The "Choose" tab: the answer above (two sentences, then their caveats, smaller), the frontier plot with the
+picked configuration's curves beside it, and the table of every configuration below.
+
+The view only draws: `redraw(sweep, states, selected, header, answered)` takes the sweep on screen (kept by
+kvviz.qt.choose.mode), each configuration's state, the configuration picked, the line saying what runs and the
+sweep the answer is read from.
+"""
+
+from __future__ import annotations
+
+from html import escape
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QLabel, QSplitter, QVBoxLayout, QWidget
+
+from kvviz.files import frontier
+from kvviz.files.sweep import Sweep
+from kvviz.qt import theme
+from kvviz.qt.choose.curves import MeasuredCachePlot, RunningDivergencePlot, RunningPerplexityPlot
+from kvviz.qt.choose.frontier_plot import FrontierPlot
+from kvviz.qt.choose.table import ChooseTable
+
+FIRST_WORDS = ("Load a model, set the question under Controls ▸ Choose (the text, the context you will reach, how many "
+               "sequences at once, the memory you have and the quality you accept), then press Choose: every "
+               "configuration reads the text, and the answer appears here.")
+TABLE_SHARE = 0.3  # of the tab's height for the table
+
+
+def answer_html(sweep: Sweep, header: str) -> str:
+    """The answer's sentences, then (smaller, muted) its caveats and what the window is doing."""
+    said = frontier.answer(sweep)
+    small = [escape(c) for c in said.caveats] + ([header] if header else [])
+    muted = theme.current().muted
+    return (f"<p style='margin:0'>{'<br>'.join(escape(s) for s in said.sentences)}</p>"
+            f"<p style='margin:0; font-size:small; color:{muted}'>{' '.join(small)}</p>")
+
+
+class ChooseView(QWidget):
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.answer = QLabel(FIRST_WORDS)
+        self.answer.setObjectName("serverSummary")
+        self.answer.setWordWrap(True)
+        self.answer.setTextFormat(Qt.TextFormat.RichText)
+        self.answer.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.frontier_plot = FrontierPlot()
+        self.curve_plots = [RunningPerplexityPlot(), RunningDivergencePlot(), MeasuredCachePlot()]
+        self.plots = [self.frontier_plot, *self.curve_plots]
+        curves = QSplitter(Qt.Orientation.Vertical)
+        for plot in self.curve_plots:
+            curves.addWidget(plot)
+        curves.setChildrenCollapsible(False)
+        self.curves = curves
+        top = QSplitter(Qt.Orientation.Horizontal)
+        top.addWidget(self.frontier_plot)
+        top.addWidget(curves)
+        top.setStretchFactor(0, 3)
+        top.setStretchFactor(1, 2)
+        top.setChildrenCollapsible(False)
+        self.table = ChooseTable()
+        self.splitter = QSplitter(Qt.Orientation.Vertical)
+        self.splitter.addWidget(top)
+        self.splitter.addWidget(self.table)
+        self.splitter.setStretchFactor(0, 1)
+        self.splitter.setStretchFactor(1, 0)
+        self.splitter.setChildrenCollapsible(False)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(6, 4, 6, 0)
+        layout.addWidget(self.answer)
+        layout.addWidget(self.splitter, 1)
+        self._fitted = False
+
+    def redraw(self, sweep: Sweep | None, states: list[str], selected: int | None, header: str,
+               answered: Sweep | None) -> None:
+        if answered is None:
+            self.answer.setText(FIRST_WORDS + (f"<br><i>{header}</i>" if header else ""))
+        else:
+            self.answer.setText(answer_html(answered, header))
+        self.frontier_plot.show_sweep(sweep, selected)
+        for plot in self.curve_plots:
+            plot.show_config(sweep, selected)
+        self.curves.setVisible(selected is not None)
+        self.table.show_sweep(sweep, states, selected)
+        if not self._fitted:
+            self._fit_table()
+
+    def _fit_table(self) -> None:
+        total = sum(self.splitter.sizes())
+        if total <= 0:
+            return
+        want = int(total * TABLE_SHARE)
+        self.splitter.setSizes([total - want, want])
+        self._fitted = True
+
+    def apply_palette(self, palette: theme.Palette) -> None:
+        for plot in self.plots:
+            plot.apply_palette(palette)

@@ -1,0 +1,157 @@
+"""The window's Choose mode on the tiny model: a sweep of a few configurations over a short text, run by the
+window's own runner on the worker's thread; the frontier, the table, the curves, Stop, kept sweep files."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+from PySide6.QtCore import QPointF, Qt
+
+from kvviz.files import frontier
+from kvviz.qt.choose.table import order
+from kvviz.qt.controls import CHOOSE
+from tests.qt.conftest import load
+
+TOKENS = 32  # a batched read costs about 0.3 s a forward here (the engine's), so the text is short
+TRIED = {"dynamic", "sliding", "sink"}  # the configurations of the default grid a test keeps ticked
+
+
+def ready(qtbot, window):
+    """The tiny model loaded, the Choose mode on screen with its default grid for TOKENS tokens, ticked down to
+    TRIED at the grid's smallest budget (three configurations)."""
+    load(qtbot, window)
+    window.set_mode(CHOOSE)
+    mode = window.choose_mode
+    mode.document_panel.tokens.setValue(TOKENS)
+    with qtbot.waitSignal(mode.runner.sigGrid, timeout=30000):
+        mode.request_grid()
+    qtbot.waitUntil(lambda: mode.config_panel.list.count() > 0)
+    seen: set[str] = set()
+    items = mode.config_panel.list
+    for i in range(items.count()):
+        name, _ = items.item(i).data(Qt.ItemDataRole.UserRole)
+        keep = name in TRIED and name not in seen
+        seen.add(name)
+        if name != "dynamic":
+            items.item(i).setCheckState(Qt.CheckState.Checked if keep else Qt.CheckState.Unchecked)
+    assert [n for n, _ in mode.config_panel.chosen()] == ["dynamic", "sliding", "sink"]
+    return mode
+
+
+def test_a_sweep_draws_its_frontier_live_and_keeps_its_files(window, qtbot, tmp_path):
+    mode = ready(qtbot, window)
+    assert window.views.tabText(CHOOSE) == "Choose" and mode.choose_button.isVisibleTo(window)
+
+    # a budget that does not read: the accepted forms, nothing starts, nothing typed is lost
+    mode.question_panel.budget.setText("four gigs")
+    assert mode.start() is None and mode.running is None
+    assert "4GiB" in window.last_error and "four gigs" in window.last_error
+    assert mode.question_panel.budget.text() == "four gigs" and len(mode.config_panel.chosen()) == 3
+    mode.question_panel.budget.setText("1GiB")
+
+    points_seen = []  # (configurations ended, points drawn) each time one finishes
+
+    def drawn():
+        window.redraw()
+        points_seen.append((len(mode.done), len(mode.view.frontier_plot._placed)))
+
+    mode.sigChanged.connect(drawn)
+    with qtbot.waitSignal(mode.sigDone, timeout=120000):
+        assert mode.start() is not None
+    mode.sigChanged.disconnect(drawn)
+    sweep = mode.sweep
+    assert [c.status for c in sweep.configurations] == ["finished"] * 3, window.last_error
+    # the points appeared one by one, as configurations finished
+    counts = sorted({points for done, points in points_seen if done})
+    assert counts[0] < 3 and counts[-1] == 3
+
+    window.redraw()
+    plot = mode.view.frontier_plot
+    line = frontier.frontier(sweep)
+    xs, ys = plot.frontier_line.getData()
+    assert list(xs) == [math.log10(frontier.memory(c)) for c in line]
+    assert list(ys) == [100 * frontier.quality_loss(sweep, c) for c in line]
+    assert plot.tolerance_line.value() == 5.0 and plot.budget_line.value() == math.log10(2**30)
+    assert plot.axis_label("left") == "perplexity change (%)"
+    assert any("decode speed" in t for t in plot.legend_bar.texts())
+    answer = frontier.answer(sweep)
+    shown = mode.view.answer.text()
+    assert answer.sentences[0].split(":")[0] in shown.replace("&#x27;", "'").replace("&#39;", "'")
+
+    # the table: sorted by memory at the target, every cell known
+    table = mode.view.table
+    assert table.rows == order(sweep)
+    memories = [frontier.memory(sweep.configurations[i]) for i in table.rows]
+    assert memories == sorted(memories)
+    assert all(table.row_text(r)[-1] == "finished" for r in range(3))
+
+    # hover a point: its card; click it: its curves
+    smallest = table.rows[0]
+    x, y = next((px, py) for i, px, py in plot._placed if i == smallest)
+    assert sweep.configurations[smallest].label in plot.hover_text(x, y)
+    assert plot.nearest(x, y) == smallest
+    scene = plot.plot.vb.mapViewToScene(QPointF(x, y))
+    where = plot.widget.mapFromScene(scene)
+    with qtbot.waitSignal(plot.sigPicked, timeout=5000) as picked:
+        qtbot.mouseClick(plot.widget.viewport(), Qt.MouseButton.LeftButton, pos=where)
+    assert picked.args == [smallest]
+    window.redraw()
+    assert mode.selected == smallest and mode.view.curves.isVisibleTo(window)
+    for curves in mode.view.curve_plots:
+        assert curves.has_data() and len(curves.curve.getData()[0]) > 0
+    perplexity = mode.view.curve_plots[0].curve.getData()[1]
+    assert math.isclose(perplexity[-1], sweep.configurations[smallest].summary()["perplexity"], rel_tol=1e-6)
+    assert table.row_text(table.currentRow())[0] == sweep.configurations[smallest].run.strategy["name"]
+
+    # File > Save sweep: the sweep file, the CSV and the picture; it opens again into the mode
+    actions = window.file_actions
+    written = actions.save_sweep(tmp_path / "kept")
+    assert sorted(p.name for p in written) == ["frontier.png", "frontier.svg", "sweep.csv", "sweep.json"]
+    with open(tmp_path / "kept" / "sweep.csv", encoding="utf-8") as f:
+        assert len(list(csv.DictReader(f))) == 3
+    window.set_mode(0)
+    assert actions.open_trace(tmp_path / "kept" / "sweep.json") is not None
+    assert window.views.currentIndex() == CHOOSE and mode.opened
+    window.redraw()
+    assert table.rows == order(mode.sweep) and len(plot._placed) == 3 and "opened from a file" in mode.header()
+
+    # a damaged sweep file: its field named, what is on screen stays
+    data = json.loads((tmp_path / "kept" / "sweep.json").read_text(encoding="utf-8"))
+    data["configurations"][1]["kl"] = data["configurations"][1]["kl"][:-1]
+    bad = tmp_path / "damaged.json"
+    bad.write_text(json.dumps(data), encoding="utf-8")
+    on_screen = mode.sweep
+    assert actions.open_trace(bad) is None
+    assert "damaged.json" in actions.last_message and "kl" in actions.last_message
+    assert "Error:" not in actions.last_message
+    actions.message_box.close()
+    assert mode.sweep is on_screen and len(plot._placed) == 3
+
+
+def test_stop_keeps_the_finished_configurations(window, qtbot):
+    mode = ready(qtbot, window)
+
+    def stop_after_first():
+        if mode.done and mode.running is not None:
+            mode.stop()
+
+    mode.sigChanged.connect(stop_after_first)
+    with qtbot.waitSignal(mode.sigDone, timeout=120000):
+        assert mode.start() is not None
+    mode.sigChanged.disconnect(stop_after_first)
+    window.redraw()
+    sweep = mode.sweep
+    assert sweep.cancelled and sweep.configurations[0].finished
+    finished = [i for i, c in enumerate(sweep.configurations) if c.finished and c.target is not None]
+    assert len(finished) < 3
+    assert sorted(i for i, _, _ in mode.view.frontier_plot._placed) == finished
+    states = mode.states()
+    assert all(states[i] in ("not run", "cancelled") for i in range(3) if i not in finished)
+    assert "stopped" in mode.header() and "stopped before its end" in mode.view.answer.text()
+    assert mode.choose_button.isEnabled() and not mode.stop_button.isEnabled()
+    # a point clicked that never finished opens nothing
+    unfinished = next(i for i in range(3) if i not in finished)
+    mode.pick(unfinished)
+    assert mode.selected is None
