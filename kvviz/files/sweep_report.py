@@ -46,7 +46,7 @@ def cells(sweep: Sweep, config: Configuration) -> dict[str, str]:
     measured = size(s["final_cache_bytes"])
     checked = target.predicted_at_measured if target else None
     if s["final_cache_bytes"] is not None and checked is not None and checked != s["final_cache_bytes"]:
-        measured += f" (rule: {size(checked)})"
+        measured += f" (size rule {checked - s['final_cache_bytes']:+,} B)"
     return {
         "configuration": config.label,
         "perplexity": perplexity(s["perplexity"]),
@@ -112,9 +112,9 @@ def markdown(sweep: Sweep, figures: dict[str, Path] | None = None) -> str:
               "Each configuration read the text through its own cache, one token per forward (the exact cache a "
               "chunk at a time, SnapKV the first half as its prompt), and each prediction was compared with the exact "
               "cache's: perplexity, KL(exact || configuration) and whether the most likely tokens agree. Memory at the "
-              "target is each cache's own size rule replayed to the target (checked against the cache measured at "
-              "the end of the text: a differing rule is shown beside the measurement); decode tok/s is a step with the "
-              "configuration's cache alone after the text.", ""]
+              "target is each cache's own size rule replayed to the target, checked against the cache measured at the "
+              "end of the text (where the rule differs, by how many bytes is shown beside the measurement); decode "
+              "tok/s is a step with the configuration's cache alone after the text.", ""]
     return "\n".join(lines)
 
 

@@ -30,7 +30,8 @@ def test_the_table_the_answer_and_the_kept_files(chosen):
     assert [c.label for c in kept.configurations][:2] == ["dynamic", "sink (sink_tokens=4, window=16)"]
     assert (out / "sweep.csv").read_text().splitlines()[0].startswith("strategy,options,status")
     report = (out / "report.md").read_text()
-    assert "## Answer" in report and "| configuration |" in report
+    assert "## Answer" in report and "| configuration |" in report and "![" in report
+    assert (out / "frontier.png").stat().st_size > 0 and (out / "frontier.svg").read_text().lstrip().startswith("<")
 
 
 def test_a_configuration_that_cannot_run_says_why_and_the_others_go_on(chosen):
