@@ -58,7 +58,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--configs", metavar="LIST",
                         help="comma-separated configurations to try, as --strategies of kvviz eval (default: every "
                         "strategy available here at sensible settings; the exact cache is always added)")
-    parser.add_argument("--rows", type=int, metavar="N", help="configurations per batched forward (default 12)")
+    parser.add_argument("--rows", type=int, metavar="N", help="configurations per batched forward (default 24)")
     parser.add_argument("--quantized-alone", action="store_true",
                         help="feed quantized caches one at a time, as kvviz eval does (slower; in a batch, float "
                         "rounding moves a quantized cache's perplexity by about 1%%)")

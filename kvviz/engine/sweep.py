@@ -35,10 +35,10 @@ from kvviz.files.frontier import parse_budget, parse_tolerance
 from kvviz.files.sweep import Configuration, Question, SpeedRecord, Sweep
 from kvviz.present import size
 
-# Batched rows per forward. On this 2-core CPU, the default model reading 300 tokens: 1 row 31 forwards/s,
-# 4 rows 15.4, 8 rows 12.1, 12 rows 9.3 (112 configuration-tokens/s), 16 rows far slower (2.1: the rows'
-# caches and attention no longer share the processor's caches).
-ROWS = 12
+# Batched rows per forward. The default model on this 2-core CPU (quiet machine): a plain forward of one token costs
+# 28.6 ms for 1 row, 49.3 for 4, 62.5 for 12, 80.1 for 24; with H2O caches over 200 tokens the rows read 29, 62,
+# 137 and 155 configuration-tokens a second at 1, 4, 12 and 24 rows: more rows still pay, a little, up to 24.
+ROWS = 24
 FRACTIONS = (0.125, 0.25, 0.5)  # of the measured length: the budgets the default grid gives evicting caches
 QUANTIZED = (("quanto", 4), ("quanto", 2), ("hqq", 8), ("hqq", 4), ("hqq", 2))
 EVICTING = ("h2o", "tova", "snapkv", "knorm")
