@@ -99,7 +99,8 @@ class RunningPerplexityPlot(AlongTextPlot):
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        self.set_labels("perplexity (ppl)", POSITION)  # the short form "ppl" fits a low plot
+        self.set_labels("perplexity (ppl, log scale)", POSITION)  # the short form "ppl" fits a low plot
+        self.plot.setLogMode(y=True)  # the first tokens' mean runs orders of magnitude above the rest
 
     def values(self, config):
         nll = config.run.column("nll")

@@ -4,7 +4,9 @@ through the configurations no other beats on both, the tolerance as a horizontal
 vertical one. Hover names the configuration under the mouse; a click picks it (`sigPicked`).
 
 The x axis holds log10(bytes) and labels its ticks in bytes ("48.0 MiB"), so that every item (points, frontier,
-budget line) is placed in the same plain coordinates.
+budget line) is placed in the same plain coordinates. The y axis shows the range where the choice is made: up to
+OFF_SCALE times the tolerance, or the frontier's worst point if higher; a configuration that loses more sits on
+the top edge as a triangle (its hover card gives its loss). The frontier's points carry short names.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import math
 import pyqtgraph as pg
 from PySide6.QtCore import QPointF, Qt, Signal
 
+from kvviz.engine.strategies import get
+from kvviz.errors import OptionError
 from kvviz.files import frontier
 from kvviz.files.sweep import Configuration, Sweep
 from kvviz.present import UNKNOWN, counted, number, size
@@ -28,6 +32,7 @@ PICK_PX = 14  # a hover or a click within this many pixels of a point is on it
 BUDGET_SPAN_DECADES = 2.0  # the budget widens the x range to show its line when it lies this close to the points
 LOG2 = math.log10(2)
 MAX_TICKS = 8  # on the memory axis
+OFF_SCALE = 3.0  # the quality axis reaches this many times the tolerance (or the frontier's worst point)
 
 
 class BytesAxis(pg.AxisItem):
@@ -68,6 +73,7 @@ class FrontierPlot(PlotPanel):
         self.plot.addItem(self.tolerance_line, ignoreBounds=True)
         self.plot.addItem(self.budget_line, ignoreBounds=True)
         self._placed: list[tuple[int, float, float]] = []  # (index, log10 bytes, loss) of each point drawn
+        self.names: list[pg.TextItem] = []  # beside the frontier's points
         self.set_labels("perplexity change (%)", "cache memory at the target (bytes, log scale)")
 
     # -- what is drawn -------------------------------------------------------------------------------------
@@ -90,6 +96,7 @@ class FrontierPlot(PlotPanel):
             for item in (self.points, self.ring):
                 item.setData([])
             self.frontier_line.setData([], [])
+            self._name_frontier(sweep, [])
             self.tolerance_line.setVisible(False)
             self.budget_line.setVisible(False)
             self.update_legend()
@@ -98,18 +105,22 @@ class FrontierPlot(PlotPanel):
         self.set_axis_label("left", "mean KL divergence from the exact cache (nats)" if kl else
                             "perplexity change (%)")
         index = {id(c): i for i, c in enumerate(sweep.configurations)}
-        self._placed = [(index[id(c)], math.log10(max(1, frontier.memory(c))), self.loss_in_units(sweep, c))
-                        for c in frontier.placed(sweep)]
+        tolerance = sweep.question.tolerance.value * (1.0 if kl else 100.0)
+        line = frontier.frontier(sweep)
+        top = max([OFF_SCALE * tolerance] + [self.loss_in_units(sweep, c) for c in line])
+        self._placed = [(index[id(c)], math.log10(max(1, frontier.memory(c))),
+                         min(self.loss_in_units(sweep, c), top)) for c in frontier.placed(sweep)]
+        above = {index[id(c)] for c in frontier.placed(sweep) if self.loss_in_units(sweep, c) > top}
         speeds = self._speeds()
         spots = [{"pos": (x, y), "data": i, "brush": pg.mkBrush(self._speed_colour(speeds, i)),
+                  "symbol": "t1" if i in above else "o",
                   "pen": pg.mkPen(self.palette_.background, width=1)} for i, x, y in self._placed]
         self.points.setData(spots)
-        line = frontier.frontier(sweep)
         self.frontier_line.setData([math.log10(max(1, frontier.memory(c))) for c in line],
                                    [self.loss_in_units(sweep, c) for c in line])
+        self._name_frontier(sweep, line)
         ringed = [(x, y) for i, x, y in self._placed if i == selected]
         self.ring.setData([{"pos": p} for p in ringed])
-        tolerance = sweep.question.tolerance.value * (1.0 if kl else 100.0)
         self.tolerance_line.setPos(tolerance)
         self.tolerance_line.setVisible(True)
         budget = sweep.question.budget_bytes
@@ -118,6 +129,17 @@ class FrontierPlot(PlotPanel):
             self.budget_line.setPos(math.log10(budget))
         self._fit()
         self.update_legend()
+
+    def _name_frontier(self, sweep: Sweep, line: list[Configuration]) -> None:
+        """A short name beside each point of the frontier (what a picture without hover needs)."""
+        for label in self.names:
+            self.plot.removeItem(label)
+        self.names = []
+        for config in line:
+            label = pg.TextItem(short_name(config), color=self.palette_.foreground, anchor=(0, 1))
+            label.setPos(math.log10(max(1, frontier.memory(config))), self.loss_in_units(sweep, config))
+            self.plot.addItem(label, ignoreBounds=True)
+            self.names.append(label)
 
     def _fit(self) -> None:
         """The points, the tolerance and (when near them) the budget in view, with a margin."""
@@ -214,6 +236,18 @@ class FrontierPlot(PlotPanel):
 
     def fill_export_copy(self, copy: FrontierPlot) -> None:
         copy.show_sweep(self.sweep, self.selected)
+
+
+def short_name(config: Configuration) -> str:
+    """The strategy and the options it was given away from their defaults: "h2o budget=250", "quantized
+    backend=hqq nbits=2"."""
+    name = str(config.run.strategy.get("name", ""))
+    try:
+        defaults = {o.name: o.default for o in get(name).options}
+    except OptionError:  # a strategy this kvviz does not know (a file from another version): every option shown
+        defaults = {}
+    changed = [f"{k}={v}" for k, v in (config.run.strategy.get("options") or {}).items() if defaults.get(k) != v]
+    return " ".join([name, *changed])
 
 
 def card(sweep: Sweep, index: int) -> str:
