@@ -18,7 +18,6 @@ from pathlib import Path
 from PySide6.QtCore import QObject, QTimer, Signal
 from PySide6.QtWidgets import QHBoxLayout, QPushButton, QVBoxLayout, QWidget
 
-from kvviz.files import documents
 from kvviz.files import sweep as sweep_file
 from kvviz.files.sweep import Sweep
 from kvviz.present import clock, counted
@@ -105,20 +104,12 @@ class ChooseMode(QObject):
             self.config_panel.set_grid(entries, skipped)
 
     def _ask_document(self) -> None:
-        path = self.window.file_actions.dialogs.open_file("documents", "Open a text to choose on",
-                                                         "Text and Markdown (*.txt *.md);;All files (*)")
-        if path:
-            self.open_document(path)
+        self.document_panel.ask(self.window.file_actions.dialogs, "Open a text to choose on", self.window.show_error,
+                                "Cannot choose on this text")
 
     def open_document(self, path: str | os.PathLike) -> bool:
         """A user's .txt or .md file as the text; False (and a message saying why) when it cannot be used."""
-        try:
-            document = documents.from_file(path)
-        except documents.DocumentError as exc:
-            self.window.show_error(f"Cannot choose on this text: {exc}")
-            return False
-        self.document_panel.add_document(document)
-        return True
+        return self.document_panel.open_path(path, self.window.show_error, "Cannot choose on this text")
 
     def update_controls(self, model_ready: bool) -> None:
         """model_ready: a model is loaded and nothing else runs on the worker."""

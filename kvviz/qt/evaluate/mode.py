@@ -24,7 +24,7 @@ from pathlib import Path
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QHBoxLayout, QPushButton, QWidget
 
-from kvviz.files import documents, evaluation
+from kvviz.files import evaluation
 from kvviz.files.evaluation import EvalRun
 from kvviz.present import clock, number
 from kvviz.qt.evaluate.evaluator import Evaluator
@@ -120,20 +120,12 @@ class EvalMode(QObject):
             self.list_panel.add(picker.current(), picker.values())
 
     def _ask_document(self) -> None:
-        path = self.window.file_actions.dialogs.open_file("documents", "Open a document to evaluate on",
-                                                         "Text and Markdown (*.txt *.md);;All files (*)")
-        if path:
-            self.open_document(path)
+        self.document_panel.ask(self.window.file_actions.dialogs, "Open a document to evaluate on",
+                                self.window.show_error, "Cannot evaluate on this document")
 
     def open_document(self, path: str | os.PathLike) -> bool:
         """A user's .txt or .md file as the document; False (and a message saying why) when it cannot be used."""
-        try:
-            document = documents.from_file(path)
-        except documents.DocumentError as exc:
-            self.window.show_error(f"Cannot evaluate on this document: {exc}")
-            return False
-        self.document_panel.add_document(document)
-        return True
+        return self.document_panel.open_path(path, self.window.show_error, "Cannot evaluate on this document")
 
     def can_start(self) -> bool:
         return self.running is None and bool(self.list_panel.entries())

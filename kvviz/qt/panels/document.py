@@ -69,6 +69,23 @@ class DocumentPanel(QGroupBox):
             return
         self.select(index)
 
+    def ask(self, dialogs, title: str, show_error, refusal: str) -> None:
+        """Ask for a user's .txt or .md file (`dialogs`: the window's file dialogs) and add it (`open_path`)."""
+        path = dialogs.open_file("documents", title, "Text and Markdown (*.txt *.md);;All files (*)")
+        if path:
+            self.open_path(path, show_error, refusal)
+
+    def open_path(self, path, show_error, refusal: str) -> bool:
+        """Add a user's .txt or .md file as the text; False, and `show_error` with `refusal` and why, when it cannot
+        be used (nothing on screen changes then)."""
+        try:
+            document = documents.from_file(path)
+        except documents.DocumentError as exc:
+            show_error(f"{refusal}: {exc}")
+            return False
+        self.add_document(document)
+        return True
+
     def add_document(self, document: Document) -> None:
         """A user's file, chosen at once (opened again: the list's entry is refreshed)."""
         same = next((i for i, d in enumerate(self._documents) if d.source == document.source), None)
