@@ -174,15 +174,11 @@ def show_kept_sweep(result, path: Path, as_json: bool) -> None:
 
 
 def _finish(result, out: Path | None, as_json: bool) -> None:
-    from kvviz.files.sweep_report import write_report
+    from kvviz.files.sweep_report import keep
 
     show_sweep(result, as_json)
     if out is None:
         return
-    from kvviz.files.sweep import write_csv
-
-    result.save(out / "sweep.json")
-    write_csv(result, out / "sweep.csv")
     figures = {}
     try:
         from kvviz.qt.tools.figures import render_frontier  # Qt only here, and only to draw
@@ -192,9 +188,8 @@ def _finish(result, out: Path | None, as_json: bool) -> None:
         from kvviz.errors import failure
 
         common.log(f"the frontier picture was not drawn: {failure('drawing the frontier', exc)}")
-    write_report(result, out / "report.md", figures)
-    common.log(f"wrote {out / 'sweep.json'}, sweep.csv, report.md" + (", frontier.png and frontier.svg"
-                                                                        if figures else ""))
+    written = keep(result, out, figures)
+    common.log(f"wrote {', '.join(path.name for path in written)} in {out}")
 
 
 def _json(result, said) -> dict:
@@ -233,7 +228,8 @@ class Progress:
         self.said = time.monotonic()
         done, total = self.run.progress()
         left, complete = self.run.seconds_left()
-        time_left = "" if left is None else f", {'about' if complete else 'at least'} {clock(left)} left"
+        known = left is not None and (complete or left >= 1)  # a bound of nothing says nothing
+        time_left = f", {'about' if complete else 'at least'} {clock(left)} left" if known else ""
         common.log(f"{done / total:.0%} of the predictions made{time_left}")
 
 

@@ -120,3 +120,12 @@ def markdown(sweep: Sweep, figures: dict[str, Path] | None = None) -> str:
 
 def write_report(sweep: Sweep, path: Path, figures: dict[str, Path] | None = None) -> Path:
     return write_atomic(path, markdown(sweep, figures).encode("utf-8"))
+
+
+def keep(sweep: Sweep, folder: Path, figures: dict[str, Path]) -> list[Path]:
+    """A sweep as `kvviz choose --out` and the window keep it, in `folder`: sweep.json (kvviz-sweep), sweep.csv and
+    report.md, which shows `figures` (the frontier picture, drawn by the caller: {"png": path, "svg": path})."""
+    from kvviz.files.sweep import write_csv
+
+    return [sweep.save(folder / "sweep.json"), write_csv(sweep, folder / "sweep.csv"),
+            write_report(sweep, folder / "report.md", figures), *figures.values()]

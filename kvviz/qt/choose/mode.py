@@ -18,7 +18,7 @@ from pathlib import Path
 from PySide6.QtCore import QObject, QTimer, Signal
 from PySide6.QtWidgets import QHBoxLayout, QPushButton, QVBoxLayout, QWidget
 
-from kvviz.files import sweep as sweep_file
+from kvviz.files import sweep_report
 from kvviz.files.sweep import Sweep
 from kvviz.present import clock, counted
 from kvviz.qt.choose.panel import DEFAULT_TOKENS, ConfigurationsPanel, QuestionPanel
@@ -202,18 +202,18 @@ class ChooseMode(QObject):
         return sweep
 
     def save(self, folder: str | os.PathLike) -> list[Path]:
-        """The sweep on screen as `kvviz choose --out` keeps it: sweep.json (kvviz-sweep), sweep.csv, and the
-        frontier picture as frontier.png and frontier.svg."""
+        """The sweep on screen as `kvviz choose --out` keeps it (`sweep_report.keep`): sweep.json (kvviz-sweep),
+        sweep.csv, report.md and the frontier picture as frontier.png and frontier.svg."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        written = [self.sweep.save(folder / "sweep.json"), sweep_file.write_csv(self.sweep, folder / "sweep.csv")]
         plot = self.view.frontier_plot
+        figures = {}
         if plot.has_data():
             png = folder / "frontier.png"
             if not plot.export_image().save(str(png)):
                 raise OSError(f"could not write {png}")
-            written += [png, plot.export_svg(folder / "frontier.svg")]
-        return written
+            figures = {"png": png, "svg": plot.export_svg(folder / "frontier.svg")}
+        return sweep_report.keep(self.sweep, folder, figures)
 
     # -- drawing --------------------------------------------------------------------------------------
 
