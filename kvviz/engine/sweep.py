@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from kvviz.engine import machine
-from kvviz.engine.evaluate import Evaluation, evaluate_together
+from kvviz.engine.evaluate import Evaluation, evaluate_together, prompt_tokens
 from kvviz.engine.fidelity import ReferenceStream
 from kvviz.engine.geometry import Geometry
 from kvviz.engine.models import LoadedModel
@@ -48,7 +48,8 @@ DECODE_STEPS = 8  # decode steps timed alone after the text, per configuration (
 def default_grid(model, tokens: int) -> tuple[list[StrategyChoice], list[str]]:
     """The configurations a sweep of `tokens` tokens tries by default, and why others were left out: the exact
     cache; each quantized backend installed at int8, int4 and int2 where it has them; a sliding window, attention
-    sinks and each eviction policy keeping an eighth, a quarter and a half of the measured length."""
+    sinks and each eviction policy keeping an eighth, a quarter and a half of the measured length (but SnapKV, which
+    compresses only the first half, given as its prompt, never keeping all of it)."""
     specs: list[tuple[str, dict]] = [("dynamic", {})]
     specs += [("quantized", {"backend": backend, "nbits": nbits}) for backend, nbits in QUANTIZED]
     for fraction in FRACTIONS:
@@ -64,6 +65,10 @@ def default_grid(model, tokens: int) -> tuple[list[StrategyChoice], list[str]]:
             continue
         ok, reason = get(name).available()
         problem = reason if not ok else get(name).unsupported(model, choice.options)
+        try:
+            prompt_tokens(choice, tokens)  # SnapKV keeping half the text would keep all its prompt: a full cache
+        except OptionError as exc:
+            problem = problem or str(exc)
         if problem:
             skipped.append(f"{choice.label()}: {problem}")
         else:

@@ -167,8 +167,9 @@ def test_the_default_grid_covers_every_strategy_family_at_three_budgets(tiny_mod
     choices, skipped = sweep.default_grid(tiny_model.model, 2000)
     names = [c.name for c in choices]
     assert names[0] == "dynamic"
-    for name in ("sliding", "sink", "h2o", "tova", "snapkv", "knorm"):
+    for name in ("sliding", "sink", "h2o", "tova", "knorm"):
         assert names.count(name) == 3, name
     assert {(c.options["backend"], c.options["nbits"]) for c in choices if c.name == "quantized"} >= {
         ("quanto", 4), ("quanto", 2), ("hqq", 8), ("hqq", 4), ("hqq", 2)}
-    assert not skipped
+    assert [c.options["budget"] for c in choices if c.name == "snapkv"] == [250, 500]  # 1,000 would keep its prompt
+    assert len(skipped) == 1 and "would never evict" in skipped[0]
