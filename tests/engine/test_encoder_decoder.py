@@ -46,7 +46,8 @@ def test_greedy_tokens_and_bytes_equal_transformers_own_encoder_decoder_cache(mo
     cache = transformers.EncoderDecoderCache(transformers.DynamicCache(), transformers.DynamicCache())
     with torch.inference_mode():
         loaded.model(input_ids=prompt, decoder_input_ids=torch.tensor([[start, *tokens[:-1]]]), cache=cache)
-    own = tensor_bytes(cache.self_attention_cache) + tensor_bytes(cache.cross_attention_cache)
+    own = (tensor_bytes(cache.self_attention_cache, loaded.model)
+           + tensor_bytes(cache.cross_attention_cache, loaded.model))
     assert steps[-1].cache_bytes == own > 0
     # cross-attention: every prompt token's keys and values in every layer, from the first step on, fixed
     cross = prompt.shape[-1] * loaded.card["cross_bytes_per_prompt_token"]

@@ -101,14 +101,14 @@ def test_a_sweep_draws_its_frontier_live_and_keeps_its_files(window, qtbot, tmp_
     assert mode.selected == smallest and mode.view.curves.isVisibleTo(window)
     for curves in mode.view.curve_plots:
         assert curves.has_data() and len(curves.curve.getData()[0]) > 0
-    perplexity = mode.view.curve_plots[0].curve.getData()[1]
+    perplexity = mode.view.curve_plots[0].curve.yData  # the data drawn (on a log axis: getData gives its log10)
     assert math.isclose(perplexity[-1], sweep.configurations[smallest].summary()["perplexity"], rel_tol=1e-6)
     assert table.row_text(table.currentRow())[0] == sweep.configurations[smallest].run.strategy["name"]
 
     # File > Save sweep: the sweep file, the CSV and the picture; it opens again into the mode
     actions = window.file_actions
     written = actions.save_sweep(tmp_path / "kept")
-    assert sorted(p.name for p in written) == ["frontier.png", "frontier.svg", "sweep.csv", "sweep.json"]
+    assert sorted(p.name for p in written) == ["frontier.png", "frontier.svg", "report.md", "sweep.csv", "sweep.json"]
     with open(tmp_path / "kept" / "sweep.csv", encoding="utf-8") as f:
         assert len(list(csv.DictReader(f))) == 3
     window.set_mode(0)
