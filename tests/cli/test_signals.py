@@ -39,7 +39,7 @@ def test_signal_mid_run_keeps_the_partial_trace(tmp_path, signum, status):
     assert not list(tmp_path.glob("*.part"))
 
 
-@pytest.mark.parametrize("delay", [0.2, 0.3, 0.4, 0.5, 0.7, 1.0, 1.5, 2.0])
+@pytest.mark.parametrize("delay", [0.2, 0.4, 0.7, 1.0, 1.5])  # the phases of torch's and the model's loading
 def test_ctrl_c_while_starting_exits_quietly(tmp_path, delay):
     proc = start(*LONG_RUN, "--trace", str(tmp_path / "t.json"))
     time.sleep(delay)  # while torch and the model load
