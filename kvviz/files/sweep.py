@@ -137,12 +137,6 @@ class Configuration:
     def finished(self) -> bool:
         return self.run.status == "finished" and bool(self.run.records)
 
-    @property
-    def exact(self) -> bool:
-        """The exact cache: every prediction the reference's own (it is the reference, or keeps every token in
-        full precision and agreed on all of them with no divergence)."""
-        return bool(self.kl) and max(self.kl) == 0.0 and all(self.top1)
-
     def summary(self) -> dict[str, Any]:
         s = self.run.summary()
         n = len(self.kl)
