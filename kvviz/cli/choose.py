@@ -43,7 +43,7 @@ def add_parser(subparsers) -> None:
     text.add_argument("--text", type=Path, metavar="FILE", help="a .txt or .md file of UTF-8 text")
     text.add_argument("--builtin", metavar="NAME", help="a text shipped with kvviz (default: alice)")
     text.add_argument("--conversation", type=Path, metavar="FILE",
-                      help="a kept conversation (kvviz chat --out), read as its messages one after another")
+                      help="a kept conversation (kvviz chat --trace), read as its messages one after another")
     parser.add_argument("--tokens", type=int, metavar="N",
                         help=f"measure the text's first N tokens (default {TOKENS:,}, or all of a shorter text)")
     parser.add_argument("--context", type=int, metavar="N",
@@ -53,8 +53,8 @@ def add_parser(subparsers) -> None:
                         help="sequences held at once at that context, e.g. concurrent users (default 1)")
     parser.add_argument("--budget", default="free", metavar="SIZE",
                         help=f"memory for the cache: {BUDGET_FORMS} (the default)")
-    parser.add_argument("--tolerance", default="5%", metavar="T", help=f"quality you accept to lose: {TOLERANCE_FORMS} "
-                        "(default 5%%)")
+    parser.add_argument("--tolerance", default="5%", metavar="T", help="quality you accept to lose: "
+                        + TOLERANCE_FORMS.replace("%", "%%") + " (default 5%%)")  # argparse formats help with %
     parser.add_argument("--configs", metavar="LIST",
                         help="comma-separated configurations to try, as --strategies of kvviz eval (default: every "
                         "strategy available here at sensible settings; the exact cache is always added)")

@@ -83,7 +83,7 @@ def from_file(path: str | os.PathLike) -> Document:
 
 
 def from_conversation(path: str | os.PathLike) -> Document:
-    """A kept conversation (`kvviz chat --out`, a kvviz-conversation file) as one text: its system prompt and
+    """A kept conversation (`kvviz chat --trace`, a kvviz-conversation file) as one text: its system prompt and
     messages in order, each as "role: content" on its own paragraph (the words said, not a chat template)."""
     from kvviz.files.conversation import FILE_FORMAT
     from kvviz.files.jsonfile import KeptFileError

@@ -93,3 +93,15 @@ def test_ctrl_c_keeps_the_configurations_that_finished(tmp_path, monkeypatch):
     kept = read_kept(tmp_path / "sweep.json")
     assert kept.cancelled and kept.configurations[0].finished
     assert [c.status for c in kept.configurations[1:]] == ["cancelled", "cancelled"]
+
+
+def test_a_kept_conversation_is_read_as_its_messages(tmp_path):
+    script, kept = tmp_path / "chat.txt", tmp_path / "chat.json"
+    script.write_text("Tell me about the rabbit.\nAnd the queen?\n")
+    chat = kvviz("chat", "--model", "tiny", "--script", script, "--max-new-tokens", "8", "--trace", kept)
+    assert chat.returncode == 0, chat.stderr
+    ran = kvviz(*BASE, "--conversation", kept, "--configs", "sink:sink_tokens=4:window=8", "--json")
+    assert ran.returncode in (0, 3), ran.stderr
+    assert json.loads(ran.stdout)["document"] == "chat.json"
+    refused = kvviz(*BASE, "--conversation", script)
+    assert refused.returncode == 2 and "chat.txt" in refused.stderr and "Traceback" not in refused.stderr

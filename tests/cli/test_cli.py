@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from kvviz.cli.main import COMMANDS
 from kvviz.files import trace
 from tests.commands import kvviz, kvviz_process
 
@@ -168,3 +169,12 @@ def test_one_form_for_a_strategy_with_options_everywhere():
                 "--max-new-tokens", "2", "--no-trace", "--json")
     assert ran.returncode == 0, ran.stderr
     assert json.loads(ran.stdout)["strategy"]["options"] == {"sink_tokens": 2, "window": 8}
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_command_explains_itself(command):
+    """`kvviz COMMAND --help` prints its usage and exits 0 (argparse formats each help text with %: a stray % in one
+    would make it a traceback)."""
+    ran = kvviz(command, "--help")
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.startswith(f"usage: kvviz {command}") and "Traceback" not in ran.stderr
