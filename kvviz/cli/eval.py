@@ -105,9 +105,11 @@ def command(args) -> int:
             for e in evaluations:
                 if e.started and not e.result.error and len(e.result.records) < e.ids.shape[-1] - 1:
                     e.result.cancelled = True
-            for e, journal in zip(evaluations, kept, strict=False):  # what came since, and how each ended
-                if not journal.ended:
-                    journal.update(end=e.finished)
+        # what came since, and how each ended; also for an evaluation that yielded nothing here (a resumed exact
+        # cache whose journal already held every record only rebuilds its cache), whose journal must still go
+        for e, journal in zip(evaluations, kept, strict=False):
+            if not journal.ended:
+                journal.update(end=e.finished)
         progress.clear()
         rows.show(rows.ready(final=True))
         files = _save(evaluations, kept, out, keep_journals=interrupted is not None) if out else {}
