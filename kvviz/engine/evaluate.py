@@ -285,18 +285,19 @@ class Evaluation:
     def take(self, start: int, logits: torch.Tensor, wall_ms: float) -> list[TokenRecord]:
         """Record the predictions of the tokens fed from `start`, given their logits ``[n, vocab]`` and the time
         per prediction, with the cache measured as the forward left it. Raises if a prediction is not finite."""
-        nll = self._nll(logits, start)
+        with torch.inference_mode():
+            logprobs = torch.log_softmax(logits.float(), dim=-1)  # read by the NLL and the comparison alike
+        nll = self._nll(logprobs, start)
         if self.reference is not None:
-            kl, agree = divergence(self.reference.logprobs(start, logits.shape[0]), logits)
+            kl, agree = divergence(self.reference.logprobs(start, logits.shape[0]), logprobs)
             self.kl += kl
             self.top1 += agree
         return self._record(start, nll, wall_ms)
 
-    def _nll(self, logits: torch.Tensor, start: int) -> list[float]:
-        """The NLL of the successors of the tokens fed from `start`, given their logits ``[n, vocab]``."""
+    def _nll(self, logprobs: torch.Tensor, start: int) -> list[float]:
+        """The NLL of the successors of the tokens fed from `start`, given their log-probabilities ``[n, vocab]``."""
         with torch.inference_mode():
-            logprobs = torch.log_softmax(logits.float(), dim=-1)
-            targets = self.ids[0, start + 1 : start + 1 + logits.shape[0]]
+            targets = self.ids[0, start + 1 : start + 1 + logprobs.shape[0]]
             nll = (-logprobs.gather(-1, targets[:, None])[:, 0]).tolist()
         bad = next((i for i, v in enumerate(nll) if not math.isfinite(v)), None)
         if bad is not None:

@@ -33,14 +33,14 @@ class Reference:
         started = time.perf_counter()
         logits = model_forward(self.model, fed, self.cache, position_ids=None)[:, -1, :]
         ref = torch.log_softmax(logits.float(), dim=-1)
-        kl, agree = divergence(ref, run_logits)
+        kl, agree = divergence(ref, torch.log_softmax(run_logits.float(), dim=-1))
         logprob = float(ref[0, token])
         return kl[0], agree[0], logprob, (time.perf_counter() - started) * 1000.0
 
 
-def divergence(reference_logprobs: torch.Tensor, run_logits: torch.Tensor) -> tuple[list[float], list[bool]]:
-    """Per row of ``[n, vocab]``: KL(reference || run) in nats, and whether their most likely tokens agree."""
-    run = torch.log_softmax(run_logits.float(), dim=-1)
+def divergence(reference_logprobs: torch.Tensor, run: torch.Tensor) -> tuple[list[float], list[bool]]:
+    """Per row of two ``[n, vocab]`` float32 log-probabilities: KL(reference || run) in nats, and whether their most
+    likely tokens agree."""
     kl = (reference_logprobs.exp() * (reference_logprobs - run)).sum(dim=-1).clamp_min(0.0)
     agree = reference_logprobs.argmax(dim=-1) == run.argmax(dim=-1)
     return kl.tolist(), agree.tolist()
