@@ -128,14 +128,16 @@ class SweepRun:
         for choice in with_reference(choices):
             try:
                 evaluation = Evaluation(loaded, choice, token_ids, document, cancel=self._cancel)
-                run = evaluation.result
+                # the configuration holds the evaluation's own records and comparisons, filled as it reads
+                config = Configuration(evaluation.result, evaluation.kl, evaluation.top1)
             except OptionError as exc:
                 evaluation = None
-                run = EvalRun(dict(loaded.card), {"name": choice.name, "options": dict(choice.options)},
-                              dict(document), {"mode": "token-by-token", "chunk": 1},
-                              error=failure(f"{choice.label()} in the sweep", exc))
+                refused = EvalRun(dict(loaded.card), {"name": choice.name, "options": dict(choice.options)},
+                                  dict(document), {"mode": "token-by-token", "chunk": 1},
+                                  error=failure(f"{choice.label()} in the sweep", exc))
+                config = Configuration(refused)
             self.evaluations.append(evaluation)
-            self.sweep.configurations.append(Configuration(run))
+            self.sweep.configurations.append(config)
         if self.evaluations[0] is None:
             raise OptionError(f"the exact cache cannot read this text: {self.sweep.configurations[0].run.error}")
         self.on_progress: Callable[[], None] = lambda: None  # called after every prediction (`progress` tells how far)
@@ -186,7 +188,6 @@ class SweepRun:
                 for i in group:
                     config = self.sweep.configurations[i]
                     e = self.evaluations[i]
-                    config.run, config.kl, config.top1 = e.result, e.kl, e.top1
                     config.measured_rows = len(group)
                     if not self.cancelled and not e.result.error:
                         config.decode_ms = self._decode_ms(e)
@@ -202,16 +203,14 @@ class SweepRun:
             self.sweep.speed = self._speed(time.perf_counter() - started)
 
     def _settle(self) -> None:
-        """After the sweep's end or its stop: each configuration holds what its evaluation measured, as many
-        comparisons as predictions (a stop may fall between the two), and one that did not read the whole text
-        says it was cancelled."""
+        """After the sweep's end or its stop: each configuration holds as many comparisons as predictions (a stop
+        may fall between the two), and one that did not read the whole text says it was cancelled."""
         self.sweep.cancelled = self.cancelled
-        for config, e in zip(self.sweep.configurations, self.evaluations, strict=True):
+        for e in self.evaluations:
             if e is None:
                 continue
             kept = min(len(e.result.records), len(e.kl))
             del e.result.records[kept:], e.kl[kept:], e.top1[kept:]
-            config.run, config.kl, config.top1 = e.result, e.kl, e.top1
             if kept < e.predictions and not e.result.error:
                 e.result.cancelled = True
 
