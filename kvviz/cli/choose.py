@@ -20,8 +20,11 @@ from pathlib import Path
 
 from kvviz import interrupts
 from kvviz.cli import common
-from kvviz.errors import OptionError, UsageError
-from kvviz.files.frontier import BUDGET_FORMS, TOLERANCE_FORMS
+from kvviz.errors import OptionError, UsageError, failure
+from kvviz.files import documents, evaluation
+from kvviz.files.frontier import BUDGET_FORMS, TOLERANCE_FORMS, answer, frontier, memory, quality_loss
+from kvviz.files.sweep import csv_row
+from kvviz.files.sweep_report import COLUMNS, by_memory, cells, keep, question_text, speed_text
 from kvviz.present import clock, counted
 
 PROGRESS_S = 10.0
@@ -68,8 +71,6 @@ def add_parser(subparsers) -> None:
 
 
 def _text(args):
-    from kvviz.files import documents
-
     if args.conversation is not None:
         try:
             return documents.from_conversation(args.conversation)
@@ -81,8 +82,6 @@ def _text(args):
 
 
 def command(args) -> int:
-    from kvviz.files import evaluation
-
     problem = evaluation.token_count_problem(args.tokens)
     if problem:
         raise UsageError(f"--tokens: {problem}")
@@ -118,7 +117,7 @@ def command(args) -> int:
     run = sweep.SweepRun(loaded, configs, ids, record, question, rows=args.rows or sweep.ROWS,
                          quantized_alone=args.quantized_alone)
     common.log(f"{loaded.card['name']}, text {document.name}, {counted(len(ids), 'token')}, "
-               f"{counted(len(run.sweep.configurations), 'configuration')}; target: {_question(run.sweep)}")
+               f"{counted(len(run.sweep.configurations), 'configuration')}; target: {question_text(run.sweep)}")
     table = Table(run.sweep, args.json)
     run.on_progress = Progress(run).update
     interrupted = None
@@ -131,71 +130,54 @@ def command(args) -> int:
         result = run.sweep
         for config in result.configurations:  # those that did not finish: their rows say so
             table.show(config)
-        _finish(result, out, args.json)
+        said = _finish(result, out, args.json)
     if interrupted is not None:
         raise interrupted
-    from kvviz.files.frontier import answer
-
-    return 0 if answer(result).met else NOT_MET
+    return 0 if said.met else NOT_MET
 
 
-def _question(result) -> str:
-    from kvviz.files.sweep_report import question_text
-
-    return question_text(result)
-
-
-def show_sweep(result, as_json: bool) -> None:
-    """The sweep's speed, answer and frontier on stdout (or all of it as JSON)."""
-    from kvviz.files.frontier import answer, frontier, memory
-    from kvviz.files.sweep_report import speed_text
-
+def show_sweep(result, as_json: bool):
+    """The sweep's speed, answer and frontier on stdout (or all of it as JSON); returns the answer."""
     said = answer(result)
     if as_json:
         print(json.dumps(_json(result, said), indent=2, allow_nan=False))
-        return
+        return said
     print(f"\n{speed_text(result)}.")
     print("\n" + "\n".join(said.sentences))
     print("\n".join(said.caveats))
     print("frontier (no other configuration is both smaller at the target and better): "
           + "; ".join(f"{c.label} {memory(c):,} B" for c in frontier(result)))
+    return said
 
 
 def show_kept_sweep(result, path: Path, as_json: bool) -> None:
     """`kvviz trace` of a kept sweep: every configuration by memory at the target, then the answer."""
-    from kvviz.files.sweep_report import by_memory
-
     if not as_json:
-        print(f"{path}: {result.model.get('name')} on {result.document.get('name')}; {_question(result)}")
+        print(f"{path}: {result.model.get('name')} on {result.document.get('name')}; {question_text(result)}")
     table = Table(result, as_json)
     for config in by_memory(result):
         table.show(config)
     show_sweep(result, as_json)
 
 
-def _finish(result, out: Path | None, as_json: bool) -> None:
-    from kvviz.files.sweep_report import keep
-
-    show_sweep(result, as_json)
+def _finish(result, out: Path | None, as_json: bool):
+    """Show the sweep and keep it in `out` (None: nowhere); returns its answer."""
+    said = show_sweep(result, as_json)
     if out is None:
-        return
+        return said
     figures = {}
     try:
         from kvviz.qt.tools.figures import render_frontier  # Qt only here, and only to draw
 
         figures = render_frontier(result, out)
     except Exception as exc:  # noqa: BLE001 - the sweep and its table are kept whatever the drawing does
-        from kvviz.errors import failure
-
         common.log(f"the frontier picture was not drawn: {failure('drawing the frontier', exc)}")
     written = keep(result, out, figures)
     common.log(f"wrote {', '.join(path.name for path in written)} in {out}")
+    return said
 
 
 def _json(result, said) -> dict:
-    from kvviz.files.frontier import frontier, quality_loss
-    from kvviz.files.sweep import csv_row
-
     rows = []
     for config in result.configurations:
         row = csv_row(result, config)
@@ -237,8 +219,6 @@ class Table:
     """The configurations' rows on stdout, each once, as soon as it has finished (or, at the end, as it stands)."""
 
     def __init__(self, result, as_json: bool):
-        from kvviz.files.sweep_report import COLUMNS
-
         self.result = result
         self.as_json = as_json
         self.shown: set[int] = set()
@@ -248,8 +228,6 @@ class Table:
             print(" | ".join(self.titles[k] for k in self.keys), flush=True)
 
     def show(self, config) -> None:
-        from kvviz.files.sweep_report import cells
-
         if id(config) in self.shown or self.as_json:
             return
         self.shown.add(id(config))
