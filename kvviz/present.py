@@ -92,6 +92,11 @@ def percent(share: float | None, digits: int = 0) -> str:
     return UNKNOWN if share is None else f"{share * 100:.{digits}f}%"
 
 
+def change(share: float | None) -> str:
+    """A relative change with its sign: `change(0.031)` -> "+3.1 %", `change(-0.002)` -> "-0.2 %"; None -> UNKNOWN."""
+    return UNKNOWN if share is None else f"{100 * share:+.1f} %"
+
+
 def strategy_label(strategy: Mapping[str, Any] | None) -> str:
     """A trace's strategy as one line: "sink (sink_tokens=4, window=60)"."""
     strategy = strategy or {}

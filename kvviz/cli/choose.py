@@ -155,8 +155,8 @@ def show_kept_sweep(result, path: Path, as_json: bool) -> None:
     if not as_json:
         print(f"{path}: {result.model.get('name')} on {result.document.get('name')}; {question_text(result)}")
     table = Table(result, as_json)
-    for config in by_memory(result):
-        table.show(config)
+    for index in by_memory(result):
+        table.show(result.configurations[index])
     show_sweep(result, as_json)
 
 

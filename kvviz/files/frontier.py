@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from kvviz import present
 from kvviz.errors import OptionError
 from kvviz.files.sweep import Configuration, Sweep, Tolerance
 from kvviz.present import counted, percent, size
@@ -87,7 +88,7 @@ def loss_text(sweep: Sweep, config: Configuration) -> str:
     change = perplexity_change(sweep, config)
     parts = []
     if change is not None:
-        parts.append(f"perplexity {'+' if change >= 0 else ''}{100 * change:.1f} %")
+        parts.append(f"perplexity {present.change(change)}")
     if s["mean_kl"] is not None:
         parts.append(f"KL {s['mean_kl']:.3g} nats")
     if s["top1"] is not None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from kvviz.files.frontier import answer, frontier, loss_text, memory, perplexity_change
 from kvviz.files.jsonfile import write_atomic
 from kvviz.files.sweep import Configuration, Sweep
-from kvviz.present import UNKNOWN, clock, counted, percent, perplexity, size
+from kvviz.present import UNKNOWN, change, clock, counted, percent, perplexity, size
 
 # (key, title): the columns of a sweep's table, in order
 COLUMNS = (
@@ -28,20 +28,22 @@ COLUMNS = (
 
 
 def longest_text(config: Configuration) -> str:
+    """The longest context one sequence reaches in the budget: "no limit" for a cache of bounded size that no
+    position limit stops (attention sinks), and "(all positions)" where the model's context stops it first."""
     target = config.target
     if target is None or target.per_sequence_bytes is None:
         return UNKNOWN
     if target.longest_limit == "none":
-        return "any (bounded)"
+        return "no limit"
     if target.longest_context is None:
         return UNKNOWN
     return f"{target.longest_context:,}" + (" (all positions)" if target.longest_limit == "context" else "")
 
 
 def cells(sweep: Sweep, config: Configuration) -> dict[str, str]:
-    """A configuration's row, written: unknown values as UNKNOWN, never 0."""
+    """A configuration's row, written (the command line's, the report's and the window's): unknown values as
+    UNKNOWN, never 0."""
     s = config.summary()
-    change = perplexity_change(sweep, config)
     target = config.target
     measured = size(s["final_cache_bytes"])
     checked = target.predicted_at_measured if target else None
@@ -50,10 +52,10 @@ def cells(sweep: Sweep, config: Configuration) -> dict[str, str]:
     return {
         "configuration": config.label,
         "perplexity": perplexity(s["perplexity"]),
-        "change": UNKNOWN if change is None else f"{'+' if change >= 0 else ''}{100 * change:.1f} %",
+        "change": change(perplexity_change(sweep, config)),
         "second_half": perplexity(s["second_half_perplexity"]),
         "kl": UNKNOWN if s["mean_kl"] is None else f"{s['mean_kl']:.3g}",
-        "top1": percent(s["top1"]),
+        "top1": percent(s["top1"], 1),
         "measured": measured,
         "target": size(memory(config)),
         "fit": UNKNOWN if target is None or target.sequences_in_budget is None else f"{target.sequences_in_budget:,}",
@@ -63,10 +65,12 @@ def cells(sweep: Sweep, config: Configuration) -> dict[str, str]:
     }
 
 
-def by_memory(sweep: Sweep) -> list[Configuration]:
-    """The configurations by memory at the target, smallest first; those without one last, in the sweep's order."""
-    known = sorted((c for c in sweep.configurations if memory(c) is not None), key=memory)
-    return known + [c for c in sweep.configurations if memory(c) is None]
+def by_memory(sweep: Sweep) -> list[int]:
+    """The configurations' indices by memory at the target, smallest first; those without one last, in the sweep's
+    order."""
+    configs = sweep.configurations
+    known = sorted((i for i, c in enumerate(configs) if memory(c) is not None), key=lambda i: memory(configs[i]))
+    return known + [i for i, c in enumerate(configs) if memory(c) is None]
 
 
 def question_text(sweep: Sweep) -> str:
@@ -104,8 +108,8 @@ def markdown(sweep: Sweep, figures: dict[str, Path] | None = None) -> str:
     titles = dict(COLUMNS)
     lines += ["## Every configuration, by memory at the target", "",
               "| " + " | ".join(titles[k] for k in keys) + " |", "|" + "---|" * len(keys)]
-    for config in by_memory(sweep):
-        row = cells(sweep, config)
+    for index in by_memory(sweep):
+        row = cells(sweep, sweep.configurations[index])
         lines.append("| " + " | ".join(row[k].replace("|", "/") for k in keys) + " |")
     lines += ["", "## How it was measured", "",
               f"Speed: {speed_text(sweep)}.", "",

@@ -10,7 +10,7 @@ import math
 from PySide6.QtCore import QPointF, Qt
 
 from kvviz.files import frontier
-from kvviz.qt.choose.table import order
+from kvviz.files.sweep_report import by_memory
 from kvviz.qt.controls import CHOOSE
 from tests.qt.conftest import load
 
@@ -82,7 +82,7 @@ def test_a_sweep_draws_its_frontier_live_and_keeps_its_files(window, qtbot, tmp_
 
     # the table: sorted by memory at the target, every cell known
     table = mode.view.table
-    assert table.rows == order(sweep)
+    assert table.rows == by_memory(sweep)
     memories = [frontier.memory(sweep.configurations[i]) for i in table.rows]
     assert memories == sorted(memories)
     assert all(table.row_text(r)[-1] == "finished" for r in range(3))
@@ -115,7 +115,7 @@ def test_a_sweep_draws_its_frontier_live_and_keeps_its_files(window, qtbot, tmp_
     assert actions.open_trace(tmp_path / "kept" / "sweep.json") is not None
     assert window.views.currentIndex() == CHOOSE and mode.opened
     window.redraw()
-    assert table.rows == order(mode.sweep) and len(plot._placed) == 3 and "opened from a file" in mode.header()
+    assert table.rows == by_memory(mode.sweep) and len(plot._placed) == 3 and "opened from a file" in mode.header()
 
     # a damaged sweep file: its field named, what is on screen stays
     data = json.loads((tmp_path / "kept" / "sweep.json").read_text(encoding="utf-8"))

@@ -7,9 +7,8 @@ from __future__ import annotations
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QTableWidget, QTableWidgetItem, QWidget
 
-from kvviz.files import frontier
+from kvviz.files import sweep_report
 from kvviz.files.sweep import Sweep
-from kvviz.present import UNKNOWN, number, percent, size
 
 # (title, right-aligned, tooltip)
 COLUMNS = (
@@ -30,43 +29,16 @@ OPTIONS = 1  # the options' column
 OPTIONS_CHARS = 28  # its width, in characters
 
 
-def order(sweep: Sweep) -> list[int]:
-    """The configurations' indices by memory at the target, those without one last (in the sweep's order)."""
-    configs = sweep.configurations
-    known = [i for i, c in enumerate(configs) if frontier.memory(c) is not None]
-    return sorted(known, key=lambda i: frontier.memory(configs[i])) + [i for i in range(len(configs)) if i not in known]
-
-
 def cells(sweep: Sweep, index: int, state: str) -> list[str]:
-    """A configuration's row (unknown values as –, never 0); `state` for one not finished."""
+    """A configuration's row as `kvviz choose` writes it (`sweep_report.cells`), its strategy and options apart;
+    `state` for one not finished."""
     config = sweep.configurations[index]
-    s = config.summary() if config.run.records else {}
-    target = config.target
-    change = frontier.perplexity_change(sweep, config)
+    written = sweep_report.cells(sweep, config)
     options = config.run.strategy.get("options") or {}
     status = f"{config.status}: {config.run.error}" if config.run.error else state
-    speed = s.get("decode_tokens_per_s")
-    return [
-        str(config.run.strategy.get("name", "")),
-        ", ".join(f"{k}={v}" for k, v in options.items()),
-        number(s.get("perplexity"), 2),
-        UNKNOWN if change is None else f"{'+' if change >= 0 else ''}{100 * change:.1f} %",
-        UNKNOWN if s.get("mean_kl") is None else f"{s['mean_kl']:.3g}",
-        percent(s.get("top1"), 1) if s.get("top1") is not None else UNKNOWN,
-        size(frontier.memory(config)) if frontier.memory(config) is not None else UNKNOWN,
-        UNKNOWN if target is None or target.sequences_in_budget is None else f"{target.sequences_in_budget:,}",
-        longest(target),
-        number(speed) if speed else UNKNOWN,
-        status,
-    ]
-
-
-def longest(target) -> str:
-    """The longest context one sequence reaches in the budget: "no limit" for a cache of bounded size that no
-    position limit stops (attention sinks), "–" when unknown."""
-    if target is not None and target.longest_context is None and target.longest_limit == "none":
-        return "no limit"
-    return UNKNOWN if target is None or target.longest_context is None else f"{target.longest_context:,}"
+    shared = ("perplexity", "change", "kl", "top1", "target", "fit", "longest", "decode")
+    return [str(config.run.strategy.get("name", "")), ", ".join(f"{k}={v}" for k, v in options.items()),
+            *(written[key] for key in shared), status]
 
 
 class ChooseTable(QTableWidget):
@@ -96,7 +68,7 @@ class ChooseTable(QTableWidget):
         """One row per configuration by memory at the target; `states`: each one's state in the window's words."""
         self.blockSignals(True)
         try:
-            self.rows = order(sweep) if sweep is not None else []
+            self.rows = sweep_report.by_memory(sweep) if sweep is not None else []
             self.setRowCount(len(self.rows))
             for row, index in enumerate(self.rows):
                 for column, text in enumerate(cells(sweep, index, states[index])):
