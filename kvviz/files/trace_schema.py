@@ -120,9 +120,11 @@ MODEL_CARD = Record(  # also the card of other formats' files (kvviz-eval, kvviz
         "head_dim": maybe(_COUNT),
         "layer_types": maybe(ListOf(Text(), null=True)),
         "sliding_window": maybe(Int(0, MAX_POSITIONS, null=True)),
+        "attention_chunk_size": maybe(Int(0, MAX_POSITIONS, null=True)),
         "dtype": maybe(Text(null=True)),
         "device": maybe(Text(null=True)),
         "kv_bytes_per_token": maybe(_BYTES_OR_UNKNOWN),
+        "size_rule_unknown": maybe(Text(null=True)),  # why the cache's size cannot be predicted (null: it can)
         "weight_bytes": maybe(_BYTES_OR_UNKNOWN),
         "max_position_embeddings": maybe(_COUNT),
         # per layer: what its cache keeps, the bytes one token adds to it (null: unknown), its fixed state's bytes
