@@ -240,6 +240,7 @@ CACHE_KIND_WORDS = {
     "indexed": "indexed attention (+ indexer keys)",
     "shared": "KV-shared (reads another layer's)",
     "none": "no attention",
+    "image": "cross-attention to an image",
     "attention+cross": "self-attention",
 }
 
@@ -307,6 +308,10 @@ def model_card_rows(card: Mapping[str, Any]) -> list[tuple[str, str]]:
     rows += cache_kind_rows(card)
     if card.get("sliding_window"):
         rows.append(("sliding window", f"{card['sliding_window']} tokens"))
+    if card.get("attention_chunk_size"):
+        rows.append(("attention chunk", f"{card['attention_chunk_size']} tokens"))
+    if card.get("size_rule_unknown"):
+        rows.append(("cache size", f"not predicted: {card['size_rule_unknown']}"))
     if card.get("weights"):
         rows.append(("weights", str(card["weights"])))
     return rows

@@ -129,7 +129,9 @@ class Snapshot:
 
 
 def _number(text: Any) -> Any:
-    """Labels are strings; numeric ones ("128", "46592", "True") become numbers and booleans."""
+    """Labels are strings; numeric ones ("128", "46592", "True") become numbers and booleans, vLLM's "None" null."""
+    if text == "None":
+        return None
     if not isinstance(text, str):
         return text
     if text in ("True", "False", "true", "false"):

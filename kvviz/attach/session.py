@@ -8,7 +8,8 @@ File layout (``"format": "kvviz-attach"``, ``"version": 1``)::
      "errors": [[t, message]...], "events": [[t, message]...], "summary": {...}}
 
 Points (usage in tokens and bytes, rates, percentiles) are derived again from the snapshots on
-load, so the file keeps raw measurements only and a later kvviz can derive more from them.
+load, so the file keeps raw measurements and a later kvviz can derive more from them; the summary it
+keeps beside them must agree with them.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from kvviz.attach.metrics import Deriver, Histogram, Point, Snapshot, allocated_
 from kvviz.files.jsonfile import KeptFileError, write_json
 from kvviz.files.schema import (
     MAX_BYTES,
+    Either,
     FileFormat,
+    Flag,
     Int,
     Json,
     ListOf,
@@ -198,12 +201,30 @@ def from_dict(data: Any, source: str = "session") -> Session:
 
 # -- the file's schema ----------------------------------------------------------------------------------
 
-# vllm:cache_config_info labels: text, numbers, true/false; the two kvviz computes with are numbers
+# vllm:cache_config_info labels, as `metrics.parse` keeps them: numbers, true/false, text, null for vLLM's "None"
+# (older kvviz kept the text "None"). Those vLLM writes are declared; others a later vLLM adds are plain values.
+_NUMBER_LABELS = (
+    "block_size", "cache_hit_alignment_tokens", "cpu_offload_gb", "effective_attention_block_size",
+    "gpu_memory_utilization", "hash_block_size", "kv_cache_max_concurrency", "kv_offloading_size", "mamba_block_size",
+    "mamba_page_size_padded", "num_cpu_blocks", "num_gpu_blocks", "num_gpu_blocks_override",
+    "prefix_cache_retention_interval", "prefix_match_unit", "replayssm_buffer_len", "skip_page_size_padded",
+    "sliding_window", "swap_space",
+)
+_FLAG_LABELS = (
+    "_block_size_resolved", "calculate_kv_scales", "enable_mamba_shared_prefix_checkpoint", "enable_prefix_caching",
+    "is_attention_free", "kv_sharing_fast_prefill", "sliding_window_only", "swa_bounded_replay", "use_kda_recoverssm",
+    "use_replayssm", "user_specified_block_size",
+)
+_TEXT_LABELS = (
+    "cache_dtype", "kv_cache_dtype_skip_layers", "kv_cache_layout", "kv_offloading_backend", "mamba_cache_dtype",
+    "mamba_cache_mode", "mamba_ssm_cache_dtype", "prefix_caching_hash_algo",
+)
 _LABELS = Record(
-    {
-        "kv_cache_size_tokens": maybe(Number(0, null=True, what="a number of tokens")),
-        "kv_cache_memory_bytes": maybe(Number(0, null=True, what="a byte count")),
-    },
+    {name: maybe(Either(Number(null=True), Text(("None",)))) for name in _NUMBER_LABELS}
+    | {name: maybe(Flag(null=True)) for name in _FLAG_LABELS}
+    | {name: maybe(Text(null=True)) for name in _TEXT_LABELS}
+    | {"kv_cache_size_tokens": maybe(Number(0, null=True, what="a number of tokens")),  # what kvviz computes with
+       "kv_cache_memory_bytes": maybe(Number(0, null=True, what="a byte count"))},
     extra=Json(depth=0),
     what="an object of the server's cache labels",
 )
@@ -333,7 +354,7 @@ _SESSION = Record(
         "load": optional(_LOAD),
         "errors": optional(_NOTES, []),
         "events": optional(_NOTES, []),
-        "summary": optional(Json(depth=3)),  # derived again from the snapshots on load
+        "summary": optional(Json(depth=3)),  # what the snapshots give: checked against them (`FileFormat.summary`)
     },
     rules=(_in_order("snapshots", "t"),),
 )
@@ -380,4 +401,5 @@ FILE_FORMAT = FileFormat(
     build=_build,
     error=SessionError,
     hints={"kvviz-trace": " (it is a local-run trace: open it with `kvviz trace`)"},
+    summary=Session.summary,
 )

@@ -378,7 +378,7 @@ class Decoder:
         """The token an encoder-decoder's decoder starts from (T5: the pad token; BART: the end-of-sequence one)."""
         start = self.model.generation_config.decoder_start_token_id
         if start is None:
-            start = self.model.config.decoder_start_token_id
+            start = getattr(self.model.config, "decoder_start_token_id", None)
         if start is None:
             raise OptionError("this encoder-decoder's config names no decoder_start_token_id, the token its decoder "
                               "starts from; set it in the model's generation_config.json")

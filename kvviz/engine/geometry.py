@@ -43,6 +43,9 @@ CACHE_KINDS = {
 # kinds with keys and values
 KEEPS_TOKENS = ("attention", "sliding", "indexed", "state+attention", "state+sliding", "attention+cross")
 HAS_STATE = ("state", "state+attention", "state+sliding")  # kinds with a fixed-size state
+# every kind kvviz has a size rule for: those above, KV-shared layers, layers without attention, and cross-attention
+# layers of an image model, which keep nothing of a text's tokens
+KNOWN_KINDS = (*KEEPS_TOKENS, *HAS_STATE, "shared", "none", "image")
 
 
 def text_config(config):
@@ -65,26 +68,38 @@ def decoder_shape(config) -> tuple[int, int, int]:
     num_heads, d_kv; BART decoder_layers, decoder_attention_heads)."""
     layers = getattr(config, "num_decoder_layers", None) or getattr(config, "decoder_layers", None)
     heads = getattr(config, "decoder_attention_heads", None) or config.num_attention_heads
-    head_dim = getattr(config, "d_kv", None) or config.d_model // heads
+    head_dim = getattr(config, "d_kv", None) or (getattr(config, "d_model", None) or config.hidden_size) // heads
     return layers or config.num_hidden_layers, heads, head_dim
 
 
 def cache_kinds(config) -> list[str]:
-    """Per decoder layer, what its cache layer keeps (`CACHE_KINDS`), as transformers' DynamicCache builds it."""
+    """Per decoder layer, what its cache layer keeps (`CACHE_KINDS`), as transformers' DynamicCache builds it; a
+    layer type kvviz does not know keeps transformers' name (`Geometry.unknown` then says so)."""
+    return [kind for kind, _ in cache_layers(config)]
+
+
+def cache_layers(config) -> list[tuple[str, int | None]]:
+    """Per decoder layer: its kind (`cache_kinds`) and the window its cache layer keeps, None where it keeps every
+    token. transformers caches a chunked-attention layer (Llama 4) as a sliding one whose window is the attention
+    chunk (`attention_chunk_size`): it keeps the last chunk - 1 tokens, as a sliding layer keeps window - 1."""
     from transformers.cache_utils import get_layer_types_and_kwargs
 
     if config.is_encoder_decoder:
-        return ["attention+cross"] * decoder_shape(config)[0]
+        return [("attention+cross", None)] * decoder_shape(config)[0]
     text = text_config(config)
-    types, _ = get_layer_types_and_kwargs(text)
+    types, kwargs = get_layer_types_and_kwargs(text)
     declared = layer_types(config)
-    kinds = []
-    for cache_type, declared_type in zip(types, declared, strict=False):
+    cross = set(getattr(text, "cross_attention_layers", None) or ())
+    layers = []
+    for i, (cache_type, declared_type, options) in enumerate(zip(types, declared, kwargs, strict=False)):
         if cache_type == "dummy" and declared_type in ("moe", "mlp"):
-            kinds.append("none")
+            kind = "none"
+        elif i in cross:  # Mllama's: they attend to an image's keys and values, none of a text's own tokens
+            kind = "image"
         else:
-            kinds.append(CACHE_KINDS.get(cache_type, cache_type))
-    return kinds
+            kind = CACHE_KINDS.get(cache_type, cache_type)
+        layers.append((kind, options.get("sliding_window") if kind.endswith("sliding") else None))
+    return layers
 
 
 # transformers' PyTorch implementations of every linear-attention and state-space mixer (gated DeltaNet, Kimi delta
@@ -141,12 +156,37 @@ def state_elements(config) -> tuple[int, int] | None:
         return (inner + 2 * groups * c.mamba_d_state) * c.mamba_d_conv, heads * head_dim * c.mamba_d_state
     if c.model_type == "recurrent_gemma":  # RG-LRU: conv1d_width - 1 columns convolved, one state per channel
         return c.lru_width * (c.conv1d_width - 1), c.lru_width
-    if c.model_type == "mamba":
+    if get("mamba_num_heads") and get("ssm_state_size"):  # Mamba-2 mixers named so (Nemotron-H)
+        inner = c.mamba_num_heads * c.mamba_head_dim
+        conv = (inner + 2 * c.n_groups * c.ssm_state_size) * c.conv_kernel
+        return conv, inner * c.ssm_state_size
+    if c.model_type in ("mamba", "falcon_mamba"):
         return c.intermediate_size * c.conv_kernel, c.intermediate_size * c.state_size
     if c.model_type == "mamba2":
         inner = int(c.expand * c.hidden_size)
         return (inner + 2 * c.n_groups * c.state_size) * c.conv_kernel, c.num_heads * c.head_dim * c.state_size
     return None
+
+
+def attention_widths(layer, kind: str) -> tuple[int, int, int]:
+    """(KV heads, key width, value width) one token adds to an attention layer of `kind`, from that layer's config
+    (`config.per_layer_config[i]`, which differs from layer to layer in heterogeneous models such as Gemma 4)."""
+    get = lambda name, default=None: getattr(layer, name, default)  # noqa: E731 - short reads of optional fields
+    heads = get("num_attention_heads") or 0  # 0: a pure state-space model (Mamba)
+    kv_heads = get("num_key_value_heads") or heads
+    if get("new_decoder_architecture") is not None:  # Falcon: every head (new), one (multi-query) or num_kv_heads
+        kv_heads = heads if layer.new_decoder_architecture else 1 if layer.multi_query else layer.num_kv_heads
+    if get("model_type") == "mimo_v2_flash" and kind.endswith("sliding"):
+        kv_heads *= 2  # its modeling code doubles the KV heads of sliding-window layers, which its config does not say
+    head_dim = get("head_dim") or (layer.hidden_size // heads if heads else 0)
+    return kv_heads, head_dim, get("v_head_dim") or head_dim  # values may be narrower than keys (MiMo-V2-Flash)
+
+
+def indexer_layers(config, kinds: list[str]) -> list[bool]:
+    """Per layer, whether it keeps indexer keys: every indexed layer, except those a config's `indexer_types` marks
+    "shared" (they reuse the last full indexer's, HY-V4)."""
+    declared = getattr(text_config(config), "indexer_types", None)
+    return [kind == "indexed" and (declared is None or declared[i] == "full") for i, kind in enumerate(kinds)]
 
 
 def latent_widths(config) -> tuple[int, int] | None:
@@ -175,6 +215,7 @@ class Geometry:
     layer_step_state_bytes: tuple[int, ...] = ()  # per layer: what its state holds beyond that after a one-token feed
     latent: tuple[int, int] | None = None  # multi-head latent attention's (kv_lora_rank, qk_rope_head_dim)
     encoder_decoder: bool = False  # every layer also keeps cross-attention keys and values of the encoder's output
+    unknown: str | None = None  # why the cache's size cannot be predicted from the config (None: it can)
     batch: int = 1
 
     @classmethod
@@ -182,34 +223,37 @@ class Geometry:
         if config.is_encoder_decoder:
             return cls.of_encoder_decoder(config, dtype)
         text = text_config(config)
-        kinds = cache_kinds(config)
-        window = getattr(text, "sliding_window", None)
+        layers = cache_layers(config)
+        kinds = [kind for kind, _ in layers]
         element = torch.empty((), dtype=dtype).element_size()
-        heads = getattr(text, "num_attention_heads", None) or 0  # 0: a pure state-space model (Mamba)
-        kv_heads = getattr(text, "num_key_value_heads", None) or heads
-        head_dim = getattr(text, "head_dim", None) or (text.hidden_size // heads if heads else 0)
+        widths = [attention_widths(layer, kind) for layer, kind in zip(text.per_layer_config, kinds, strict=False)]
+        first = next((w for w, kind in zip(widths, kinds, strict=False) if kind in KEEPS_TOKENS), widths[0])
         latent = latent_widths(config)
-        per_token = 2 * kv_heads * head_dim if latent is None else sum(latent)
         indexer = getattr(text, "index_head_dim", 0) or 0
+        indexed = indexer_layers(config, kinds)
         state = state_bytes(config, element) if any(kind in HAS_STATE for kind in kinds) else 0
+        token_bytes = []
+        for kind, (kv_heads, key_dim, value_dim), has_indexer in zip(kinds, widths, indexed, strict=False):
+            per_token = kv_heads * (key_dim + value_dim) if latent is None else sum(latent)
+            per_token += indexer if has_indexer else 0
+            token_bytes.append(per_token * element if kind in KEEPS_TOKENS else 0)
+        unknown = [kind for kind in kinds if kind not in KNOWN_KINDS]
         return cls(
             num_layers=text.num_hidden_layers,
-            num_attention_heads=heads,
-            kv_heads=kv_heads,
-            head_dim=head_dim,
+            num_attention_heads=getattr(text.per_layer_config[0], "num_attention_heads", None) or 0,
+            kv_heads=first[0],
+            head_dim=first[1],
             element=element,
-            windows=tuple(window if kind.endswith("sliding") else None for kind in kinds),
+            windows=tuple(window for _, window in layers),
             layer_types=tuple(layer_types(config)),
             context=getattr(text, "max_position_embeddings", None) or None,
             kinds=tuple(kinds),
-            layer_token_bytes=tuple(
-                ((per_token + (indexer if kind == "indexed" else 0)) * element if kind in KEEPS_TOKENS else 0)
-                for kind in kinds
-            ),
+            layer_token_bytes=tuple(token_bytes),
             layer_state_bytes=tuple(state if kind in HAS_STATE else 0 for kind in kinds),
             layer_step_state_bytes=tuple(step_state_bytes(config, element) if kind in HAS_STATE else 0
                                          for kind in kinds),
             latent=latent,
+            unknown=f"layers kvviz has no size rule for ({', '.join(dict.fromkeys(unknown))})" if unknown else None,
         )
 
     @classmethod
@@ -258,6 +302,7 @@ class Geometry:
             "indexed": "indexed attention layers (indexer keys beside keys and values)",
             "shared": "layers that share another layer's keys and values",
             "none": "layers without attention",
+            "image": "cross-attention layers that read an image's keys and values",
             "attention+cross": "an encoder-decoder's cross-attention (keys and values of the encoder's output)",
         }
         found = [words[kind] for kind in dict.fromkeys(self.kinds) if kind in words and kind not in accepted]

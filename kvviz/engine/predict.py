@@ -52,8 +52,10 @@ class CachePredictor:
         """Bytes the whole cache should hold now: every layer's tokens (`layer_bytes`), the fixed states of the
         layers fed so far (and what a one-token feed leaves beside a state, `geometry.step_state_bytes`) and an
         encoder-decoder's cross-attention keys and values; None where a state's size has no formula
-        (`geometry.state_bytes`)."""
+        (`geometry.state_bytes`) or the model's layers have no size rule (`geometry.unknown`)."""
         geometry = self.geometry
+        if geometry.unknown:
+            return None
         sizes = zip(geometry.layer_state_bytes, geometry.layer_step_state_bytes, self.holds_state, self.last,
                     strict=True)
         states = [size if size is None or last != 1 else size + step for size, step, held, last in sizes if held]

@@ -30,7 +30,6 @@ from kvviz.files.schema import (
     Int,
     Json,
     ListOf,
-    MapOf,
     Number,
     Record,
     Refusal,
@@ -38,7 +37,7 @@ from kvviz.files.schema import (
     at,
     optional,
 )
-from kvviz.files.trace_schema import MAX_MS, MAX_POSITIONS, MODEL_CARD, STRATEGY
+from kvviz.files.trace_schema import MAX_MS, MAX_POSITIONS, MODEL_CARD, SETTINGS, STRATEGY
 
 FORMAT = "kvviz-conversation"
 VERSION = 1
@@ -266,7 +265,7 @@ _CONVERSATION = Record(
         "strategy": STRATEGY,
         "system": optional(Text(), ""),
         "template": optional(Text(), ""),
-        "settings": optional(MapOf(Json(depth=1)), {}),
+        "settings": optional(SETTINGS, {}),
         "capacity": optional(_POSITIONS, 0),
         "prefix": optional(Record({"tokens": _POSITIONS, "cache_bytes": Int(0, MAX_BYTES),
                                    "prefill_ms": Number(0, MAX_MS)}, null=True, what="the cached prefix")),
@@ -275,7 +274,7 @@ _CONVERSATION = Record(
         "steps": ListOf(_STEP),
         "cancelled": optional(Flag(), False),
         "error": optional(Text(null=True)),
-        "summary": optional(Json(depth=2)),  # derived again from the turns on load
+        "summary": optional(Json(depth=2)),  # what the turns give: checked against them (`FileFormat.summary`)
     },
     rules=(_turns_and_steps_agree,),
 )
@@ -299,4 +298,4 @@ def _build(data: dict) -> ConversationTrace:
 
 
 FILE_FORMAT = FileFormat(name=FORMAT, version=VERSION, kind="kvviz conversation", schema=_CONVERSATION,
-                         build=_build, error=ConversationFileError)
+                         build=_build, error=ConversationFileError, summary=ConversationTrace.summary)

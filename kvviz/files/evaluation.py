@@ -17,7 +17,7 @@ An evaluation file holds one strategy's run over one document, as JSON:
 
 `records` is a table of columns of equal length, one entry per prediction: the document token at
 `position` was fed through the cache and the model predicted the next one, `token_id`, with
-negative log-likelihood `nll` (natural log). The summary is recomputed from the records on load.
+negative log-likelihood `nll` (natural log). A summary that disagrees with the records is refused on load.
 """
 
 from __future__ import annotations
@@ -414,16 +414,19 @@ def _within_document(run: dict, where) -> None:
         )
 
 
+DOCUMENT = Record(  # also a sweep's
+    {"name": Text(), "source": Text(), "tokens": Int(0, MAX_POSITIONS, what="a number of tokens"),
+     "title": maybe(Text(null=True)), "author": maybe(Text(null=True)),
+     "first_token_id": maybe(Int(0, null=True)),
+     "cut": maybe(Text(null=True))},  # what was cut to fit the model's context, in words
+    extra=Json(depth=1), what="a document (an object)",
+)
+
 EVAL_RECORD = Record(  # also a sweep's configurations' (kvviz.files.sweep)
     {
         "model": MODEL_CARD,
         "strategy": STRATEGY,
-        "document": Record(
-            {"name": Text(), "source": Text(), "tokens": Int(0, MAX_POSITIONS, what="a number of tokens"),
-             "title": maybe(Text(null=True)), "author": maybe(Text(null=True)),
-             "first_token_id": maybe(Int(0, null=True)), "cut": maybe(Json(depth=0))},
-            extra=Json(depth=1), what="a document (an object)",
-        ),
+        "document": DOCUMENT,
         "method": Record({"mode": Text(MODES), "chunk": Int(1), "rows": maybe(Int(1)), "prompt": maybe(Int(1))},
                          what="a method (an object with mode and chunk)"),
         "cancelled": Flag(),
@@ -443,7 +446,7 @@ EVAL_RECORD = Record(  # also a sweep's configurations' (kvviz.files.sweep)
             rules=(_columns_agree,),
             what="a table of columns (an object of lists)",
         ),
-        "summary": optional(Json(depth=3)),
+        "summary": optional(Json(depth=3)),  # what the records give: checked against them (`FileFormat.summary`)
     },
     rules=(_within_document,),
 )
@@ -465,4 +468,4 @@ def _from_journal(header: dict, lines: list, source: str) -> EvalRun:
 
 
 FILE_FORMAT = FileFormat(name=FORMAT, version=VERSION, kind="kvviz evaluation", schema=EVAL_RECORD, build=build_run,
-                         error=EvalFileError, from_journal=_from_journal)
+                         error=EvalFileError, from_journal=_from_journal, summary=EvalRun.summary)

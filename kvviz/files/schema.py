@@ -3,7 +3,7 @@
 A file format is data, not reader code: a `FileFormat` names its ``"format"`` string, its version,
 a `Record` schema and a `build` function that turns the checked JSON into kvviz's objects. The
 schema is made of small specs (`Int`, `Number`, `Text`, `Flag`, `ListOf`, `Pair`, `MapOf`,
-`Record`, `Json`); a `Record` may carry rules, functions that look at the checked record as a whole
+`Record`, `Json`, `Either`); a `Record` may carry rules, functions that look at the checked record as a whole
 and refuse what its fields allow one by one but not together (for example, a step's bytes that do
 not add up). Every refusal is a `KeptFileError` (`kvviz.files.jsonfile`) whose message names the file, the field path
 (``steps[1].layers[0].storage``), what was expected and what was found; nothing else escapes.
@@ -321,6 +321,26 @@ class Json:
         raise Refusal(where, self.expected, value)
 
 
+@dataclass(frozen=True)
+class Either:
+    """A value that `first` or, failing that, `second` accepts (an older writer's spelling beside today's)."""
+
+    first: Any
+    second: Any
+
+    @property
+    def expected(self) -> str:
+        return f"{self.first.expected}, or {self.second.expected}"
+
+    def check(self, value: Any, where) -> Any:
+        for spec in (self.first, self.second):
+            try:
+                return spec.check(value, where)
+            except Refusal:
+                continue
+        raise Refusal(where, self.expected, value)
+
+
 _ABSENT = object()
 
 
@@ -411,6 +431,8 @@ class FileFormat:
     hints: dict[str, str] = field(default_factory=dict)  # another format's name -> what to do with it
     # (header, lines, source) of a journal a killed process left (kvviz.files.journal) -> the partial object
     from_journal: Callable[[dict, list, str], Any] | None = None
+    # the built object -> the summary its records give; a file's "summary" must agree with it (`agrees`)
+    summary: Callable[[Any], dict] | None = None
 
     def read(self, path: str | os.PathLike) -> Any:
         """Read, check and build a file that must be of this format."""
@@ -431,7 +453,37 @@ class FileFormat:
             raise self.error(f"{source} is a {self.kind} of version {shown}; this kvviz reads version {self.version}")
         try:
             checked = self.schema.check(data, None)
+            built = self.build(checked)
+            if self.summary is not None and checked.get("summary") is not None:
+                agrees(checked["summary"], self.summary(built), ((None, "summary")))
         except Refusal as refusal:
             found_text = f", found {describe(refusal.found)}" if refusal.show_found else ""
             raise self.error(f"{source}: {path_text(refusal.where)}: expected {refusal.expected}{found_text}") from None
-        return self.build(checked)
+        return built
+
+
+def agrees(found: Any, derived: Any, where) -> None:
+    """Refuse a kept summary (`found`) that says other than what the file's records give (`derived`): every name
+    both hold must hold the same value (numbers to 1e-9 relative, which JSON's round trip keeps exactly; a
+    non-finite figure is written as null). Names only one of them holds are left alone: another kvviz version
+    may summarize more or less."""
+    if isinstance(derived, dict):
+        if type(found) is not dict:
+            raise Refusal(where, "an object (what the records give)", found)
+        for key in found.keys() & derived.keys():
+            agrees(found[key], derived[key], (where, key))
+        return
+    if isinstance(derived, (list, tuple)):
+        if type(found) is not list or len(found) != len(derived):
+            raise Refusal(where, f"a list of {len(derived)} (what the records give)", found)
+        for i, (a, b) in enumerate(zip(found, derived, strict=True)):
+            agrees(a, b, (where, i))
+        return
+    if isinstance(derived, float) and not math.isfinite(derived):
+        derived = None
+    if derived is None or isinstance(derived, (bool, str)):
+        same = found is None if derived is None else type(found) is type(derived) and found == derived
+    else:  # a number
+        same = type(found) in (int, float) and math.isclose(found, derived, rel_tol=1e-9, abs_tol=1e-12)
+    if not same:
+        raise Refusal(where, f"{describe(derived)} (what the file's records give)", found)

@@ -40,7 +40,6 @@ from kvviz.files.schema import (
     FileFormat,
     Flag,
     Int,
-    Json,
     ListOf,
     Number,
     Record,
@@ -288,7 +287,7 @@ _SPEED = Record({name: Number(0, null=True) for name in SpeedRecord().to_dict()}
 _SWEEP = Record(
     {
         "model": MODEL_CARD,
-        "document": Json(depth=1),
+        "document": evaluation.DOCUMENT,
         "question": Record(
             {"context": Int(1, MAX_POSITIONS), "sequences": Int(1), "budget_bytes": _BYTES, "budget": Text(),
              "tolerance": Record({"kind": Text(QUALITY_KINDS), "value": Number(0)}, what="a tolerance")},

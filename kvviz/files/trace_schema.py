@@ -24,6 +24,7 @@ from kvviz.files.schema import (
     maybe,
     optional,
 )
+from kvviz.files.strategy_options import PLAIN, options_rule
 from kvviz.files.trace import (
     FORMAT,
     STORAGE_KINDS,
@@ -48,7 +49,7 @@ _BYTES_OR_UNKNOWN = Int(0, MAX_BYTES, null=True, what="a byte count")
 _POSITIONS = Int(0, MAX_POSITIONS, what="a number of positions")
 _MS = Number(0, MAX_MS, what="a time in ms")
 _MS_OR_UNKNOWN = Number(0, MAX_MS, null=True, what="a time in ms")
-_OPTIONS = MapOf(Json(depth=1))
+_OPTIONS = MapOf(PLAIN)
 _SPAN = Pair(Int(0, max(SlotState)), _POSITIONS, what=f"span [slot state 0-{max(SlotState)}, count >= 0]")
 _HEAD_SPAN = Pair(Int(0, 2**16), _POSITIONS, what="head span [KV heads holding the positions, count >= 0]")
 
@@ -71,34 +72,101 @@ _LAYER = Record(
     what="a layer record (an object)",
 )
 
-MODEL_CARD = Record(  # also the card of other formats' files (kvviz-eval)
+def _card_adds_up(card: dict, where) -> None:
+    """Per-layer figures, one per layer, and the totals they give."""
+    layers = card.get("num_layers")
+    for name in ("layer_types", "cache_kinds", "layer_token_bytes", "layer_state_bytes"):
+        values = card.get(name)
+        if values is not None and layers is not None and len(values) != layers:
+            raise Refusal(at(where, name), f"one value per layer ({layers:,})", values)
+    per_token, states = card.get("layer_token_bytes"), card.get("layer_state_bytes")
+    if per_token is not None and card.get("kv_bytes_per_token") is not None:
+        total = None if None in per_token else sum(per_token)
+        if card["kv_bytes_per_token"] != total:
+            raise Refusal(at(where, "kv_bytes_per_token"), f"{_or_unknown(total)}: the sum of layer_token_bytes",
+                          card["kv_bytes_per_token"])
+    if states is not None and "fixed_state_bytes" in card:
+        total = None if None in states else sum(states)
+        if card["fixed_state_bytes"] != total:
+            raise Refusal(at(where, "fixed_state_bytes"), f"{_or_unknown(total)}: the sum of layer_state_bytes",
+                          card["fixed_state_bytes"])
+
+
+def _or_unknown(total: int | None) -> str:
+    return "null" if total is None else f"{total:,}"
+
+
+def _latent_adds_up(latent: dict, where) -> None:
+    if latent["stored_bytes"] and abs(latent["factor"] - latent["expanded_bytes"] / latent["stored_bytes"]) > 1e-9:
+        raise Refusal(at(where, "factor"), "expanded_bytes / stored_bytes", latent["factor"])
+
+
+_LATENT = Record(
+    {"kv_lora_rank": Int(1, MAX_BYTES), "qk_rope_head_dim": Int(0, MAX_BYTES), "stored_bytes": _BYTES,
+     "expanded_bytes": _BYTES, "factor": Number(0, what="a ratio")},
+    rules=(_latent_adds_up,), null=True, what="latent attention's widths and bytes (an object)",
+)
+_COUNT = Int(0, MAX_BYTES, null=True)
+
+MODEL_CARD = Record(  # also the card of other formats' files (kvviz-eval, kvviz-sweep, kvviz-conversation)
     {
         "name": optional(Text(), ""),
         "architecture": maybe(Text(null=True)),
         "model_type": maybe(Text(null=True)),
-        "parameters": maybe(Int(0, null=True)),
-        "num_layers": maybe(Int(0, null=True)),
-        "num_attention_heads": maybe(Int(0, null=True)),
-        "num_kv_heads": maybe(Int(0, null=True)),
-        "head_dim": maybe(Int(0, null=True)),
+        "parameters": maybe(_COUNT),
+        "num_layers": maybe(_COUNT),
+        "num_attention_heads": maybe(_COUNT),
+        "num_kv_heads": maybe(_COUNT),
+        "head_dim": maybe(_COUNT),
         "layer_types": maybe(ListOf(Text(), null=True)),
-        "sliding_window": maybe(Int(0, null=True)),
+        "sliding_window": maybe(Int(0, MAX_POSITIONS, null=True)),
+        "attention_chunk_size": maybe(Int(0, MAX_POSITIONS, null=True)),
         "dtype": maybe(Text(null=True)),
         "device": maybe(Text(null=True)),
-        "kv_bytes_per_token": maybe(Int(0, MAX_BYTES, null=True)),
-        "max_position_embeddings": maybe(Int(0, null=True)),
+        "kv_bytes_per_token": maybe(_BYTES_OR_UNKNOWN),
+        "size_rule_unknown": maybe(Text(null=True)),  # why the cache's size cannot be predicted (null: it can)
+        "weight_bytes": maybe(_BYTES_OR_UNKNOWN),
+        "max_position_embeddings": maybe(_COUNT),
+        # per layer: what its cache keeps, the bytes one token adds to it (null: unknown), its fixed state's bytes
+        "cache_kinds": maybe(ListOf(Text(), null=True)),
+        "layer_token_bytes": maybe(ListOf(_BYTES_OR_UNKNOWN, null=True)),
+        "layer_state_bytes": maybe(ListOf(_BYTES_OR_UNKNOWN, null=True)),
+        "fixed_state_bytes": maybe(_BYTES_OR_UNKNOWN),
+        "latent_attention": maybe(_LATENT),
+        "cross_bytes_per_prompt_token": maybe(_BYTES_OR_UNKNOWN),
+        "weights": maybe(Text(null=True)),  # where the weights came from, when that matters to the numbers
+        "server": maybe(Text(null=True)),  # a served request's: the server's address and its model's id
+        "model_id": maybe(Text(null=True)),
     },
+    rules=(_card_adds_up,),
     extra=Json(depth=2),
     what="a model card (an object)",
 )
 
+# generation settings (`kvviz.engine.decode.GenerationSettings`), also a conversation's
+SETTINGS = Record(  # null: unknown (a non-finite number is saved as null)
+    {
+        "max_new_tokens": maybe(Int(0, MAX_POSITIONS, null=True, what="a number of tokens")),
+        "temperature": maybe(Number(0, null=True, what="a temperature (0: greedy)")),
+        "top_k": maybe(Int(0, null=True, what="a top-k (0: off)")),
+        "top_p": maybe(Number(0, 1, null=True, what="a top-p")),
+        "seed": maybe(Int(0, null=True, what="a seed")),
+        "raw": maybe(Flag(null=True)),
+        "stop_at_eos": maybe(Flag(null=True)),
+    },
+    extra=Json(depth=1),
+    what="an object of generation settings",
+)
+
 STRATEGY = Record(
     {"name": Text(nonempty=True), "options": optional(_OPTIONS, {})},
+    rules=(options_rule("name"),),
     what="an object with the strategy's name and options",
 )
 
 _SWITCH = Record(
     {"step": Int(0), "from_strategy": Text(), "to_strategy": Text(), "options": optional(_OPTIONS, {})},
+    rules=(options_rule("to_strategy"),),
     what="a switch record (an object with step, from_strategy, to_strategy, options)",
 )
 
@@ -132,6 +200,9 @@ def _step_adds_up(step: dict, where) -> None:
                 f"the sum of the layers' bytes ({total:,})",
                 step["cache_bytes"],
             )
+    shares = step["attention_sink"]
+    if shares is not None and layers and len(shares) != len(layers):
+        raise Refusal(at(where, "attention_sink"), f"one share per layer ({len(layers):,})", shares)
     if step["kl"] is not None and step["top1_agree"] is None:
         raise Refusal(at(where, "top1_agree"), "true or false (the step has a reference KL)", None)
 
@@ -248,7 +319,7 @@ _TRACE = Record(
         "prompt": optional(Text(), ""),
         "prompt_tokens": _POSITIONS,
         "prompt_pieces": optional(ListOf(Text()), []),
-        "settings": optional(MapOf(Json(depth=1)), {}),
+        "settings": optional(SETTINGS, {}),
         "cancelled": optional(Flag(), False),
         "compile_ms": optional(_MS_OR_UNKNOWN),
         "warm_up_ms": optional(_MS_OR_UNKNOWN),
@@ -258,7 +329,7 @@ _TRACE = Record(
         "bandwidth_bytes_per_s": optional(Number(0, null=True, what="bytes per second")),
         "switches": optional(ListOf(_SWITCH), []),
         "steps": ListOf(_STEP),
-        "summary": optional(Json(depth=3)),  # derived again from the steps on load
+        "summary": optional(Json(depth=3)),  # what the steps give: checked against them (`FileFormat.summary`)
     },
     rules=(_steps_in_order, _switches_in_order, _pieces_match_prompt),
 )
@@ -311,4 +382,5 @@ FILE_FORMAT = FileFormat(
     error=TraceError,
     hints={"kvviz-attach": " (it is a server session: open it in the window or with `kvviz attach FILE`)"},
     from_journal=_from_journal,
+    summary=Trace.summary,
 )

@@ -89,6 +89,10 @@ ARCHITECTURES = {
         hidden_size_per_layer_input=8, vocab_size_per_layer_input=128, altup_num_inputs=2, sliding_window=16,
         layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
         activation_sparsity_pattern=[0.0] * 4),
+    # chunked attention (Llama 4): transformers caches a chunked layer as a sliding one whose window is the chunk
+    "llama4": lambda: transformers.Llama4TextConfig(
+        **SMALL, num_hidden_layers=4, head_dim=16, attention_chunk_size=6, num_local_experts=2,
+        intermediate_size_mlp=128),
     # multi-head latent attention, and latent attention with indexer keys
     "deepseek_v3": lambda: transformers.DeepseekV3Config(**MLA, num_hidden_layers=2),
     "glm_moe_dsa": lambda: transformers.GlmMoeDsaConfig(**MLA, num_hidden_layers=2, index_n_heads=2,

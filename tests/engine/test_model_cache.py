@@ -20,6 +20,7 @@ import pytest
 
 from kvviz.engine import model_cache
 from tests.engine.conftest import own
+from tests.engine.tiny_gguf import write_tiny_gguf
 
 BARS = ("Converting and de-quantizing", "Writing model shards", "it/s]")
 
@@ -111,7 +112,7 @@ def test_missing_truncated_and_manifest_problems_are_named(cache_copy):
     assert check(cache_copy) == "tokenizer.json is missing"
     record = manifest(cache_copy)
     (cache_copy / model_cache.MANIFEST).write_text(json.dumps({"files": record["files"]}))
-    assert check(cache_copy) == "the manifest records no content hashes (written by an earlier kvviz)"
+    assert check(cache_copy) == "the copy was made by an earlier kvviz, whose conversion differs"
     (cache_copy / model_cache.MANIFEST).write_bytes(b"\x00" * 100)
     assert check(cache_copy) == "the manifest is not readable"
     (cache_copy / model_cache.MANIFEST).unlink()
@@ -157,6 +158,32 @@ def test_verify_rebuilds_a_damaged_copy_without_transformers_bars(cache_copy):
     assert not any(bar in done.stderr for bar in BARS), done.stderr  # ...and no one else's
     assert manifest(cache_copy)["sha256"] == expected  # the same bytes as before the damage
     assert leftovers(cache_copy.parent.parent) == []
+
+
+def test_a_conversion_depends_on_the_source_alone(tmp_path):
+    """The same GGUF (a tiny one, converted in a second) converted under HF_HUB_OFFLINE=1 and without it, each in a
+    fresh process: every file byte for byte the same, and no load-time option written into them."""
+    source = write_tiny_gguf(tmp_path / "tiny.gguf")
+    code = ("import sys; from pathlib import Path; from kvviz.engine.model_cache import convert; "
+            "convert(Path(sys.argv[1]), Path(sys.argv[2]))")
+    bare = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    runs = {name: subprocess.Popen([sys.executable, "-c", code, str(source), str(tmp_path / name)], env=env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for name, env in (("offline", dict(bare, HF_HUB_OFFLINE="1")), ("online", bare))}
+    for run in runs.values():
+        _, err = run.communicate(timeout=300)
+        assert run.returncode == 0, err
+    offline, online = tmp_path / "offline", tmp_path / "online"
+    names = sorted(p.name for p in offline.iterdir())
+    assert names == sorted(p.name for p in online.iterdir()) and "tokenizer_config.json" in names
+    for name in names:
+        if name == model_cache.MANIFEST:  # it also records when each file was written
+            kept = [{k: v for k, v in manifest(folder).items() if k != "mtime_ns"} for folder in (offline, online)]
+            assert kept[0] == kept[1]
+        else:
+            assert (offline / name).read_bytes() == (online / name).read_bytes(), name
+        for option in model_cache.LOAD_OPTIONS:
+            assert f'"{option}"' not in (offline / name).read_text(errors="replace"), (name, option)
 
 
 def test_two_processes_converting_at_once_end_with_one_good_copy(tmp_path):

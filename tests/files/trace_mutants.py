@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvviz.files.jsonfile import MAX_FILE_BYTES
-from kvviz.files.trace import SlotState
+from kvviz.files.jsonfile import MAX_FILE_BYTES, encode_json
+from kvviz.files.trace import SlotState, from_dict
 
 HUGE_DIGITS = "__HUGE_DIGITS__"  # stands for a 5,000-digit number, which json.dumps cannot write
 
@@ -82,6 +82,8 @@ class _Writer:
         return self.folder / f"m{len(self.made):04d}-{name}.json"
 
     def data(self, name: str, data: Any, expect: str, where: str | None = None) -> None:
+        if expect == "accept" and "summary" in data:  # a valid change to the steps changes what they sum up to
+            data = dict(data, summary=_summary_of(data))
         text = json.dumps(data)  # allow_nan: NaN and Infinity literals go in as written
         path = self._path(name)
         path.write_text(text.replace(f'"{HUGE_DIGITS}"', "1" + "0" * 5000), encoding="utf-8")
@@ -96,6 +98,12 @@ class _Writer:
         path = self._path(name)
         make(path)
         self.made.append(Mutant(name, path, "refuse"))
+
+
+def _summary_of(data: dict) -> dict:
+    """The summary a valid trace's steps give, as a saved file holds it (non-finite figures as null)."""
+    steps_only = {key: value for key, value in data.items() if key != "summary"}
+    return json.loads(encode_json(from_dict(steps_only).summary()))
 
 
 def _places(data: dict, rng: random.Random) -> dict[str, tuple[list, str]]:
