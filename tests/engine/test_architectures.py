@@ -1,7 +1,7 @@
 """Every kind of cache layer transformers has, on tiny random models of eighteen families: linear-attention and
 state-space layers (a fixed-size state), hybrid layers (both), KV-shared layers, chunked attention (Llama 4), latent
-attention and indexed attention. For each: greedy tokens equal plain generate, the bytes kvviz measures equal every tensor in
-transformers' own DynamicCache, the prediction from the config equals the measurement at every step, and each
+attention and indexed attention. For each: greedy tokens equal plain generate, the bytes kvviz measures equal every
+tensor in transformers' own DynamicCache, the prediction from the config equals the measurement at every step, and each
 strategy runs exactly or is refused in one sentence that names the layers it cannot handle."""
 
 import pytest
