@@ -34,7 +34,7 @@ from PySide6.QtWidgets import (
 )
 
 from kvviz import present
-from kvviz.files import report
+from kvviz.files import documents, report
 from kvviz.files.formats import read_kept
 from kvviz.files.journal import SUFFIX as JOURNAL_SUFFIX
 from kvviz.files.jsonfile import KeptFileError
@@ -43,8 +43,6 @@ from kvviz.qt.plots.base import DEFAULT_EXPORT_WIDTH, short_forms
 
 TRACE_FILTER = ("kvviz traces, evaluations, sweeps and server sessions (*.json *.journal);;"
                 "Journals a killed run or evaluation left (*.journal);;All files (*)")
-PROMPT_SUFFIXES = (".txt", ".md")
-PROMPT_MAX_BYTES = 1024 * 1024
 EXPORT_WIDTHS = (320, 7680)  # px: the widths an export may have
 
 
@@ -82,8 +80,8 @@ class FileActions(QObject):
     def open_prompt_file(self, path: str | os.PathLike) -> str | None:
         """Put a UTF-8 .txt or .md file's text in the prompt; returns it, or shows why not and returns None."""
         try:
-            text = read_prompt_file(path)
-        except PromptFileError as exc:
+            text = documents.read_text(path)
+        except documents.DocumentError as exc:
             self.show_message("Could not open prompt", str(exc))
             return None
         self.window.controls.prompt_panel.set_text(text)
@@ -342,41 +340,6 @@ class FileActions(QObject):
                 event.acceptProposedAction()
                 return True
         return False
-
-
-class PromptFileError(Exception):
-    """A prompt file that cannot be used, in words for the user."""
-
-
-def read_prompt_file(path: str | os.PathLike) -> str:
-    """The text of a UTF-8 .txt or .md file of at most PROMPT_MAX_BYTES (a leading BOM dropped)."""
-    path = Path(path)
-    if path.suffix.lower() not in PROMPT_SUFFIXES:
-        raise PromptFileError(
-            f"{path.name} is not a prompt file kvviz opens: choose a UTF-8 text file ending in .txt or .md."
-        )
-    try:
-        size = path.stat().st_size
-        if size > PROMPT_MAX_BYTES:
-            raise PromptFileError(
-                f"{path.name} is {size / 1024 / 1024:.1f} MiB; a prompt file may be at most "
-                f"{PROMPT_MAX_BYTES // 1024 // 1024} MiB."
-            )
-        data = path.read_bytes()
-    except OSError as exc:
-        raise PromptFileError(f"Could not read {path.name}: {exc.strerror or exc}.") from None
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise PromptFileError(
-            f"{path.name} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start} is not valid "
-            "UTF-8). Save it as UTF-8 and open it again."
-        ) from None
-    if "\x00" in text:
-        raise PromptFileError(f"{path.name} holds NUL characters: it is not a text file.")
-    if not text.strip():
-        raise PromptFileError(f"{path.name} is empty: there is no prompt in it.")
-    return text
 
 
 class ExportDialog(QDialog):
