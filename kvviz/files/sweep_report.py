@@ -14,7 +14,7 @@ from typing import Any
 from kvviz.files.frontier import answer, frontier, loss_text, memory, perplexity_change
 from kvviz.files.jsonfile import write_atomic
 from kvviz.files.sweep import Configuration, Sweep
-from kvviz.present import UNKNOWN, change, clock, counted, percent, perplexity, size
+from kvviz.present import UNKNOWN, change, clock, counted, options_text, percent, perplexity, size
 
 # (key, title): the columns of a sweep's table, in order
 COLUMNS = (
@@ -143,7 +143,7 @@ def csv_row(sweep: Sweep, config: Configuration) -> dict[str, Any]:
     target = config.target
     return {
         "strategy": config.run.strategy.get("name", ""),
-        "options": " ".join(f"{k}={v}" for k, v in (config.run.strategy.get("options") or {}).items()),
+        "options": options_text(config.run.strategy.get("options"), " "),
         "status": config.status,
         "tokens": s["tokens"],
         "perplexity": s["perplexity"],

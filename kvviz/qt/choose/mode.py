@@ -20,7 +20,7 @@ from PySide6.QtWidgets import QHBoxLayout, QPushButton, QVBoxLayout, QWidget
 
 from kvviz.files import sweep_report
 from kvviz.files.sweep import Sweep
-from kvviz.present import clock, counted
+from kvviz.present import NOT_RUN, WAITING, clock, counted
 from kvviz.qt.choose.panel import DEFAULT_TOKENS, ConfigurationsPanel, QuestionPanel
 from kvviz.qt.choose.runner import SweepRunner
 from kvviz.qt.choose.view import ChooseView
@@ -28,7 +28,6 @@ from kvviz.qt.panels.document import DocumentPanel
 
 MIN_TOKENS = 16  # a sweep's shortest text: its evicting budgets are fractions of it
 PROGRESS_INTERVAL_MS = 500  # the time left is said again this often while a sweep runs
-WAITING, NOT_RUN = "waiting", "not run"  # a configuration's state before it finished, and after a Stop
 
 
 class ChooseMode(QObject):

@@ -21,8 +21,8 @@ from typing import Any
 from PySide6.QtCore import QObject, Signal, Slot
 
 from kvviz.errors import failure
+from kvviz.present import CANCELLED, FAILED, FINISHED, NOT_RUN
 from kvviz.qt import unsaved
-from kvviz.qt.evaluate.series import CANCELLED, FAILED, FINISHED, NOT_RUN
 from kvviz.qt.worker import Worker
 
 log = logging.getLogger(__name__)

@@ -26,10 +26,10 @@ from PySide6.QtWidgets import QHBoxLayout, QPushButton, QWidget
 
 from kvviz.files import evaluation
 from kvviz.files.evaluation import EvalRun
-from kvviz.present import clock, number
+from kvviz.present import CANCELLED, FAILED, FINAL_STATUSES, FINISHED, NOT_RUN, STARTING, clock, number
 from kvviz.qt.evaluate.evaluator import Evaluator
 from kvviz.qt.evaluate.panel import DEFAULT_TOKENS, StrategyListPanel
-from kvviz.qt.evaluate.series import CANCELLED, FAILED, FINAL, FINISHED, NOT_RUN, STARTING, StrategySeries
+from kvviz.qt.evaluate.series import StrategySeries
 from kvviz.qt.evaluate.view import EvalView
 from kvviz.qt.panels.document import DocumentPanel
 from kvviz.qt.window_settings import stored_json
@@ -186,11 +186,11 @@ class EvalMode(QObject):
             return
         for index in self.active:
             s = self.series[index]
-            if index not in active and s.state not in FINAL:  # its reading has ended: drawn whole
+            if index not in active and s.state not in FINAL_STATUSES:  # its reading has ended: drawn whole
                 s.sync()
                 s.finish(FAILED if s.run is not None and s.run.error else FINISHED)
         for index in active:
-            if self.series[index].state not in FINAL and not self.series[index].n:
+            if self.series[index].state not in FINAL_STATUSES and not self.series[index].n:
                 self.series[index].state = STARTING
         self.active = list(active)
         self._changed()
@@ -332,9 +332,9 @@ class EvalMode(QObject):
             return text
         left, _ = evaluation.seconds_left([(s.run, s.total) for s in active])
         text += f", {number(1000.0 / ms)} tokens/s{' each' if len(active) > 1 else ''}, {clock(left)} left"
-        later = [s for s in self.series if s.run is not None and s.state not in FINAL and s not in active]
+        later = [s for s in self.series if s.run is not None and s.state not in FINAL_STATUSES and s not in active]
         if later:
-            runs = [(s.run, s.total if s.state not in FINAL else len(s.run.records))
+            runs = [(s.run, s.total if s.state not in FINAL_STATUSES else len(s.run.records))
                     for s in self.series if s.run is not None and s.total is not None]
             in_all, complete = evaluation.seconds_left(runs)
             text += f", about {clock(in_all)}{'' if complete else '+'} in all"
