@@ -1,143 +1,92 @@
-"""The local model: the worker on its own thread, the model it loaded, and its runs fed into the run store.
+"""The model every mode uses: the worker on its own thread, the model it loaded, and the strategies it listed.
 
-Requests leave as queued signals (load, run, switch, the next run's checks) and every engine call happens
-on the worker's thread; answers come back as the worker's signals. A run's one record is the decoder's own
-`Trace`: it is attached to the run in the store when the worker starts the run, and each step the worker
-reports is a record appended to it. A run the engine refuses before it starts (an option that cannot work
-with this model or prompt) is withdrawn from the store: it was never a run.
+Requests leave as queued signals and every engine call happens on the worker's thread (kvviz.qt.worker); answers
+come back as the worker's signals, which this object hears first, so that its state (`card`, `loading`,
+`listing`) is current when the window's and the modes' slots run. The modes' own jobs live on the same thread
+(kvviz.qt.jobs).
+
+Every way out of the window ends here: `stop()` asks the worker to stop and joins its thread, however long the
+step in progress takes (a model load inside transformers cannot be interrupted before it reports its progress).
+A QThread destroyed while it runs aborts the whole process, so a thread left running is joined at exit too.
 """
 
 from __future__ import annotations
 
+import atexit
+import sys
+import weakref
 from typing import Any
 
-from PySide6.QtCore import QObject, QTimer, Signal
+from PySide6.QtCore import QObject, Signal
 
-from kvviz.files.trace import Trace
-from kvviz.present import FAILED, RUNNING, STARTING, final_status
-from kvviz.qt.run_store import RunStore
 from kvviz.qt.worker import Worker, WorkerThread
 
-PREFLIGHT_DELAY_MS = 250  # the next run is checked once typing pauses this long, not at every key
+PATIENCE_MS = 1800  # a stop that takes longer than this says on stderr what it waits for
 
 
-class LocalEngine(QObject):
+class ModelHost(QObject):
     sigRequestLoad = Signal(str, str, str)  # to the worker: spec, dtype, device
-    sigRequestRun = Signal(int, object)  # to the worker: run id, request dict
-    sigRequestSwitch = Signal(str, object)  # to the worker's desk: strategy, options
-    sigRequestPreflight = Signal(int, object)  # to the worker's desk: serial, the next run's request
-    sigPromptTokens = Signal(object)  # the prompt's token count as a run would feed it; None: unknown (no model)
-    sigPreflight = Signal(object, object)  # the request checked, why it cannot run with this model (None: it can)
 
-    def __init__(self, store: RunStore, parent: QObject | None = None):
+    def __init__(self, parent: QObject | None = None):
         super().__init__(parent)
-        self.store = store
         self.card: dict[str, Any] | None = None  # the loaded model's card (plus "threads")
         self.loaded_spec: str | None = None  # the spec of the model loaded now: the only one worth remembering
         self.loading = False
-        self.stuck = False  # the thread did not end in time when the window closed
-        self.prompt_tokens: int | None = None  # the latest count of the prompt (see preflight)
-        self._next: dict[str, Any] | None = None  # the next run's request, to check
-        self._sent: dict[int, dict[str, Any]] = {}  # requests sent to be checked, by serial
-        self._serial = 0
-        self._preflight_timer = QTimer(self)
-        self._preflight_timer.setSingleShot(True)
-        self._preflight_timer.setInterval(PREFLIGHT_DELAY_MS)
-        self._preflight_timer.timeout.connect(self._send_preflight)
-        self._shown_before: dict[int, list[int]] = {}  # runs shown when a run was asked for, until it starts
+        self.listing: list = []  # the engine's strategies: (Strategy, available, reason), once the worker listed them
         self.worker = Worker()
         self.thread = WorkerThread(self.worker)
         worker = self.worker
         # connected before anyone else's: the state here is current when the window's slots run
+        worker.sigReady.connect(self._on_ready)
         worker.sigModelLoaded.connect(self._on_model_loaded)
         worker.sigModelFailed.connect(self._on_model_failed)
-        worker.sigRunStarted.connect(self._on_run_started)
-        worker.sigStep.connect(self._on_step)
-        worker.sigRunFinished.connect(self._on_run_finished)
-        worker.sigRunFailed.connect(self._on_run_failed)
-        worker.sigPreflight.connect(self._on_preflight)
         self.sigRequestLoad.connect(worker.load)
-        self.sigRequestRun.connect(worker.run)
-        self.sigRequestSwitch.connect(worker.desk.switch)
-        self.sigRequestPreflight.connect(worker.desk.preflight)
+        atexit.register(_join_at_exit, weakref.ref(self))
 
     def start(self) -> None:
         """Start the worker's thread (after the window connected to the worker's signals: it reports at once)."""
         self.thread.start()
 
-    # -- requests -----------------------------------------------------------------------------------
-
     def load(self, spec: str, dtype: str = "auto", device: str = "auto") -> None:
         self.loading = True
         self.sigRequestLoad.emit(spec, dtype, device)
 
-    def run(self, header: Trace, request: dict[str, Any]) -> int:
-        """Add the run to the store (its header until the worker's trace arrives) and start it; its id."""
-        shown = self.store.shown
-        run_id = self.store.add(header, STARTING, generating=True)
-        self._shown_before[run_id] = shown
-        self.sigRequestRun.emit(run_id, request)
-        return run_id
+    def defaults(self) -> dict[str, dict[str, Any]] | None:
+        """Each strategy's option defaults ({name: {option: default}}, present.strategy_label's); None until the
+        worker has listed the strategies."""
+        if not self.listing:
+            return None
+        return {s.name: {o.name: o.default for o in s.options} for s, _, _ in self.listing}
 
-    def switch(self, strategy: str, options: dict[str, Any]) -> None:
-        """Ask the running generation to switch; the worker answers sigSwitchAccepted or sigSwitchRefused."""
-        self.sigRequestSwitch.emit(strategy, dict(options))
-
-    def preflight(self, request: dict[str, Any]) -> None:
-        """Check the next run (prompt, raw, strategy, options, max_new_tokens) with the loaded model once typing
-        pauses; the answers are sigPromptTokens and sigPreflight."""
-        self._next = dict(request)
-        self._preflight_timer.start()
-
-    def cancel(self, run_id: int) -> None:
-        self.worker.cancel(run_id)
-
-    def stop(self, timeout_ms: int = 1800) -> bool:
-        """End the worker thread; True if it ended within timeout_ms (else `stuck` is set)."""
-        self._preflight_timer.stop()
-        finished = self.thread.stop(timeout_ms)
-        self.stuck = not finished
-        return finished
-
-    def _send_preflight(self) -> None:
-        if self._next is not None:
-            self._serial += 1
-            self._sent = {self._serial: self._next}  # only the latest answer counts
-            self.sigRequestPreflight.emit(self._serial, self._next)
+    def stop(self, patience_ms: int = PATIENCE_MS) -> None:
+        """Stop the worker and join its thread: what it does stops at its next step or progress report."""
+        if not self.thread.isRunning():
+            return
+        self.thread.stop()
+        if not self.thread.wait(patience_ms):
+            print("kvviz: waiting for the worker thread to end: the model load in progress stops at its next step",
+                  file=sys.stderr, flush=True)
+            self.thread.wait()
 
     # -- from the worker ----------------------------------------------------------------------------
+
+    def _on_ready(self, listing) -> None:
+        self.listing = list(listing)
 
     def _on_model_loaded(self, spec: str, card: dict) -> None:
         self.loading = False
         self.card = card
         self.loaded_spec = spec
-        self._send_preflight()  # another model: another tokenizer, other limits
 
     def _on_model_failed(self, spec: str, message: str) -> None:
         self.loading = False
 
-    def _on_preflight(self, serial: int, answer: dict[str, Any]) -> None:
-        request = self._sent.pop(serial, None)
-        if request is None:  # an answer to an older request is stale
-            return
-        self.prompt_tokens = answer["prompt_tokens"]
-        self.sigPromptTokens.emit(answer["prompt_tokens"])
-        self.sigPreflight.emit(request, answer["problem"])
 
-    def _on_run_started(self, run_id: int, trace: Trace) -> None:
-        self._shown_before.pop(run_id, None)
-        self.store.attach(run_id, trace)
-        self.store.set_status(run_id, RUNNING)
-
-    def _on_step(self, run_id: int, step) -> None:
-        self.store.records_arrived(run_id)
-
-    def _on_run_finished(self, run_id: int, trace: Trace) -> None:
-        self.store.end(run_id, final_status(trace))
-
-    def _on_run_failed(self, run_id: int, message: str) -> None:
-        shown_before = self._shown_before.pop(run_id, None)
-        if shown_before is not None and self.store.status(run_id) == STARTING:  # refused before it started
-            self.store.withdraw(run_id, shown_before)
-        else:
-            self.store.end(run_id, FAILED, error=message)
+def _join_at_exit(host: weakref.ref) -> None:
+    """At interpreter exit, a worker thread no window joined (a script that ended without closing its window)."""
+    alive = host()
+    if alive is not None:
+        try:
+            alive.stop()
+        except RuntimeError:  # its Qt object is already gone, and the thread with it
+            pass

@@ -59,8 +59,9 @@ def test_window_opens_and_closes_cleanly_mid_load(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "QThread: Destroyed" not in proc.stderr
     assert "Traceback" not in proc.stderr
-    # closing waits for the worker at most 1.8 s, then leaves a load that cannot be interrupted behind
-    assert close_seconds(proc.stdout) < 2.5
+    # closing joins the worker: the engine's import or the load stops at its next step, and past 1.8 s says so
+    seconds = close_seconds(proc.stdout)
+    assert seconds < 2.5 or "kvviz: waiting for the worker thread to end" in proc.stderr, (seconds, proc.stderr)
 
 
 def test_closing_mid_run_exits_zero(tmp_path):
@@ -87,7 +88,7 @@ def test_closing_mid_run_exits_zero(tmp_path):
         "w.load_model('tiny')\n"
         "w.show()\n"
         "rc = app.exec()\n"
-        "assert not w.engine.stuck and w.store.runs[1].trace.steps\n"
+        "assert not w.model.thread.isRunning() and w.store.runs[1].trace.steps\n"
         "sys.exit(rc)\n"
     )
     proc = run_child(tmp_path, code)
@@ -121,7 +122,7 @@ def test_open_trace_file_adds_a_run(qtbot, window, tmp_path):
     run_id = window.show_kept(load_trace(path))
     window.redraw()
     assert window.runs_table.cell(run_id, "tokens") == "3"
-    (x, _), _ = window.local_view.memory_plot.curve_data(run_id)
+    (x, _), _ = window.modes["local"].view.memory_plot.curve_data(run_id)
     assert list(x) == [4, 5, 6]
 
 

@@ -1,2 +1,2 @@
-"""The "Conversation" mode: a chat with the cache kept across turns (chatter.py on the worker thread, mode.py,
-view.py, plots.py)."""
+"""The "Chat" mode: a conversation with the cache kept across its turns (mode.py; chatter.py on the worker thread,
+series.py, plots.py, view.py, help.py)."""
