@@ -80,6 +80,13 @@ class ModeHost:
         """A message box that does not block (a save refused: "Nothing to save")."""
         raise NotImplementedError
 
+    def write(self, what: str, write: Callable[[], Any], where: str | os.PathLike,
+              detail: Callable[[Any], str] = lambda written: "") -> Any:
+        """A save: `write()` keeps `what` at `where` (a file or a folder) and is confirmed in the status bar with the
+        full path and `detail(what write returned)`; where it cannot be written, a message says why and this
+        returns None."""
+        raise NotImplementedError
+
     def update_controls(self) -> None:
         """Every mode's buttons and the menus again (something started, ended, or was typed)."""
         raise NotImplementedError

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import weakref
 from collections.abc import Callable
+from typing import Any
 
 from kvviz.qt.mode_api import Mode, ModeHost
 
@@ -39,6 +40,16 @@ class WindowHost(ModeHost):
 
     def tell(self, title: str, text: str) -> None:
         self.window.file_actions.show_message(title, text)
+
+    def write(self, what: str, write: Callable[[], Any], where: str | os.PathLike,
+              detail: Callable[[Any], str] = lambda written: "") -> Any:
+        try:
+            written = write()
+        except OSError as exc:
+            self.tell(f"Could not save {what}", f"Could not save {where}: {exc.strerror or exc}")
+            return None
+        self.saved(where, detail(written))
+        return written
 
     def update_controls(self) -> None:
         self.window.update_controls()

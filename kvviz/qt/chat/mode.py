@@ -378,13 +378,9 @@ class ChatMode(Mode):
         if trace is None or not trace.turns:
             self.host.tell("Nothing to save", "Chat first (Controls ▸ Chat), or open a conversation file.")
             return None
-        try:
-            saved = trace.save(path)
-        except OSError as exc:
-            self.host.tell("Could not save the chat", f"Could not save {path}: {exc.strerror or exc}")
-            return None
-        self.saved = (trace, saved)
-        self.host.saved(saved, f"{len(trace.turns)} turns")
+        saved = self.host.write("the chat", lambda: trace.save(path), path, lambda _: f"{len(trace.turns)} turns")
+        if saved is not None:
+            self.saved = (trace, saved)
         return saved
 
     def _ask_save(self) -> None:

@@ -233,22 +233,19 @@ class ChooseMode(Mode):
             self.host.tell("Nothing to save", "Stop the sweep first." if self.busy else
                            "Choose first (Controls ▸ Choose), or open a sweep file.")
             return []
-        folder = Path(folder)
-        plot = self.view.frontier_plot
-        figures = {}
-        try:
+        folder, plot = Path(folder), self.view.frontier_plot
+
+        def write() -> list[Path]:
             folder.mkdir(parents=True, exist_ok=True)
+            figures = {}
             if plot.has_data():
                 png = folder / "frontier.png"
                 if not plot.export_image().save(str(png)):
                     raise OSError(f"could not write {png}")
                 figures = {"png": png, "svg": plot.export_svg(folder / "frontier.svg")}
-            written = sweep_report.keep(self.sweep, folder, figures)
-        except OSError as exc:
-            self.host.tell("Could not save sweep", f"Could not save into {folder}: {exc.strerror or exc}")
-            return []
-        self.host.saved(folder, ", ".join(p.name for p in written))
-        return written
+            return sweep_report.keep(self.sweep, folder, figures)
+
+        return self.host.write("the sweep", write, folder, lambda written: ", ".join(p.name for p in written)) or []
 
     def _ask_save(self) -> None:
         folder = self.host.dialogs.folder("sweeps", "Save sweep into folder")

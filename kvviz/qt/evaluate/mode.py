@@ -284,32 +284,27 @@ class EvaluateMode(Mode):
                            "Evaluate some strategies first (Controls ▸ Evaluate), or open an evaluation file.")
             return []
         folder = Path(folder)
-        written, rows = [], []
-        try:
+
+        def write() -> list[Path]:
             folder.mkdir(parents=True, exist_ok=True)
+            written, rows = [], []
             for index, run in self.runs():
                 path = run.save(folder / f"eval-{index + 1}-{run.strategy['name']}.json")
                 written.append(path)
                 rows.append(evaluation.summary_row(run, str(path)))
-            written.append(evaluation.write_summary_csv(rows, folder / "summary.csv"))
-        except OSError as exc:
-            self.host.tell("Could not save evaluation", f"Could not save into {folder}: {exc.strerror or exc}")
-            return []
-        self.host.saved(folder, f"{len(written) - 1} evaluation files and summary.csv")
-        return written
+            return [*written, evaluation.write_summary_csv(rows, folder / "summary.csv")]
+
+        return self.host.write("the evaluation", write, folder,
+                               lambda written: f"{len(written) - 1} evaluation files and summary.csv") or []
 
     def export_csv(self, path: str | os.PathLike) -> Path | None:
         """File ▸ Export evaluation summary: one row per strategy (its file column empty: nothing was saved)."""
-        if not self.runs():
+        runs = [run for _, run in self.runs()]
+        if not runs:
             self.host.tell("Nothing to export", "Evaluate some strategies first, or open an evaluation file.")
             return None
-        try:
-            written = evaluation.write_summary_csv([evaluation.summary_row(run) for _, run in self.runs()], path)
-        except OSError as exc:
-            self.host.tell("Could not write", f"Could not write {path}: {exc.strerror or exc}")
-            return None
-        self.host.saved(written, f"{len(self.runs())} strategies")
-        return written
+        return self.host.write("the summary", lambda: evaluation.write_summary_csv(
+            [evaluation.summary_row(run) for run in runs], path), path, lambda _: f"{len(runs)} strategies")
 
     def _ask_save(self) -> None:
         folder = self.host.dialogs.folder("evaluations", "Save evaluation into folder")

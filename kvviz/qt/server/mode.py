@@ -210,13 +210,7 @@ class ServerMode(Mode):
         if session is None:
             self.host.tell("Nothing to save", "Connect to a vLLM server first (Controls ▸ vLLM server).")
             return None
-        try:
-            saved = session.save(path)
-        except OSError as exc:
-            self.host.tell("Could not save session", f"Could not save {path}: {exc}")
-            return None
-        self.host.saved(saved)
-        return saved
+        return self.host.write("the session", lambda: session.save(path), path)
 
     def _ask_save(self) -> None:
         path = self.host.dialogs.save_file("kept", "Save server session", "server.kvviz-attach.json",
