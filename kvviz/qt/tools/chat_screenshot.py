@@ -1,4 +1,4 @@
-"""A conversation played through the window's Conversation tab: the README's screenshot and `kvviz demo`'s scene.
+"""A conversation played through the window's Chat tab: the README's screenshot and `kvviz demo`'s scene.
 
 `python -m kvviz.qt.tools.chat_screenshot docs/` chats ten turns with the default model through attention sinks
 (4 + 252), through the window's own controls and worker, and saves `QWidget.grab()` of the window:

@@ -3,7 +3,7 @@
 One prompt through dynamic, static, quantized int4 (hqq) and sink caches, then one run that
 switches from dynamic to quantized int4 mid-run, then a quantized int2 run compared with the exact
 cache (its KL divergence per step and top-1 agreement), then a four-turn conversation through attention
-sinks in the Conversation tab. Each scene is captioned in a band of its own above the window's views,
+sinks in the Chat tab. Each scene is captioned in a band of its own above the window's views,
 which covers no plot; with `record` the whole tour is written to MP4 (or GIF without imageio-ffmpeg)
 by kvviz.qt.recorder.
 """
