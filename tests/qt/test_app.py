@@ -147,3 +147,37 @@ def test_ctrl_c_or_sigterm_closes_an_idle_window_as_its_close_button_does(tmp_pa
     assert proc.returncode == status, stderr
     assert "Traceback" not in stderr and "Error calling Python override" not in stderr
     assert list(tmp_path.rglob("kvviz.conf")), "closing saves the settings, as the close button does"
+
+
+def test_every_way_out_joins_the_worker_even_inside_a_load_that_reports_nothing(tmp_path):
+    """The cause of issue 36's abort: a window closed while its worker sat in a step that cannot be interrupted (a
+    model load inside transformers, 4 s here) left the thread running, and Python's exit destroyed the QThread:
+    SIGABRT. The close now waits for the step to end, says on stderr what it waits for, and the process exits 0."""
+    code = (
+        "import sys, time\n"
+        "from PySide6.QtCore import QSettings\n"
+        "from PySide6.QtWidgets import QApplication\n"
+        "app = QApplication([])\n"
+        "from kvviz.engine import models\n"
+        "real = models.load_model\n"
+        "def silent(spec, **options):\n"
+        "    time.sleep(4)  # no progress reported: nothing to interrupt it at\n"
+        "    return real(spec, **options)\n"
+        "models.load_model = silent\n"
+        "from kvviz.qt.main_window import MainWindow\n"
+        "from kvviz.qt.tools import drive\n"
+        "w = MainWindow(QSettings(sys.argv[1], QSettings.Format.IniFormat))\n"
+        "w.show()\n"
+        "drive.wait(lambda: bool(w.controls.strategy_panel.names()), 120)\n"
+        "w.load_model('tiny')\n"
+        "drive.pause(0.5)\n"
+        "w.close()\n"
+        "print('RUNNING_AFTER_CLOSE', w.model.thread.isRunning(), flush=True)\n"
+    )
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", HF_HUB_OFFLINE="1", XDG_CONFIG_HOME=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "kvviz.ini")], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "RUNNING_AFTER_CLOSE False" in proc.stdout
+    assert "kvviz: waiting for the worker thread to end" in proc.stderr
+    assert "QThread: Destroyed" not in proc.stderr and "Traceback" not in proc.stderr
