@@ -16,7 +16,7 @@ HELP = (
         "cache holds by role (shades alternate by turn) and what it evicted. The table gives per turn the tokens "
         "fed and kept, the time to first token, a full re-prefill of the history (measured when ticked), decode "
         "tokens/s, the cache at the turn's end and the tokens evicted during it. Closing the window (or Ctrl-C, "
-        "SIGTERM) loses no finished turn: the chat is written again to the file File ▸ Save conversation last "
+        "SIGTERM) loses no finished turn: the chat is written again to the file File ▸ Save chat last "
         "wrote, or else to a new file in the folder About kvviz names; File ▸ Open reopens it.",
     ),
 )

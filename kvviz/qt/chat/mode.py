@@ -68,7 +68,7 @@ class ChatMode(Mode):
         self.trace = None  # the ConversationTrace on screen
         self.opened = False  # it came from a file: shown, not continued
         self.system = ""  # the system prompt the conversation began with
-        self.saved: tuple[object, Path] | None = None  # (trace, file) File ▸ Save conversation last wrote
+        self.saved: tuple[object, Path] | None = None  # (trace, file) File ▸ Save chat last wrote
         self.generating = False
         self.starting = False  # asked to begin: the chatter has not answered yet
         self.latest_step = None  # the latest StepRecord (the cache map's layers)
