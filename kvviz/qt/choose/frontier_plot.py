@@ -32,9 +32,11 @@ BUDGET_SPAN_DECADES = 2.0  # the budget widens the x range to show its line when
 LOG2 = math.log10(2)
 MAX_TICKS = 8  # on the memory axis
 OFF_SCALE = 3.0  # the quality axis reaches this many times the tolerance (or the frontier's worst point)
-NAME_GAP = 5  # px between a point and its name
-# where a name may go, in order of preference: right of its point or left of it, above or below (screen y grows down)
-NAME_SIDES = ((1, -1), (1, 1), (-1, -1), (-1, 1))
+NAME_GAP = POINT_SIZE // 2 + 3  # px from a point's centre to its name, beside it (its own point is not in the way)
+LINE_SAMPLES = 24  # places along each stretch of the frontier's line that a name should not cover
+# where a name may go, in order of preference: right of its point or left of it, above or below (screen y grows down),
+# beside the point or one line further out
+NAME_SIDES = tuple((sx, sy, out) for out in (0, 1) for sx, sy in ((1, -1), (1, 1), (-1, -1), (-1, 1)))
 
 
 class BytesAxis(pg.AxisItem):
@@ -150,25 +152,31 @@ class FrontierPlot(PlotPanel):
         self._place_names()
 
     def _place_names(self, *_) -> None:
-        """Each name on the first side of its point (NAME_SIDES) where it covers no name placed before it, no point
-        and nothing outside the plot; where every side covers something, the side that covers least."""
+        """Each name on the first side of its point (NAME_SIDES) where it covers no name placed before it, no point,
+        no stretch of the frontier's line and nothing outside the plot; where every side covers something, the side
+        that covers least."""
         vb = self.plot.vb
         area = vb.sceneBoundingRect()
         if area.width() <= 0 or not self.names:
             return
-        radius = POINT_SIZE / 2 + 1
-        taken = []
-        for _, x, y in self._placed:
+
+        def around(x: float, y: float, radius: float) -> QRectF:
             point = vb.mapViewToScene(QPointF(x, y))
-            taken.append(QRectF(point.x() - radius, point.y() - radius, 2 * radius, 2 * radius))
+            return QRectF(point.x() - radius, point.y() - radius, 2 * radius, 2 * radius)
+
+        taken = [around(x, y, POINT_SIZE / 2 + 1) for _, x, y in self._placed]
+        xs, ys = self.frontier_line.getData()
+        for x0, y0, x1, y1 in zip(xs[:-1], ys[:-1], xs[1:], ys[1:], strict=True) if xs is not None else ():
+            taken += [around(x0 + (x1 - x0) * t / LINE_SAMPLES, y0 + (y1 - y0) * t / LINE_SAMPLES, 1.5)
+                      for t in range(1, LINE_SAMPLES)]
         for label, x, y in self.names:
             point = vb.mapViewToScene(QPointF(x, y))
             box = label.textItem.boundingRect()
             width, height = box.width(), box.height()
             best = None
-            for sx, sy in NAME_SIDES:
+            for sx, sy, out in NAME_SIDES:
                 left = point.x() + (NAME_GAP if sx > 0 else -NAME_GAP - width)
-                top = point.y() + (NAME_GAP / 2 if sy > 0 else -NAME_GAP / 2 - height)
+                top = point.y() + (NAME_GAP / 2 if sy > 0 else -NAME_GAP / 2 - height) + sy * out * height
                 rect = QRectF(left, top, width, height)
                 inside = rect.intersected(area)
                 cost = width * height - inside.width() * inside.height()
