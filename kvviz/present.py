@@ -12,13 +12,14 @@ from typing import Any
 UNKNOWN = "–"
 MIB = 1024 * 1024
 
-# Run statuses, as the Runs table, its CSV and the reports write them. Live: starting (asked of the
-# engine), running (the engine generates), streaming (a server sends tokens). Final: a run stopped
-# before its end (Stop, Esc, Ctrl-C, or a process that ended without saving: its journal) is "cancelled",
-# with why in its error where there is more to say; one that could not finish is "failed", everywhere.
-STARTING, RUNNING, STREAMING = "starting", "running", "streaming"
-FINISHED, CANCELLED, FAILED = "finished", "cancelled", "failed"
-FINAL_STATUSES = (FINISHED, CANCELLED, FAILED)
+# The status of a job (a run, an evaluated strategy, a swept configuration), as the window's tables, the CSVs and
+# the reports write them. Live: waiting (its turn has not come), starting (asked of the engine), running (the engine
+# generates), streaming (a server sends tokens). Final: a job stopped before its end (Stop, Esc, Ctrl-C, or a process
+# that ended without saving: its journal) is "cancelled", with why in its error where there is more to say; one that
+# could not finish is "failed", everywhere; one that a Stop kept from starting is "not run".
+WAITING, STARTING, RUNNING, STREAMING = "waiting", "starting", "running", "streaming"
+FINISHED, CANCELLED, FAILED, NOT_RUN = "finished", "cancelled", "failed", "not run"
+FINAL_STATUSES = (FINISHED, CANCELLED, FAILED, NOT_RUN)
 
 
 def number(value: float | None, digits: int = 1) -> str:
@@ -97,14 +98,34 @@ def change(share: float | None) -> str:
     return UNKNOWN if share is None else f"{100 * share:+.1f} %"
 
 
-def strategy_label(strategy: Mapping[str, Any] | None) -> str:
-    """A trace's strategy as one line: "sink (sink_tokens=4, window=60)"."""
+def options_text(options: Mapping[str, Any] | None, separator: str = ", ") -> str:
+    """A strategy's options as "KEY=VALUE" words: "sink_tokens=4, window=60" (a CSV cell: separator " ")."""
+    return separator.join(f"{k}={v}" for k, v in (options or {}).items())
+
+
+def strategy_label(strategy: Mapping[str, Any] | None, defaults: Mapping[str, Mapping[str, Any]] | None = None,
+                   limit: int | None = None) -> str:
+    """A strategy with its options as one line, everywhere a strategy is named: "sink (sink_tokens=4, window=60)".
+
+    defaults: each strategy's option defaults ({name: {option: default}}); given, only the options set away from
+    them are named ("sink (window=124)", as `--strategies` would be written), for a strategy it lists. limit: at most
+    that many characters (`shortened`)."""
     strategy = strategy or {}
-    options = strategy.get("options") or {}
-    text = str(strategy.get("name") or "?")
-    if options:
-        text += " (" + ", ".join(f"{k}={v}" for k, v in options.items()) + ")"
-    return text
+    name = str(strategy.get("name") or "?")
+    options = dict(strategy.get("options") or {})
+    known = (defaults or {}).get(name)
+    if known is not None:
+        options = {k: v for k, v in options.items() if k not in known or known[k] != v}
+    text = f"{name} ({options_text(options)})" if options else name
+    return text if limit is None else shortened(text, limit)
+
+
+def shortened(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters with "…", its last bracket closed: "quantized (backend=hqq, nbi…)"."""
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 1].rstrip(", ") + "…"
+    return cut + ")" if cut.count("(") > cut.count(")") else cut
 
 
 def strategy_path(trace, options: bool = True) -> str:
@@ -135,12 +156,11 @@ def run_row(label: str, trace, status: str | None = None) -> dict[str, Any]:
     trace's final status (the window passes a live run's "running")."""
     s = trace.summary()
     strategy = trace.strategy or {}
-    options = strategy.get("options") or {}
     return {
         "run": label,
         "model": str((trace.model or {}).get("name", "")),
         "strategy": strategy.get("name", ""),
-        "options": " ".join(f"{k}={v}" for k, v in options.items()),
+        "options": options_text(strategy.get("options"), " "),
         "label": strategy_path(trace),
         "prompt_tokens": trace.prompt_tokens,
         "new_tokens": s["new_tokens"],

@@ -93,3 +93,24 @@ def test_the_card_says_per_kind_of_cache_layer_what_one_token_adds_and_what_stay
         "per-head keys and values would be 512 B (5.3x)")
     plain = {"cache_kinds": ["attention"], "layer_token_bytes": [256]}
     assert present.cache_kind_rows(plain) == []  # nothing to add to the card
+
+
+def test_one_label_names_a_strategy_everywhere():
+    """The window's legends, lists, frontier and tables, the command line, the kept files and the CSV cells name a
+    strategy with present.strategy_label (and its options with options_text)."""
+    from kvviz.engine.strategies import choose
+    from kvviz.files.evaluation import EvalRun
+    from kvviz.present import options_text, strategy_label
+
+    strategy = {"name": "quantized", "options": {"backend": "hqq", "nbits": 2, "residual_length": 128}}
+    defaults = {"quantized": {"backend": "quanto", "nbits": 4, "residual_length": 128}}
+    assert strategy_label(strategy) == "quantized (backend=hqq, nbits=2, residual_length=128)"
+    assert strategy_label(strategy, defaults) == "quantized (backend=hqq, nbits=2)"
+    assert strategy_label(strategy, defaults, limit=20) == "quantized (backend=…)"
+    assert strategy_label({"name": "dynamic", "options": {}}, {"dynamic": {}}) == "dynamic"
+    assert strategy_label(strategy, {"sink": {}}) == strategy_label(strategy)  # a strategy the defaults do not list
+    assert options_text(strategy["options"], " ") == "backend=hqq nbits=2 residual_length=128"
+    choice = choose("sink", {"sink_tokens": 4, "window": 60})
+    assert choice.label() == strategy_label({"name": choice.name, "options": choice.options})
+    run = EvalRun(model={}, strategy={"name": "sink", "options": dict(choice.options)}, document={}, method={})
+    assert run.label() == choice.label() == "sink (sink_tokens=4, window=60)"

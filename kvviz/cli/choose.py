@@ -23,8 +23,7 @@ from kvviz.cli import common
 from kvviz.errors import OptionError, UsageError, failure
 from kvviz.files import documents, evaluation
 from kvviz.files.frontier import BUDGET_FORMS, TOLERANCE_FORMS, answer, frontier, memory, quality_loss
-from kvviz.files.sweep import csv_row
-from kvviz.files.sweep_report import COLUMNS, by_memory, cells, keep, question_text, speed_text
+from kvviz.files.sweep_report import COLUMNS, by_memory, cells, csv_row, keep, question_text, speed_text
 from kvviz.present import clock, counted
 
 PROGRESS_S = 10.0

@@ -1,4 +1,4 @@
-"""Documents to evaluate a cache strategy on: the texts shipped with kvviz and the user's own files.
+"""Texts a model reads: the documents shipped with kvviz and the user's own files, as documents or as prompts.
 
 Stdlib only (no torch, no Qt), so that the command line and the window can list and check documents
 before loading a model. Tokenizing is the engine's business (`kvviz.engine.evaluate`).
@@ -14,7 +14,10 @@ from pathlib import Path
 from kvviz import resources
 
 EXTENSIONS = (".txt", ".md")
-MAX_FILE_BYTES = 64 * 2**20  # far beyond any model's context; refuses what is surely not a document
+# One limit for every text a user gives (a prompt, a document): about a million tokens, more than the context of any
+# model that runs here, and still a prompt the window's editor and settings hold without a pause (16 MiB took a
+# second to show and a quarter of a second to read back at each key)
+MAX_FILE_BYTES = 4 * 2**20
 
 
 class DocumentError(ValueError):
@@ -53,23 +56,25 @@ def builtin(name: str) -> Document:
     return Document(name, f"builtin:{name}", text, entry.get("title"), entry.get("author"))
 
 
-def from_file(path: str | os.PathLike) -> Document:
-    """A user's .txt or .md file: must exist, be UTF-8 text and hold more than white space."""
+def read_text(path: str | os.PathLike) -> str:
+    """The text of a user's .txt or .md file, whatever it is for (the window's prompt file, a document to evaluate or
+    choose on): it must exist, be UTF-8 text of at most MAX_FILE_BYTES (a leading byte-order mark is dropped), and
+    hold no NUL character and more than white space. Raises DocumentError naming the file and what is accepted."""
     path = Path(path)
     if path.suffix.lower() not in EXTENSIONS:
-        raise DocumentError(f"{path} is not a text document: kvviz evaluates .txt and .md files")
+        raise DocumentError(f"{path} is not a .txt or .md file: kvviz reads texts from UTF-8 .txt and .md files")
     if path.is_dir():
         raise DocumentError(f"{path} is a folder; give a .txt or .md file")
     try:
         size = path.stat().st_size
         if size > MAX_FILE_BYTES:
             raise DocumentError(
-                f"{path} is {size / 2**20:.0f} MiB; kvviz evaluates documents of at most "
-                f"{MAX_FILE_BYTES // 2**20} MiB (a model reads only its context's worth of tokens anyway)"
+                f"{path} is {size / 2**20:.1f} MiB; kvviz reads texts of at most {MAX_FILE_BYTES // 2**20} MiB "
+                "(about a million tokens, more than a model's context holds)"
             )
         raw = path.read_bytes()
     except OSError as exc:
-        raise DocumentError(f"cannot read the document {path}: {exc.strerror or exc}") from None
+        raise DocumentError(f"cannot read {path}: {exc.strerror or exc}") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -77,9 +82,16 @@ def from_file(path: str | os.PathLike) -> Document:
             f"{path} is not UTF-8 text (undecodable byte at offset {exc.start}); save it as UTF-8"
         ) from None
     text = text.removeprefix("\ufeff")  # a byte-order mark is not part of the text
+    if "\x00" in text:
+        raise DocumentError(f"{path} holds NUL characters: it is not a text file")
     if not text.strip():
-        raise DocumentError(f"{path} is empty; give a document with some text in it")
-    return Document(path.name, str(path), text)
+        raise DocumentError(f"{path} is empty; give a text with something in it")
+    return text
+
+
+def from_file(path: str | os.PathLike) -> Document:
+    """A user's .txt or .md file as a document (`read_text`)."""
+    return Document(Path(path).name, str(path), read_text(path))
 
 
 def from_conversation(path: str | os.PathLike) -> Document:

@@ -50,6 +50,7 @@ from kvviz.files.schema import (
     optional,
 )
 from kvviz.files.trace_schema import MAX_MS, MAX_POSITIONS, MODEL_CARD, STRATEGY
+from kvviz.present import strategy_label
 
 FORMAT = "kvviz-eval"
 VERSION = 1
@@ -91,9 +92,7 @@ class EvalRun:
     first_eviction: int | None = None
 
     def label(self) -> str:
-        options = self.strategy.get("options") or {}
-        shown = ", ".join(f"{k}={v}" for k, v in options.items())
-        return f"{self.strategy.get('name')} ({shown})" if shown else str(self.strategy.get("name"))
+        return strategy_label(self.strategy)
 
     @property
     def status(self) -> str:

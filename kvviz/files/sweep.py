@@ -23,8 +23,6 @@ divergence KL(exact || configuration) in nats, and whether the two most likely n
 
 from __future__ import annotations
 
-import csv
-import io
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +32,7 @@ import numpy as np
 
 from kvviz.files import evaluation
 from kvviz.files.evaluation import EvalRun
-from kvviz.files.jsonfile import KeptFileError, write_atomic, write_json
+from kvviz.files.jsonfile import KeptFileError, write_json
 from kvviz.files.schema import (
     MAX_BYTES,
     FileFormat,
@@ -196,56 +194,6 @@ class Sweep:
     def save(self, path: str | os.PathLike) -> Path:
         """Write atomically and completely, even when Ctrl-C comes during the save (`kvviz.files.jsonfile`)."""
         return write_json(path, self.to_dict)
-
-
-# -- the table a spreadsheet reads -------------------------------------------------------------------------
-
-CSV_COLUMNS = (
-    "strategy", "options", "status", "tokens", "perplexity", "second_half_perplexity", "perplexity_change",
-    "mean_kl", "top1_agreement", "final_cache_bytes", "final_policy_bytes", "target_context", "target_sequences",
-    "target_bytes", "sequences_in_budget", "longest_context", "decode_tokens_per_s", "sweep_tokens_per_s",
-    "rows_per_forward", "error",
-)
-
-
-def csv_row(sweep: Sweep, config: Configuration) -> dict[str, Any]:
-    from kvviz.files.frontier import perplexity_change
-
-    s = config.summary()
-    target = config.target
-    return {
-        "strategy": config.run.strategy.get("name", ""),
-        "options": " ".join(f"{k}={v}" for k, v in (config.run.strategy.get("options") or {}).items()),
-        "status": config.status,
-        "tokens": s["tokens"],
-        "perplexity": s["perplexity"],
-        "second_half_perplexity": s["second_half_perplexity"],
-        "perplexity_change": perplexity_change(sweep, config),
-        "mean_kl": s["mean_kl"],
-        "top1_agreement": s["top1"],
-        "final_cache_bytes": s["final_cache_bytes"],
-        "final_policy_bytes": s["final_policy_bytes"],
-        "target_context": sweep.question.context,
-        "target_sequences": sweep.question.sequences,
-        "target_bytes": target.total_bytes if target else None,
-        "sequences_in_budget": target.sequences_in_budget if target else None,
-        "longest_context": target.longest_context if target else None,
-        "decode_tokens_per_s": s["decode_tokens_per_s"],
-        "sweep_tokens_per_s": s["sweep_tokens_per_s"],
-        "rows_per_forward": config.measured_rows,
-        "error": config.run.error,
-    }
-
-
-def write_csv(sweep: Sweep, path: str | os.PathLike) -> Path:
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS)
-    for config in sweep.configurations:
-        row = csv_row(sweep, config)
-        writer.writerow(["" if row[key] is None else f"{row[key]:.6g}" if isinstance(row[key], float) else row[key]
-                         for key in CSV_COLUMNS])
-    return write_atomic(path, out.getvalue().encode("utf-8"))
 
 
 # -- reading -----------------------------------------------------------------------------------------------

@@ -1,14 +1,20 @@
-"""How a sweep is written for people: its table (the same cells on the command line and in the report) and the
-Markdown report `kvviz choose --out` keeps beside the sweep file, with the frontier picture and the answer."""
+"""How a sweep is written for people and spreadsheets: its table (the same cells on the command line, in the window
+and in the report), its CSV, and the Markdown report `kvviz choose --out` keeps beside the sweep file, with the
+frontier picture and the answer. (Here rather than in kvviz.files.sweep: a row needs the frontier's perplexity
+change, and kvviz.files.frontier reads the sweep's records, so the file format stays below both.)"""
 
 from __future__ import annotations
 
+import csv
+import io
+import os
 from pathlib import Path
+from typing import Any
 
 from kvviz.files.frontier import answer, frontier, loss_text, memory, perplexity_change
 from kvviz.files.jsonfile import write_atomic
 from kvviz.files.sweep import Configuration, Sweep
-from kvviz.present import UNKNOWN, change, clock, counted, percent, perplexity, size
+from kvviz.present import UNKNOWN, change, clock, counted, options_text, percent, perplexity, size
 
 # (key, title): the columns of a sweep's table, in order
 COLUMNS = (
@@ -122,6 +128,54 @@ def markdown(sweep: Sweep, figures: dict[str, Path] | None = None) -> str:
     return "\n".join(lines)
 
 
+# -- the table a spreadsheet reads -------------------------------------------------------------------------
+
+CSV_COLUMNS = (
+    "strategy", "options", "status", "tokens", "perplexity", "second_half_perplexity", "perplexity_change",
+    "mean_kl", "top1_agreement", "final_cache_bytes", "final_policy_bytes", "target_context", "target_sequences",
+    "target_bytes", "sequences_in_budget", "longest_context", "decode_tokens_per_s", "sweep_tokens_per_s",
+    "rows_per_forward", "error",
+)
+
+
+def csv_row(sweep: Sweep, config: Configuration) -> dict[str, Any]:
+    s = config.summary()
+    target = config.target
+    return {
+        "strategy": config.run.strategy.get("name", ""),
+        "options": options_text(config.run.strategy.get("options"), " "),
+        "status": config.status,
+        "tokens": s["tokens"],
+        "perplexity": s["perplexity"],
+        "second_half_perplexity": s["second_half_perplexity"],
+        "perplexity_change": perplexity_change(sweep, config),
+        "mean_kl": s["mean_kl"],
+        "top1_agreement": s["top1"],
+        "final_cache_bytes": s["final_cache_bytes"],
+        "final_policy_bytes": s["final_policy_bytes"],
+        "target_context": sweep.question.context,
+        "target_sequences": sweep.question.sequences,
+        "target_bytes": target.total_bytes if target else None,
+        "sequences_in_budget": target.sequences_in_budget if target else None,
+        "longest_context": target.longest_context if target else None,
+        "decode_tokens_per_s": s["decode_tokens_per_s"],
+        "sweep_tokens_per_s": s["sweep_tokens_per_s"],
+        "rows_per_forward": config.measured_rows,
+        "error": config.run.error,
+    }
+
+
+def write_csv(sweep: Sweep, path: str | os.PathLike) -> Path:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    for config in sweep.configurations:
+        row = csv_row(sweep, config)
+        writer.writerow(["" if row[key] is None else f"{row[key]:.6g}" if isinstance(row[key], float) else row[key]
+                         for key in CSV_COLUMNS])
+    return write_atomic(path, out.getvalue().encode("utf-8"))
+
+
 def write_report(sweep: Sweep, path: Path, figures: dict[str, Path] | None = None) -> Path:
     return write_atomic(path, markdown(sweep, figures).encode("utf-8"))
 
@@ -129,7 +183,5 @@ def write_report(sweep: Sweep, path: Path, figures: dict[str, Path] | None = Non
 def keep(sweep: Sweep, folder: Path, figures: dict[str, Path]) -> list[Path]:
     """A sweep as `kvviz choose --out` and the window keep it, in `folder`: sweep.json (kvviz-sweep), sweep.csv and
     report.md, which shows `figures` (the frontier picture, drawn by the caller: {"png": path, "svg": path})."""
-    from kvviz.files.sweep import write_csv
-
     return [sweep.save(folder / "sweep.json"), write_csv(sweep, folder / "sweep.csv"),
             write_report(sweep, folder / "report.md", figures), *figures.values()]

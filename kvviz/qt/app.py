@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         load_at_start(window, spec, remembered=args.model is None and not args.smoke_test)
     problems = open_kept_files(window, args.open)
     if args.connect:
-        window.connect_server(args.connect)
+        window.modes["server"].connect_requested(args.connect)
     window.show()
     window.say_left_behind()
     if args.quit_after is not None:
@@ -99,14 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             window.shutdown()
     if args.smoke_test or problems:  # an --open file that could not be read: status 1, as the message said
         status = outcome["status"]
-    status = quit_signals.exit_status() or status
-    if window.engine.stuck:
-        # A model load that cannot be interrupted (e.g. inside from_pretrained) is still running;
-        # the settings are saved, so leave now rather than hang or abort in the thread's destructor.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(int(status))
-    return int(status)
+    return int(quit_signals.exit_status() or status)
 
 
 FALLBACK_SPEC = "default"

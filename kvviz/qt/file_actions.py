@@ -1,13 +1,12 @@
-"""The File menu's keep-and-share actions: open and save traces, open a prompt file, save a conversation, an
-evaluation or a sweep, export the Runs table, the evaluation's summary, plots and window.
+"""The File menu: open any kept file (also by drag and drop), open a prompt file, save the selected run as a trace,
+each mode's own entries (save an evaluation, a chat, a sweep, a server session: `Mode.file_entries`), export the
+Runs table, the plots on screen and the window.
 
-Every action is a thin dialog in front of a function that takes an explicit path (`open_trace`,
-`open_prompt_file`, `save_selected_trace`, `save_conversation`, `save_evaluation`, `save_sweep`, `export_runs_csv`,
-`export_evaluation_csv`, `export_plots`, `save_window_png`), so tests and scripts call the same code the menu
-does. The dialogs (these, the model chooser's, the server panel's and the recording's) start in the folder last
-used for their kind of file (kvviz.qt.file_dialogs). Every save is confirmed in the status bar with the file's
-full path.
-`install_file_actions(window)` adds the menu entries and drag and drop of `.json` trace files onto the window.
+Every action is a thin dialog in front of a function that takes an explicit path (`open_trace`, `open_prompt_file`,
+`save_selected_trace`, `export_runs_csv`, `export_plots`, `save_window_png`, and the modes' `save`), so tests and
+scripts call the same code the menu does. The dialogs (these, the modes', the model chooser's and the recording's)
+start in the folder last used for their kind of file (kvviz.qt.file_dialogs). Every save is confirmed in the status
+bar with the file's full path. `install(modes)` adds the menu entries and drag and drop of kept files onto the window.
 """
 
 from __future__ import annotations
@@ -34,22 +33,24 @@ from PySide6.QtWidgets import (
 )
 
 from kvviz import present
-from kvviz.files import report
+from kvviz.files import documents, report
 from kvviz.files.formats import read_kept
 from kvviz.files.journal import SUFFIX as JOURNAL_SUFFIX
 from kvviz.files.jsonfile import KeptFileError
 from kvviz.qt.file_dialogs import FileDialogs
-from kvviz.qt.plots.base import DEFAULT_EXPORT_WIDTH, short_forms
+from kvviz.qt.mode_api import FileEntry
+from kvviz.qt.plots.base import DEFAULT_EXPORT_WIDTH
+from kvviz.qt.plots.titles import short_forms
+from kvviz.qt.recorder import install_recorder
 
 TRACE_FILTER = ("kvviz traces, evaluations, sweeps and server sessions (*.json *.journal);;"
                 "Journals a killed run or evaluation left (*.journal);;All files (*)")
-PROMPT_SUFFIXES = (".txt", ".md")
-PROMPT_MAX_BYTES = 1024 * 1024
 EXPORT_WIDTHS = (320, 7680)  # px: the widths an export may have
 
 
 class FileActions(QObject):
-    """Kept alive on the window as `window.file_actions`; also the drag-and-drop event filter."""
+    """Kept alive on the window as `window.file_actions`: its file dialogs and messages from the start (the modes
+    use them), its menu entries once the modes are made (`install`); also the drag-and-drop event filter."""
 
     def __init__(self, window: QMainWindow):
         super().__init__(window)
@@ -63,12 +64,9 @@ class FileActions(QObject):
     # -- the functions behind the actions ---------------------------------------------------------
 
     def open_trace(self, path: str | os.PathLike):
-        """Open a trace (into the Runs table), an evaluation (into the Evaluate tab) or a server session (into
-        the server view).
-
-        Returns the new run's id, the EvalRun or the Session; on a bad file shows a message, changes nothing,
-        returns None.
-        """
+        """Open any kept file into the mode that shows its kind (a trace into the Runs table, an evaluation into the
+        Evaluate tab, ...); what that mode's `open` returns (a trace's run id). On a bad file shows a message,
+        changes nothing, returns None."""
         try:
             kept = read_kept(path)
         except KeptFileError as exc:
@@ -82,25 +80,13 @@ class FileActions(QObject):
     def open_prompt_file(self, path: str | os.PathLike) -> str | None:
         """Put a UTF-8 .txt or .md file's text in the prompt; returns it, or shows why not and returns None."""
         try:
-            text = read_prompt_file(path)
-        except PromptFileError as exc:
+            text = documents.read_text(path)
+        except documents.DocumentError as exc:
             self.show_message("Could not open prompt", str(exc))
             return None
-        self.window.controls.prompt_panel.set_text(text)
+        self.window.panels.prompt_panel.set_text(text)
         self.window.statusBar().showMessage(f"prompt from {Path(path).resolve()} ({len(text):,} characters)", 20_000)
         return text
-
-    def save_server_session(self, path: str | os.PathLike) -> Path | None:
-        try:
-            saved = self.window.server.save_session(path)
-        except OSError as exc:
-            self.show_message("Could not save session", f"Could not save {path}: {exc}")
-            return None
-        if saved is None:
-            self.show_message("Nothing to save", "Connect to a vLLM server first (Controls ▸ vLLM server).")
-            return None
-        self.window.say_saved(saved)
-        return saved
 
     def save_selected_trace(self, path: str | os.PathLike) -> Path | None:
         primary = self.window.store.primary()
@@ -114,64 +100,6 @@ class FileActions(QObject):
             return None
         self.window.say_saved(saved, f"run #{primary.run_id}, {len(primary.trace.steps)} steps")
         return saved
-
-    def save_conversation(self, path: str | os.PathLike) -> Path | None:
-        """The chat in the Conversation tab as `kvviz chat --trace` keeps it (a kvviz-conversation file): every
-        finished turn, and the one answering so far."""
-        trace = self.window.chat_mode.trace
-        if trace is None or not trace.turns:
-            self.show_message("Nothing to save", "Chat first (Controls ▸ Chat), or open a conversation file.")
-            return None
-        try:
-            saved = trace.save(path)
-        except OSError as exc:
-            self.show_message("Could not save conversation", f"Could not save {path}: {exc.strerror or exc}")
-            return None
-        self.window.chat_mode.remember_saved(trace, saved)
-        self.window.say_saved(saved, f"{len(trace.turns)} turns")
-        return saved
-
-    def save_evaluation(self, folder: str | os.PathLike) -> list[Path]:
-        """The evaluation in the Evaluate tab as `kvviz eval --out` keeps it: a kvviz-eval file per strategy
-        and summary.csv, in folder."""
-        mode = self.window.eval_mode
-        if mode.running is not None or not mode.runs():
-            self.show_message("Nothing to save", "Stop the evaluation first." if mode.running is not None else
-                              "Evaluate some strategies first (Controls ▸ Evaluate), or open an evaluation file.")
-            return []
-        try:
-            written = mode.save(folder)
-        except OSError as exc:
-            self.show_message("Could not save evaluation", f"Could not save into {folder}: {exc.strerror or exc}")
-            return []
-        self.window.say_saved(folder, f"{len(written) - 1} evaluation files and summary.csv")
-        return written
-
-    def save_sweep(self, folder: str | os.PathLike) -> list[Path]:
-        """The sweep in the Choose tab as `kvviz choose --out` keeps it: sweep.json (kvviz-sweep), sweep.csv and
-        the frontier as frontier.png and frontier.svg, in folder."""
-        mode = self.window.choose_mode
-        if mode.running is not None or mode.sweep is None:
-            self.show_message("Nothing to save", "Stop the sweep first." if mode.running is not None else
-                              "Choose first (Controls ▸ Choose), or open a sweep file.")
-            return []
-        try:
-            written = mode.save(folder)
-        except OSError as exc:
-            self.show_message("Could not save sweep", f"Could not save into {folder}: {exc.strerror or exc}")
-            return []
-        self.window.say_saved(folder, ", ".join(p.name for p in written))
-        return written
-
-    def export_evaluation_csv(self, path: str | os.PathLike) -> Path | None:
-        """The evaluation's summary, one row per strategy (kvviz.files.evaluation's CSV)."""
-        mode = self.window.eval_mode
-        if not mode.runs():
-            self.show_message("Nothing to export", "Evaluate some strategies first, or open an evaluation file.")
-            return None
-        written = mode.export_csv(path)
-        self.window.say_saved(written, f"{len(mode.runs())} strategies")
-        return written
 
     def export_runs_csv(self, path: str | os.PathLike) -> Path:
         """Every run in the Runs table, in table order, as kvviz.files.report's CSV."""
@@ -194,10 +122,7 @@ class FileActions(QObject):
         message says so."""
         if not EXPORT_WIDTHS[0] <= width <= EXPORT_WIDTHS[1]:
             raise ValueError(f"an export is {EXPORT_WIDTHS[0]} to {EXPORT_WIDTHS[1]} pixels wide, not {width}")
-        window = self.window
-        if window.views.currentWidget() is window.local_view:
-            window.local_view.draw_every_plot()  # the redraws skip the tab behind and the hidden fidelity plot
-        plots = window.visible_plots()
+        plots = self.window.mode.plots()
         panels = [p for p in plots if p.has_data()]
         if not panels:
             self.show_message("Nothing to export", "The plots are empty: run a prompt or open a trace first.")
@@ -235,6 +160,36 @@ class FileActions(QObject):
         box.open()
         self.message_box = box
 
+    def install(self, modes) -> None:
+        """The File menu's entries (the shell's, with each mode's own after Save trace), drag and drop of kept files
+        onto the window, the model chooser's file dialogs and the Record menu."""
+        window = self.window
+        menu = _file_menu(window)
+        before = next((a for a in menu.actions() if a.text().replace("&", "") == "Quit"), None)
+        entries = [
+            FileEntry("open", "&Open trace or session…", self._ask_open, QKeySequence.StandardKey.Open),
+            FileEntry("prompt", "Open &prompt file…", self.ask_prompt_file, QKeySequence("Ctrl+Shift+O")),
+            FileEntry("save", "&Save selected run as trace…", self._ask_save, QKeySequence.StandardKey.Save),
+            *(entry for mode in modes for entry in mode.file_entries),
+            FileEntry("csv", "Export runs table as &CSV…", self._ask_csv),
+            FileEntry("plots", "Export &plots as PNG/SVG…", self._ask_plots),
+            FileEntry("window", "Save &window as PNG…", self._ask_window),
+        ]
+        for entry in entries:
+            action = QAction(entry.text, window)
+            if entry.shortcut is not None:
+                action.setShortcut(entry.shortcut)
+            action.triggered.connect(lambda *_, ask=entry.ask: ask())
+            menu.insertAction(before, action) if before is not None else menu.addAction(action)
+            self.actions[entry.key] = action
+        if before is not None:
+            menu.insertSeparator(before)
+        window.setAcceptDrops(True)
+        window.installEventFilter(self)
+        window.panels.model_panel.sigBrowseRequested.connect(self.ask_model)
+        window.panels.prompt_panel.sigOpenRequested.connect(self.ask_prompt_file)
+        install_recorder(window, self.dialogs)
+
     # -- dialogs ------------------------------------------------------------------------------------
 
     def _ask_open(self) -> None:
@@ -251,33 +206,6 @@ class FileActions(QObject):
         if path:
             self.save_selected_trace(path)
 
-    def _ask_session(self) -> None:
-        path = self.dialogs.save_file("kept", "Save server session", "server.kvviz-attach.json",
-                                      "kvviz sessions (*.json)")
-        if path:
-            self.save_server_session(path)
-
-    def _ask_conversation(self) -> None:
-        path = self.dialogs.save_file("kept", "Save conversation", "chat.kvviz-conversation.json",
-                                      "kvviz conversations (*.json)")
-        if path:
-            self.save_conversation(path)
-
-    def _ask_evaluation(self) -> None:
-        folder = self.dialogs.folder("evaluations", "Save evaluation into folder")
-        if folder:
-            self.save_evaluation(folder)
-
-    def _ask_sweep(self) -> None:
-        folder = self.dialogs.folder("sweeps", "Save sweep into folder")
-        if folder:
-            self.save_sweep(folder)
-
-    def _ask_eval_csv(self) -> None:
-        path = self.dialogs.save_file("tables", "Export evaluation summary", "summary.csv", "CSV (*.csv)")
-        if path:
-            self._guard(self.export_evaluation_csv, path)
-
     def _ask_csv(self) -> None:
         path = self.dialogs.save_file("tables", "Export runs table", "runs.csv", "CSV (*.csv)")
         if path:
@@ -293,13 +221,7 @@ class FileActions(QObject):
         path = (self.dialogs.folder("models", "Model folder") if folder else
                 self.dialogs.open_file("models", "GGUF model file", "GGUF files (*.gguf);;All files (*)"))
         if path:
-            self.window.controls.model_panel.choose(path)
-
-    def ask_served_model(self) -> None:
-        """The server panel's folder of the served model (for the bytes per token kvviz predicts)."""
-        path = self.dialogs.folder("models", "The served model's folder")
-        if path:
-            self.window.server.panel.model_dir.setText(path)
+            self.window.panels.model_panel.choose(path)
 
     def _ask_plots(self) -> None:
         settings = self.window.settings
@@ -342,41 +264,6 @@ class FileActions(QObject):
                 event.acceptProposedAction()
                 return True
         return False
-
-
-class PromptFileError(Exception):
-    """A prompt file that cannot be used, in words for the user."""
-
-
-def read_prompt_file(path: str | os.PathLike) -> str:
-    """The text of a UTF-8 .txt or .md file of at most PROMPT_MAX_BYTES (a leading BOM dropped)."""
-    path = Path(path)
-    if path.suffix.lower() not in PROMPT_SUFFIXES:
-        raise PromptFileError(
-            f"{path.name} is not a prompt file kvviz opens: choose a UTF-8 text file ending in .txt or .md."
-        )
-    try:
-        size = path.stat().st_size
-        if size > PROMPT_MAX_BYTES:
-            raise PromptFileError(
-                f"{path.name} is {size / 1024 / 1024:.1f} MiB; a prompt file may be at most "
-                f"{PROMPT_MAX_BYTES // 1024 // 1024} MiB."
-            )
-        data = path.read_bytes()
-    except OSError as exc:
-        raise PromptFileError(f"Could not read {path.name}: {exc.strerror or exc}.") from None
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise PromptFileError(
-            f"{path.name} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start} is not valid "
-            "UTF-8). Save it as UTF-8 and open it again."
-        ) from None
-    if "\x00" in text:
-        raise PromptFileError(f"{path.name} holds NUL characters: it is not a text file.")
-    if not text.strip():
-        raise PromptFileError(f"{path.name} is empty: there is no prompt in it.")
-    return text
 
 
 class ExportDialog(QDialog):
@@ -448,39 +335,3 @@ def _file_menu(window: QMainWindow) -> QMenu:
     return window.menuBar().addMenu("&File")
 
 
-def install_file_actions(window: QMainWindow) -> FileActions:
-    """Add Open/Save/Export entries to the File menu and drag and drop of trace files."""
-    actions = FileActions(window)
-    window.file_actions = actions
-    menu = _file_menu(window)
-    before = next((a for a in menu.actions() if a.text().replace("&", "") == "Quit"), None)
-    entries = [
-        ("open", "&Open trace or session…", QKeySequence.StandardKey.Open, actions._ask_open),
-        ("prompt", "Open &prompt file…", QKeySequence("Ctrl+Shift+O"), actions.ask_prompt_file),
-        ("save", "&Save selected run as trace…", QKeySequence.StandardKey.Save, actions._ask_save),
-        ("session", "Save se&rver session…", None, actions._ask_session),
-        ("evaluation", "Save e&valuation…", None, actions._ask_evaluation),
-        ("conversation", "Save co&nversation…", None, actions._ask_conversation),
-        ("sweep", "Save s&weep (file, CSV, frontier picture)…", None, actions._ask_sweep),
-        ("csv", "Export runs table as &CSV…", None, actions._ask_csv),
-        ("eval_csv", "Export evaluation summary as CS&V…", None, actions._ask_eval_csv),
-        ("plots", "Export &plots as PNG/SVG…", None, actions._ask_plots),
-        ("window", "Save &window as PNG…", None, actions._ask_window),
-    ]
-    for key, text, shortcut, slot in entries:
-        action = QAction(text, window)
-        if shortcut is not None:
-            action.setShortcut(shortcut)
-        action.triggered.connect(lambda *_, s=slot: s())
-        menu.insertAction(before, action) if before is not None else menu.addAction(action)
-        actions.actions[key] = action
-    if before is not None:
-        menu.insertSeparator(before)
-    window.setAcceptDrops(True)
-    window.installEventFilter(actions)
-    window.controls.model_panel.sigBrowseRequested.connect(actions.ask_model)
-    window.server.panel.sigFolderRequested.connect(actions.ask_served_model)
-    from kvviz.qt.recorder import install_recorder
-
-    install_recorder(window, actions.dialogs)
-    return actions

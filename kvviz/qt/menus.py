@@ -25,7 +25,7 @@ class Menus:
         self.run_action.triggered.connect(lambda *_: window.start_run())
         self.switch_action = QAction("S&witch strategy at the next step", window)
         self.switch_action.setShortcuts([QKeySequence("F6"), QKeySequence("Ctrl+Shift+Return")])
-        self.switch_action.setToolTip("Convert the running generation's cache to the strategy chosen in Controls")
+        self.switch_action.setToolTip("Convert the running cache (a run's or a chat's) to the strategy picked")
         self.switch_action.triggered.connect(lambda *_: window.switch_strategy())
         self.stop_action = QAction("&Stop", window)
         self.stop_action.setShortcut(QKeySequence(Qt.Key.Key_Escape))
@@ -52,10 +52,12 @@ class Menus:
         reset.triggered.connect(lambda *_: window.reset_layout())
         view_menu.addAction(reset)
 
-    def set_enabled(self, can_run: bool, generating: bool) -> None:
-        self.run_action.setEnabled(can_run)
-        self.switch_action.setEnabled(generating)
-        self.stop_action.setEnabled(generating)
+    def set_enabled(self, can_start: bool, busy: bool, can_switch: bool) -> None:
+        """can_start: the mode on screen would start something; busy: something runs; can_switch: the mode on
+        screen would switch a running cache."""
+        self.run_action.setEnabled(can_start)
+        self.stop_action.setEnabled(busy)
+        self.switch_action.setEnabled(can_switch)
 
     def check_theme(self, name: str) -> None:
         self.theme_actions[name].setChecked(True)

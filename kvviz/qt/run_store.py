@@ -3,7 +3,7 @@
 It owns the runs (a `RunSeries` each: its producer's `Trace` and the buffers drawn from it), their
 ids (allocated here and nowhere else), their statuses, the run the local engine is generating, and
 the selection of runs the plots overlay. Producers add runs and report new records through its
-public methods: the local engine (kvviz.qt.local.engine), kvviz's own requests to a server
+public methods: the local runs (kvviz.qt.local.runs), kvviz's own requests to a server
 (kvviz.qt.server.mode), files opened (kvviz.qt.file_actions) and the GUI bench. Views take the
 store in `__init__` and follow its signals (napari's habit); the window's redraw reads it.
 """

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvviz.files.trace import SlotState, StepRecord, Switch, Trace
-from kvviz.present import MIB, strategy_label, strategy_path
+from kvviz.present import MIB, shortened, strategy_label, strategy_path
 from kvviz.qt.cache_cells import head_counts, kv_heads, shade_partial
 
 # Columns of the per-step table. KL is NaN where no reference ran; FLOOR_MS, the step's memory-bound floor
@@ -248,10 +248,7 @@ class RunSeries:
         text = self.label()
         if len(text) > limit and self.trace.switches:
             text = f"#{self.run_id} {strategy_path(self.trace, options=False)}"
-        if len(text) <= limit:
-            return text
-        cut = text[: limit - 1].rstrip(", ") + "…"
-        return cut + ")" if cut.count("(") > cut.count(")") else cut
+        return shortened(text, limit)
 
     def label(self) -> str:
         """"#3 sink (sink_tokens=4, window=60)"; a run that switched: "#5 dynamic -> quantized (…) @24"."""

@@ -10,7 +10,9 @@ from PySide6.QtCore import QObject, Qt, QTimer
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QStatusBar, QToolButton
 
 from kvviz.present import UNKNOWN, mib, number, percent
-from kvviz.qt.controls import EVALUATE
+from kvviz.qt.mode_api import Figures, Mode
+from kvviz.qt.model_host import ModelHost
+from kvviz.qt.run_store import RunStore
 from kvviz.qt.series import RunSeries
 
 
@@ -60,8 +62,9 @@ class StatusLine(QObject):
         return self._notice
 
     def update(self, state: str, generating: bool, card: dict[str, Any] | None, figures: Figures) -> None:
-        """state: what the window does now; figures: the speed, its share of the memory-bound limit and the cache
-        of what is in view (`window_figures`)."""
+        """state: what the window does now (`state_words`); generating: a job runs (a note held lasts until it
+        ends); figures: the speed, its share of the memory-bound limit and the cache of what is in view
+        (`window_figures`)."""
         card = card or {}
         labels = self.labels
         labels["device"].setText(f"device {card.get('device', UNKNOWN)}")
@@ -99,41 +102,30 @@ class StatusLine(QObject):
         self.labels["rss"].setText(f"RSS {mib(self._rss_bytes, 0)}")
 
 
-Figures = tuple[float | None, float | None, int | None]  # tokens/s, share of the memory-bound limit, cache bytes
-
-
-def window_figures(window) -> Figures:
-    """The status bar's figures for what is in view: an evaluation (while it runs, or on its tab) reads as the
-    strategies reading now, a local run as the run generating or else the run in view."""
-    mode = window.eval_mode
-    if mode.running is not None or window.views.currentIndex() == EVALUATE:
-        rate, cache_bytes = mode.figures()
-        return rate, None, cache_bytes
-    store = window.store
+def window_figures(modes: list[Mode], current: Mode, store: RunStore) -> Figures:
+    """The status bar's figures for what runs or is in view: those of a mode running a job or on screen that has its
+    own (an evaluation reads as the strategies reading now), else the runs': the run generating or the run in view."""
+    for mode in [*(m for m in modes if m.busy), current]:
+        figures = mode.figures()
+        if figures is not None:
+            return figures
     series: RunSeries | None = store.runs[store.generating] if store.generating is not None else store.primary()
     if series is None:
         return None, None, None
     return series.tokens_per_s, series.share_of_memory_bound, series.cache_bytes
 
 
-def window_state(window) -> str:
-    """The status bar's first words: what the window is doing, or why Run is off."""
-    store, panel = window.store, window.controls.strategy_panel
-    if window.engine.loading:
+def state_words(modes: list[Mode], current: Mode, model: ModelHost) -> str:
+    """The status bar's first words: what the window is doing (a model loading, a mode's job), else what the mode on
+    screen says (why Run is off)."""
+    if model.loading:
         return "loading model…"
-    if window.eval_mode.running is not None:
-        return window.eval_mode.status()
-    if window.choose_mode.running is not None:
-        return window.choose_mode.status()
-    if store.generating is not None:
-        return f"generating run #{store.generating}: {store.runs[store.generating].n} tokens"
-    if window.engine.card is None:
+    busy = next((mode for mode in modes if mode.busy), None)
+    if busy is not None:
+        return busy.status() or f"{busy.title}: working…"
+    if model.card is None:
         return "no model loaded"
-    if panel.problem():  # also beside its option, which may be scrolled out of view
-        return f"Run is off: {panel.problem()}"
-    # the warning itself is under the strategy's options: a sentence or three, too long for this line
-    return "ready; the prompt is longer than this cache keeps (the note under Cache strategy says what it keeps)" \
-        if panel.warning() else "ready"
+    return current.status() or "ready"
 
 
 class ErrorBar(QFrame):

@@ -1,6 +1,6 @@
 """Runs and evaluations the window measured and nobody has saved yet, kept on disk as they are measured
 (`kvviz.files.journal`), so that a crash, kill -9 or a power cut does not take them with the window. A chat not
-saved when the window closes is kept in the same folder (`ConversationMode.keep_at_close`), as a conversation file.
+saved when the window closes is kept in the same folder (`ChatMode.keep_at_close`), as a conversation file.
 
 Each run and each evaluated strategy has a journal in the user's state folder (`folder()`; KVVIZ_UNSAVED_DIR
 overrides it), named after the window's process. A window that closes normally removes its own: what was not saved

@@ -1,9 +1,10 @@
-"""What the window keeps between sessions (QSettings), its colour theme, and its layout's default sizes.
+"""What the window keeps between sessions (QSettings), its colour theme, and its layout's default sizes: the one
+home of each, for the shell and (through the Mode hooks) every mode.
 
-Kept: the model loaded last (never one that failed to load), the prompt, the generation settings,
-every strategy's options and the one chosen, the server address, model folder and load set, the theme,
-and the window's geometry, dock layout, Runs height and splitter sizes; beside them, a conversation unsaved
-when the window closed.
+Kept: the model loaded last (never one that failed to load), the prompt, the generation settings, every strategy's
+options and the one chosen, the theme, and the window's geometry, dock layout and Runs height; each mode keeps its
+own part (`Mode.save_settings`: the local view's splitters, the server's address, model folder and load set, the
+Evaluate mode's document and list).
 
 Default sizes follow the window (1280x720 up to 4K): the docks take a share of its width and height
 within fixed bounds, so the plots keep most of the room on a small screen and the side docks do not
@@ -35,15 +36,14 @@ def dock(window, title: str, widget: QWidget, area: Qt.DockWidgetArea) -> QDockW
 
 def restore(window) -> None:
     s = window.settings
-    controls, server = window.controls, window.server
-    controls.model_panel.set_spec(str(s.value("model/spec", "default")))
-    controls.prompt_panel.set_text(str(s.value("prompt/text", DEFAULT_PROMPT)))
-    controls.settings_panel.set_state(stored_json(s.value("generation/state"), {}))
-    controls.strategy_panel.set_all_values(stored_json(s.value("strategy/values"), {}))
-    controls.strategy_panel.set_current(str(s.value("strategy/name", "dynamic")))  # applied once listed
-    server.panel.set_url(str(s.value("server/url", "")))
-    server.panel.model_dir.setText(str(s.value("server/model_dir", "")))
-    server.load_panel.set_values(stored_json(s.value("server/load"), {}))
+    panels = window.panels
+    panels.model_panel.set_spec(str(s.value("model/spec", "default")))
+    panels.prompt_panel.set_text(str(s.value("prompt/text", DEFAULT_PROMPT)))
+    panels.settings_panel.set_state(stored_json(s.value("generation/state"), {}))
+    panels.strategy_panel.set_all_values(stored_json(s.value("strategy/values"), {}))
+    panels.strategy_panel.set_current(str(s.value("strategy/name", "dynamic")))  # applied once listed
+    for mode in window.modes.values():
+        mode.restore_settings(s)
     window.set_theme(str(s.value("view/theme", "dark")))
     height = s.value("window/runs_height")
     window.runs_height = int(height) if str(height or "").isdigit() else None
@@ -54,12 +54,9 @@ def restore(window) -> None:
         window.resize(*default_size())
     state = s.value("window/state")
     if isinstance(state, QByteArray) and not state.isEmpty():
-        window.restoreState(state)
-    for name, splitter in window.local_view.splitters.items():
-        value = s.value(f"window/splitter_{name}")
-        if isinstance(value, QByteArray) and not value.isEmpty():
-            splitter.restoreState(value)
-    if not isinstance(state, QByteArray) or state.isEmpty():
+        with window.docks_aside.back():  # kept as the local runs have them
+            window.restoreState(state)
+    else:
         default_layout(window)
 
 
@@ -90,7 +87,14 @@ def runs_height_for(window) -> int:
 
 
 def default_layout(window) -> None:
-    """Every dock in its place, sized for the window as it is now."""
+    """Every dock in its place, sized for the window as it is now, and every mode's view as it starts."""
+    with window.docks_aside.back():  # laid out with every dock, then aside again for the mode on screen
+        _dock_layout(window)
+    for mode in window.modes.values():
+        mode.reset_layout()
+
+
+def _dock_layout(window) -> None:
     for dock, area in (
         (window.controls_dock, Qt.DockWidgetArea.LeftDockWidgetArea),
         (window.tokens_dock, Qt.DockWidgetArea.RightDockWidgetArea),
@@ -106,50 +110,39 @@ def default_layout(window) -> None:
     tokens = _between(width * 0.18, 220, 420)
     window.resizeDocks([window.controls_dock, window.tokens_dock], [controls, tokens], Qt.Orientation.Horizontal)
     window.resizeDocks([window.runs_dock], [runs_height_for(window)], Qt.Orientation.Vertical)
-    view = window.local_view
-    view.splitter.setSizes([38, 30, 32])  # shares: the memory and latency row, the cache map, the layer plots
-    for name in ("top", "bottom"):
-        view.splitters[name].setSizes([1, 1])
-    view.splitters["right"].setSizes([1, 1])
 
 
 def save(window) -> None:
     s = window.settings
-    controls, server = window.controls, window.server
-    if window.engine.loaded_spec is not None:  # only a model that loaded is worth loading at the next start
-        s.setValue("model/spec", window.engine.loaded_spec)
-    s.setValue("prompt/text", controls.prompt_panel.text())
-    s.setValue("generation/state", json.dumps(controls.settings_panel.state()))
-    s.setValue("strategy/values", json.dumps(controls.strategy_panel.all_values()))
-    if controls.strategy_panel.current():
-        s.setValue("strategy/name", controls.strategy_panel.current())
-    s.setValue("server/url", server.panel.current_url())
-    s.setValue("server/model_dir", server.panel.model_dir.text())
-    s.setValue("server/load", json.dumps(server.load_panel.values()))
+    panels = window.panels
+    if window.model.loaded_spec is not None:  # only a model that loaded is worth loading at the next start
+        s.setValue("model/spec", window.model.loaded_spec)
+    s.setValue("prompt/text", panels.prompt_panel.text())
+    s.setValue("generation/state", json.dumps(panels.settings_panel.state()))
+    s.setValue("strategy/values", json.dumps(panels.strategy_panel.all_values()))
+    if panels.strategy_panel.current():
+        s.setValue("strategy/name", panels.strategy_panel.current())
     s.setValue("view/theme", window.theme_name)
     s.setValue("window/runs_height", str(window.runs_height) if window.runs_height else "")
     s.setValue("window/geometry", window.saveGeometry())
-    s.setValue("window/state", window.saveState())
-    for name, splitter in window.local_view.splitters.items():
-        s.setValue(f"window/splitter_{name}", splitter.saveState())
+    with window.docks_aside.back():  # kept as the local runs have them
+        s.setValue("window/state", window.saveState())
+    for mode in window.modes.values():
+        mode.save_settings(s)
     s.sync()
 
 
 def apply_theme(window, name: str) -> str:
-    """Style the application and every plot and view of the window; returns the theme applied (dark when
-    `name` is not a theme)."""
+    """Style the application, every mode's view and the docks; returns the theme applied (dark when `name` is not
+    a theme)."""
     if name not in theme.PALETTES:
         name = "dark"
     palette = theme.use(name)
     app, sheet = QApplication.instance(), theme.stylesheet(name)
     if app is not None and app.styleSheet() != sheet:  # setting it again re-polishes every widget (about 1 s)
         app.setStyleSheet(sheet)
-    for plot in window.local_view.plots + window.server.view.plots:
-        plot.apply_palette(palette)
-        if hasattr(plot, "restyle"):
-            plot.restyle()
-    window.local_view.run_legend.set_foreground(palette.foreground)
-    window.local_view.run_legend.set_entries([])  # drawn again in the theme's run colours at the next redraw
+    for mode in window.modes.values():
+        mode.restyle(palette)
     window.token_view.apply_palette(palette)
     return name
 

@@ -268,7 +268,7 @@ class Worker(QObject):
 
 
 class WorkerThread(QThread):
-    """The thread the worker lives in; `stop()` ends it cooperatively within `timeout_ms`."""
+    """The thread the worker lives in; `stop()` asks it to end, `wait()` joins it (kvviz.qt.model_host.stop)."""
 
     def __init__(self, worker: Worker, parent: QObject | None = None):
         super().__init__(parent)
@@ -276,9 +276,10 @@ class WorkerThread(QThread):
         self.worker = worker
         worker.moveToThread(self)
         self.started.connect(worker.start)
+        # the worker and its jobs end with the thread, on it (not later, in a garbage collection on some other thread)
+        self.finished.connect(worker.deleteLater)
 
-    def stop(self, timeout_ms: int = 1800) -> bool:
-        """Cancel, quit the event loop and wait. True if the thread ended in time."""
+    def stop(self) -> None:
+        """Cancel what runs and quit the event loop once the slot in progress returns."""
         self.worker.shutdown()
         self.quit()
-        return self.wait(timeout_ms)

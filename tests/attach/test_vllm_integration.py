@@ -218,7 +218,7 @@ def test_window_attaches_under_load(server, qtbot, tmp_path):
     qtbot.addWidget(window)
     window.show()
     try:
-        mode = window.server
+        mode = window.modes["server"]
         mode.panel.interval.setValue(0.2)
         with qtbot.waitSignal(mode.connection.sigConnected, timeout=20000):
             window.controls.model_panel.set_spec(server.url)
@@ -243,7 +243,7 @@ def test_window_attaches_under_load(server, qtbot, tmp_path):
         (x, _), *_ = mode.view.latency_plot.curve_data(own.run_id)
         assert x[0] == own.trace.prompt_tokens + 1  # decode steps, placed at tokens in context
         assert "allocated ÷ predicted" in mode.panel.card.text()
-        saved = window.file_actions.save_server_session(tmp_path / "server.json")
+        saved = window.modes["server"].save(tmp_path / "server.json")
         reopened = window.file_actions.open_trace(saved)
         assert len(reopened.snapshots) >= mode.series.n and reopened.load["completed"] == 8
         if os.environ.get("KVVIZ_SCREENSHOT"):

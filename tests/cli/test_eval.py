@@ -80,10 +80,10 @@ def test_a_document_longer_than_the_context_is_cut_with_a_message(short_context_
 @pytest.mark.parametrize(
     "make,args,message",
     [
-        (None, ["--text", "{tmp}/missing.txt"], "cannot read the document {tmp}/missing.txt"),
+        (None, ["--text", "{tmp}/missing.txt"], "cannot read {tmp}/missing.txt"),
         (("doc.txt", b"\xff\xfeh\x00i\x00"), ["--text", "{tmp}/doc.txt"], "{tmp}/doc.txt is not UTF-8 text"),
         (("doc.md", b""), ["--text", "{tmp}/doc.md"], "{tmp}/doc.md is empty"),
-        (("doc.pdf", b"%PDF"), ["--text", "{tmp}/doc.pdf"], "kvviz evaluates .txt and .md files"),
+        (("doc.pdf", b"%PDF"), ["--text", "{tmp}/doc.pdf"], "kvviz reads texts from UTF-8 .txt and .md files"),
         (None, ["--builtin", "bible"], "no built-in document named 'bible'; accepted: alice"),
         (None, ["--builtin", "alice", "--tokens", "1"], "--tokens: the token count must be at least 2"),
         (("file", b"x"), ["--builtin", "alice", "--out", "{tmp}/file"], "--out {tmp}/file is a file"),

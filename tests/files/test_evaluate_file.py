@@ -168,7 +168,7 @@ def test_unknown_builtin_names_the_accepted_ones():
 @pytest.mark.parametrize(
     "name,content,message",
     [
-        ("notes.pdf", b"%PDF-1.4", "kvviz evaluates .txt and .md files"),
+        ("notes.pdf", b"%PDF-1.4", "kvviz reads texts from UTF-8 .txt and .md files"),
         ("latin1.txt", "caf\xe9".encode("latin-1"), "is not UTF-8 text (undecodable byte at offset 3)"),
         ("empty.txt", b"", "is empty"),
         ("blank.md", b"  \n\t\n", "is empty"),
@@ -184,12 +184,32 @@ def test_documents_refused_by_name(tmp_path, name, content, message):
 
 
 def test_missing_and_folder_documents_are_refused(tmp_path):
-    with pytest.raises(documents.DocumentError, match="cannot read the document .*No such file"):
+    with pytest.raises(documents.DocumentError, match="cannot read .*nope.txt: No such file"):
         documents.from_file(tmp_path / "nope.txt")
     folder = tmp_path / "folder.md"
     folder.mkdir()
     with pytest.raises(documents.DocumentError, match="is a folder"):
         documents.from_file(folder)
+
+
+def test_a_prompt_file_and_a_document_are_read_by_one_reader_with_one_limit(tmp_path):
+    """The window's File > Open prompt file and a document to evaluate or choose on read the same kinds of file, refuse
+    the same ones with the same words, and stop at the same size."""
+    big = tmp_path / "book.txt"
+    with big.open("wb") as f:
+        f.truncate(documents.MAX_FILE_BYTES + 1)
+    nul = tmp_path / "binary.md"
+    nul.write_bytes(b"text\x00more")
+    for path, words in ((big, f"at most {documents.MAX_FILE_BYTES // 2**20} MiB"), (nul, "NUL characters")):
+        with pytest.raises(documents.DocumentError) as as_prompt:
+            documents.read_text(path)
+        with pytest.raises(documents.DocumentError) as as_document:
+            documents.from_file(path)
+        assert str(as_prompt.value) == str(as_document.value) and words in str(as_prompt.value)
+        assert str(path) in str(as_prompt.value)
+    fits = tmp_path / "fits.txt"
+    fits.write_text("a" * (documents.MAX_FILE_BYTES - 1), encoding="utf-8")
+    assert documents.read_text(fits) == documents.from_file(fits).text
 
 
 def test_a_users_markdown_file_is_read_without_its_byte_order_mark(tmp_path):

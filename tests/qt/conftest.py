@@ -29,7 +29,7 @@ def window(qtbot, settings):
     yield win
     if not win.closing:
         win.close()
-    assert not win.engine.thread.isRunning()
+    assert not win.model.thread.isRunning()
 
 
 class Driver:
@@ -49,6 +49,11 @@ class Driver:
 @pytest.fixture
 def drive(qtbot):
     return Driver(qtbot)
+
+
+def tab(win, key: str) -> int:
+    """The index of mode `key`'s tabs (they follow kvviz.qt.modes.MODES)."""
+    return list(win.modes).index(key)
 
 
 def load(qtbot, win, spec: str = "tiny", timeout: int = 120000) -> None:

@@ -59,8 +59,9 @@ def test_window_opens_and_closes_cleanly_mid_load(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "QThread: Destroyed" not in proc.stderr
     assert "Traceback" not in proc.stderr
-    # closing waits for the worker at most 1.8 s, then leaves a load that cannot be interrupted behind
-    assert close_seconds(proc.stdout) < 2.5
+    # closing joins the worker: the engine's import or the load stops at its next step, and past 1.8 s says so
+    seconds = close_seconds(proc.stdout)
+    assert seconds < 2.5 or "kvviz: waiting for the worker thread to end" in proc.stderr, (seconds, proc.stderr)
 
 
 def test_closing_mid_run_exits_zero(tmp_path):
@@ -87,7 +88,7 @@ def test_closing_mid_run_exits_zero(tmp_path):
         "w.load_model('tiny')\n"
         "w.show()\n"
         "rc = app.exec()\n"
-        "assert not w.engine.stuck and w.store.runs[1].trace.steps\n"
+        "assert not w.model.thread.isRunning() and w.store.runs[1].trace.steps\n"
         "sys.exit(rc)\n"
     )
     proc = run_child(tmp_path, code)
@@ -121,7 +122,7 @@ def test_open_trace_file_adds_a_run(qtbot, window, tmp_path):
     run_id = window.show_kept(load_trace(path))
     window.redraw()
     assert window.runs_table.cell(run_id, "tokens") == "3"
-    (x, _), _ = window.local_view.memory_plot.curve_data(run_id)
+    (x, _), _ = window.modes["local"].view.memory_plot.curve_data(run_id)
     assert list(x) == [4, 5, 6]
 
 
@@ -146,3 +147,37 @@ def test_ctrl_c_or_sigterm_closes_an_idle_window_as_its_close_button_does(tmp_pa
     assert proc.returncode == status, stderr
     assert "Traceback" not in stderr and "Error calling Python override" not in stderr
     assert list(tmp_path.rglob("kvviz.conf")), "closing saves the settings, as the close button does"
+
+
+def test_every_way_out_joins_the_worker_even_inside_a_load_that_reports_nothing(tmp_path):
+    """The cause of issue 36's abort: a window closed while its worker sat in a step that cannot be interrupted (a
+    model load inside transformers, 4 s here) left the thread running, and Python's exit destroyed the QThread:
+    SIGABRT. The close now waits for the step to end, says on stderr what it waits for, and the process exits 0."""
+    code = (
+        "import sys, time\n"
+        "from PySide6.QtCore import QSettings\n"
+        "from PySide6.QtWidgets import QApplication\n"
+        "app = QApplication([])\n"
+        "from kvviz.engine import models\n"
+        "real = models.load_model\n"
+        "def silent(spec, **options):\n"
+        "    time.sleep(4)  # no progress reported: nothing to interrupt it at\n"
+        "    return real(spec, **options)\n"
+        "models.load_model = silent\n"
+        "from kvviz.qt.main_window import MainWindow\n"
+        "from kvviz.qt.tools import drive\n"
+        "w = MainWindow(QSettings(sys.argv[1], QSettings.Format.IniFormat))\n"
+        "w.show()\n"
+        "drive.wait(lambda: bool(w.controls.strategy_panel.names()), 120)\n"
+        "w.load_model('tiny')\n"
+        "drive.pause(0.5)\n"
+        "w.close()\n"
+        "print('RUNNING_AFTER_CLOSE', w.model.thread.isRunning(), flush=True)\n"
+    )
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", HF_HUB_OFFLINE="1", XDG_CONFIG_HOME=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "kvviz.ini")], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "RUNNING_AFTER_CLOSE False" in proc.stdout
+    assert "kvviz: waiting for the worker thread to end" in proc.stderr
+    assert "QThread: Destroyed" not in proc.stderr and "Traceback" not in proc.stderr

@@ -26,7 +26,7 @@ PROMPT = "The quick brown fox jumps over the lazy dog because it was bored of si
 
 def test_drawn_matrix_is_the_steps_attention(qtbot, drive, window, tmp_path):
     drive.load(window)
-    view = window.local_view
+    view = window.modes["local"].view
     view.show_attention(True)
     assert view.attention.shown
     run_id = drive.run(window, "h2o", {"budget": 12, "recent": 4}, tokens=6, prompt=PROMPT)
@@ -75,7 +75,7 @@ def test_attention_is_computed_only_while_the_view_shows(qtbot, drive, window):
     assert window.runs_table.item(0, column).text() == UNKNOWN  # dynamic chooses nothing
 
     # shown while a run generates: the steps after it carry the attention, those before do not
-    view = window.local_view
+    view = window.modes["local"].view
     window.controls.prompt_panel.editor.setPlainText(PROMPT)
     window.controls.settings_panel.max_new_tokens.setValue(200)
     with qtbot.waitSignal(window.sigRunDone, timeout=120000):
@@ -93,12 +93,12 @@ def test_attention_is_computed_only_while_the_view_shows(qtbot, drive, window):
 
 def test_run_from_a_file_shows_sink_lines_and_says_why_the_map_is_empty(qtbot, drive, window, tmp_path):
     drive.load(window)
-    window.local_view.show_attention(True)
+    window.modes["local"].view.show_attention(True)
     run_id = drive.run(window, "tova", {"budget": 10}, tokens=4, prompt=PROMPT)
     path = window.store.runs[run_id].trace.save(tmp_path / "tova.json")
     opened = window.show_kept(trace_format.load(path))
     window.redraw()
-    view = window.local_view
+    view = window.modes["local"].view
     assert window.store.primary().run_id == opened
     assert view.attention_map.matrix() is None and view.attention_map.image.image is None
     assert "trace files keep each layer's attention-sink share" in view.attention_map.note_text()
@@ -112,7 +112,7 @@ def test_run_from_a_file_shows_sink_lines_and_says_why_the_map_is_empty(qtbot, d
 
 
 def test_the_map_says_why_a_run_has_no_matrix(qtbot, window):
-    view = window.local_view
+    view = window.modes["local"].view
     view.show_attention(True)
     run_id = window.show_kept(trace_of(3))  # recorded with the view hidden: no shares, no matrix
     window.redraw()
@@ -130,7 +130,7 @@ def test_shown_for_the_last_steps_the_map_has_the_last_matrix(qtbot, drive, wind
     for the run's last few steps (the map drew the latest step's matrix only, and the file's latest step had no
     shares)."""
     drive.load(window, "tiny")
-    view, plot = window.local_view, window.local_view.attention_map
+    view, plot = window.modes["local"].view, window.modes["local"].view.attention_map
     window.controls.prompt_panel.editor.setPlainText(PROMPT)
     window.controls.settings_panel.max_new_tokens.setValue(40)
 

@@ -11,8 +11,7 @@ from PySide6.QtCore import QPointF, Qt
 
 from kvviz.files import frontier
 from kvviz.files.sweep_report import by_memory
-from kvviz.qt.controls import CHOOSE
-from tests.qt.conftest import load
+from tests.qt.conftest import load, tab
 
 TOKENS = 32  # a batched read costs about 0.3 s a forward here (the engine's), so the text is short
 TRIED = {"dynamic", "sliding", "sink"}  # the configurations of the default grid a test keeps ticked
@@ -22,8 +21,8 @@ def ready(qtbot, window):
     """The tiny model loaded, the Choose mode on screen with its default grid for TOKENS tokens, ticked down to
     TRIED at the grid's smallest budget (three configurations)."""
     load(qtbot, window)
-    window.set_mode(CHOOSE)
-    mode = window.choose_mode
+    window.set_mode("choose")
+    mode = window.modes["choose"]
     mode.document_panel.tokens.setValue(TOKENS)
     with qtbot.waitSignal(mode.runner.sigGrid, timeout=30000):
         mode.request_grid()
@@ -42,11 +41,11 @@ def ready(qtbot, window):
 
 def test_a_sweep_draws_its_frontier_live_and_keeps_its_files(window, qtbot, tmp_path):
     mode = ready(qtbot, window)
-    assert window.views.tabText(CHOOSE) == "Choose" and mode.choose_button.isVisibleTo(window)
+    assert window.views.tabText(tab(window, "choose")) == "Choose" and mode.choose_button.isVisibleTo(window)
 
     # a budget that does not read: the accepted forms, nothing starts, nothing typed is lost
     mode.question_panel.budget.setText("four gigs")
-    assert mode.start() is None and mode.running is None
+    assert mode.start() is None and not mode.busy
     assert "4GiB" in window.last_error and "four gigs" in window.last_error
     assert mode.question_panel.budget.text() == "four gigs" and len(mode.config_panel.chosen()) == 3
     mode.question_panel.budget.setText("1GiB")
@@ -107,13 +106,13 @@ def test_a_sweep_draws_its_frontier_live_and_keeps_its_files(window, qtbot, tmp_
 
     # File > Save sweep: the sweep file, the CSV and the picture; it opens again into the mode
     actions = window.file_actions
-    written = actions.save_sweep(tmp_path / "kept")
+    written = mode.save(tmp_path / "kept")
     assert sorted(p.name for p in written) == ["frontier.png", "frontier.svg", "report.md", "sweep.csv", "sweep.json"]
     with open(tmp_path / "kept" / "sweep.csv", encoding="utf-8") as f:
         assert len(list(csv.DictReader(f))) == 3
-    window.set_mode(0)
+    window.set_mode("local")
     assert actions.open_trace(tmp_path / "kept" / "sweep.json") is not None
-    assert window.views.currentIndex() == CHOOSE and mode.opened
+    assert window.mode.key == "choose" and mode.opened
     window.redraw()
     assert table.rows == by_memory(mode.sweep) and len(plot._placed) == 3 and "opened from a file" in mode.header()
 
@@ -134,7 +133,7 @@ def test_stop_keeps_the_finished_configurations(window, qtbot):
     mode = ready(qtbot, window)
 
     def stop_after_first():
-        if mode.done and mode.running is not None:
+        if mode.done and mode.busy:
             mode.stop()
 
     mode.sigChanged.connect(stop_after_first)

@@ -18,7 +18,7 @@ except importlib.metadata.PackageNotFoundError:
 
 def test_default_model_sink_run(qtbot, drive, window):
     drive.load(window, "default", timeout=300000)
-    card = window.engine.card
+    card = window.model.card
     assert card["num_layers"] == 30 and card["num_kv_heads"] == 3
     assert "SmolLM2" in window.controls.model_panel.card.text()
     run_id = drive.run(
@@ -34,11 +34,11 @@ def test_default_model_sink_run(qtbot, drive, window):
     assert window.store.status(run_id) in {"finished"}
     assert 1 <= len(steps) <= 20
     base = series.trace.prompt_tokens
-    (mx, my), _ = window.local_view.memory_plot.curve_data(run_id)
+    (mx, my), _ = window.modes["local"].view.memory_plot.curve_data(run_id)
     np.testing.assert_allclose(mx, [base + s.index for s in steps])
     np.testing.assert_allclose(my, [s.cache_bytes / MIB for s in steps])
     # sink + window: 4 + 12 slots kept, the rest of the prompt evicted, in every one of 30 layers
-    image = window.local_view.cache_map._image
+    image = window.modes["local"].view.cache_map._image
     assert image.shape[0] == 30
     assert (image[:, :4] == SlotState.SINK).all()
     assert (image == SlotState.EVICTED).any()

@@ -11,7 +11,6 @@ from PySide6.QtCore import QObject, Slot
 
 from kvviz.files.trace import Switch, Trace
 from kvviz.present import percent, seconds, strategy_path
-from kvviz.qt.controls import EVALUATE, LOCAL
 from kvviz.qt.series import FLOOR_MS, RunSeries
 from tests.qt.test_series import make_step
 
@@ -70,7 +69,7 @@ def test_floor_line_is_trace_floor_ms_and_a_window_keeps_it_flat(qtbot, drive, w
                          prompt="Tell me a long story about caches.")
     window.runs_table.select_runs([growing, windowed])
     window.redraw()
-    latency = window.local_view.latency_plot
+    latency = window.modes["local"].view.latency_plot
     for run_id in (growing, windowed):
         trace = window.store.runs[run_id].trace
         decode = [s for s in trace.steps if s.phase == "decode"]
@@ -99,25 +98,25 @@ def test_invalid_option_disables_run_and_switch_with_the_message_beside_it(qtbot
     panel = window.controls.strategy_panel
     assert panel.set_current("quantized")
     panel.set_option("q_group_size", 32)
-    assert window.controls.run_button.isEnabled() and panel.problem() is None
+    assert window.modes["local"].run_button.isEnabled() and panel.problem() is None
     panel.set_option("nbits", 3)  # hqq takes 3 bits, quanto does not
     message = panel._messages["nbits"]
     assert panel.problem() == "option 'nbits' of backend 'quanto' must be one of 2, 4, not 3"
     assert message.isVisibleTo(window) and message.text() == panel.problem()
-    assert not window.controls.run_button.isEnabled() and not window.menus.run_action.isEnabled()
+    assert not window.modes["local"].run_button.isEnabled() and not window.menus.run_action.isEnabled()
     runs = dict(window.store.runs)
     assert window.start_run() is None and dict(window.store.runs) == runs  # nothing was started
     panel.set_option("backend", "hqq")
     assert panel.problem() is None and not message.isVisibleTo(window)
-    assert window.controls.run_button.isEnabled()
+    assert window.modes["local"].run_button.isEnabled()
     # while a run goes, an invalid choice keeps Switch disabled
     window.controls.settings_panel.max_new_tokens.setValue(400)
     with qtbot.waitSignal(window.sigRunDone, timeout=120000):
         run_id = window.start_run({"stop_at_eos": False})
         qtbot.waitUntil(lambda: len(window.store.runs[run_id].trace.steps) >= 2, timeout=60000)
-        assert window.controls.switch_button.isEnabled()
+        assert window.modes["local"].switch_button.isEnabled()
         panel.set_option("backend", "quanto")
-        assert not window.controls.switch_button.isEnabled() and window.switch_strategy() is False
+        assert not window.modes["local"].switch_button.isEnabled() and window.switch_strategy() is False
         window.stop_run()
     assert window.store.runs[run_id].trace.switches == []
 
@@ -129,9 +128,9 @@ def test_what_needs_the_model_is_checked_by_the_worker_before_run(qtbot, drive, 
     panel.set_option("q_group_size", 128)
     qtbot.waitUntil(lambda: panel.problem() is not None, timeout=30000)
     assert panel.problem().startswith("cannot use q_group_size=128 with this model")
-    assert panel._messages["q_group_size"].isVisibleTo(window) and not window.controls.run_button.isEnabled()
+    assert panel._messages["q_group_size"].isVisibleTo(window) and not window.modes["local"].run_button.isEnabled()
     panel.set_option("q_group_size", 64)
-    assert panel.problem() is None and window.controls.run_button.isEnabled()  # the verdict was for 128
+    assert panel.problem() is None and window.modes["local"].run_button.isEnabled()  # the verdict was for 128
     # the prompt counts too: a static cache smaller than the prompt plus the new tokens
     assert panel.set_current("static")
     panel.set_option("max_cache_len", 8)
@@ -149,18 +148,18 @@ def test_a_window_smaller_than_the_prompt_warns_before_the_run(qtbot, drive, win
     panel.set_option("window", 8)
     window.controls.prompt_panel.set_text("A prompt of a good many words, surely more than eight tokens long.")
     qtbot.waitUntil(lambda: panel.warning() is not None, timeout=30000)
-    count = window.engine.prompt_tokens
+    count = window.modes["local"].runs.prompt_tokens
     assert count > 8 and f"The prompt is {count} tokens" in panel.warning_label.text()
     assert "then the cache keeps its last 7 tokens" in panel.warning()  # what this strategy keeps of it
     assert panel.warning_label.isVisibleTo(window)
-    assert window.controls.run_button.isEnabled()  # a warning, not a refusal
+    assert window.modes["local"].run_button.isEnabled()  # a warning, not a refusal
     assert panel.set_current("snapkv")
     panel.set_option("budget", 6)
     panel.set_option("window", 2)
     assert "its last 2 tokens and the 4 that those tokens' queries attend to most" in panel.warning()
-    window.set_mode(EVALUATE)  # its strategies read a document: nothing to say about the prompt
+    window.set_mode("evaluate")  # its strategies read a document: nothing to say about the prompt
     assert panel.warning() is None and not panel.warning_label.isVisibleTo(window)
-    window.set_mode(LOCAL)
+    window.set_mode("local")
     assert panel.warning() is not None
     assert panel.set_current("sliding")
     panel.set_option("window", 4096)
@@ -172,13 +171,13 @@ def test_a_window_smaller_than_the_prompt_warns_before_the_run(qtbot, drive, win
     window.controls.prompt_panel.set_text("Hi")  # the chat template alone is more than 6 tokens
     window.controls.settings_panel.raw.setChecked(True)  # the prompt as typed: a token or two
     qtbot.waitUntil(lambda: panel.warning() is None, timeout=30000)
-    assert window.engine.prompt_tokens < 6
+    assert window.modes["local"].runs.prompt_tokens < 6
 
 
 def test_quanto_warm_up_is_announced_marked_and_kept_out_of_the_steps(qtbot, drive, window):
     drive.load(window, "tiny")
     notices = []
-    window.engine.worker.sigRunNotice.connect(lambda run_id, message: notices.append((run_id, message)))
+    window.model.worker.sigRunNotice.connect(lambda run_id, message: notices.append((run_id, message)))
     run_id = drive.run(window, "quantized", {"q_group_size": 32, "residual_length": 4}, tokens=6, timeout=600000)
     assert [m for _, m in notices][0].startswith("loading quanto's kernels") and notices[-1] == (run_id, "")
     trace = window.store.runs[run_id].trace
@@ -186,7 +185,7 @@ def test_quanto_warm_up_is_announced_marked_and_kept_out_of_the_steps(qtbot, dri
     assert window.runs_table.cell(run_id, "one-time s") == f"warm-up {seconds(trace.warm_up_ms)}"
     decode = [s.wall_ms for s in trace.steps if s.phase == "decode"]
     assert window.runs_table.cell(run_id, "tokens/s") == f"{1000 * len(decode) / sum(decode):,.1f}"
-    marks = window.local_view.latency_plot.pause_positions(run_id)
+    marks = window.modes["local"].view.latency_plot.pause_positions(run_id)
     assert marks == {"warm-up": trace.prompt_tokens}  # at the run's start, where the prefill is
     assert window.status_line.notice_text == "" and window.status_line.labels["state"].text() == "ready"
 
@@ -223,7 +222,7 @@ def test_compile_is_shown_stoppable_and_in_no_step(qtbot, drive, window, monkeyp
     panel.set_option("compile", True)
     state = window.status_line.labels["state"]
     watcher = StateAtNotice(state)
-    window.engine.worker.sigRunNotice.connect(watcher.record)
+    window.model.worker.sigRunNotice.connect(watcher.record)
     # the whole run: the compile is announced, timed apart, shown in the table and marked before the first decode
     with qtbot.waitSignal(window.sigRunDone, timeout=900000) as done:
         run_id = window.start_run({"stop_at_eos": False})
@@ -232,7 +231,7 @@ def test_compile_is_shown_stoppable_and_in_no_step(qtbot, drive, window, monkeyp
     trace = window.store.runs[run_id].trace
     assert trace.compile_ms is not None and max(s.wall_ms for s in trace.steps) < trace.compile_ms
     assert window.runs_table.cell(run_id, "one-time s") == f"compile {seconds(trace.compile_ms)}"
-    assert window.local_view.latency_plot.pause_positions(run_id) == {"compile": trace.prompt_tokens + 1}
+    assert window.modes["local"].view.latency_plot.pause_positions(run_id) == {"compile": trace.prompt_tokens + 1}
     assert window.status_line.notice_text == "" and not state.text().startswith("compiling")
     # Stop during a compile: the run ends at once, cancelled, and the notice goes
     torch._dynamo.reset()  # else the second compile finds the first one's code and takes no time

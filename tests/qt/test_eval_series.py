@@ -7,7 +7,7 @@ import pytest
 
 from kvviz.files.evaluation import EvalRun, TokenRecord
 from kvviz.present import MIB
-from kvviz.qt.evaluate.series import SETTLING, SMOOTHING, StrategySeries, compact_label, full_label
+from kvviz.qt.evaluate.series import SETTLING, SMOOTHING, StrategySeries
 
 
 def _run(mode: str = "token-by-token") -> EvalRun:
@@ -59,14 +59,6 @@ def test_nothing_measured_stays_unknown():
     assert series.perplexity() is None and series.second_half_perplexity() is None
     assert series.cache_mib() is None and series.tokens_per_s() is None and series.first_eviction is None
     assert not series.sync()
-
-
-def test_labels_name_the_options_set_away_from_their_defaults():
-    strategy = {"name": "quantized", "options": {"backend": "hqq", "nbits": 2, "residual_length": 128}}
-    defaults = {"quantized": {"backend": "quanto", "nbits": 4, "residual_length": 128}}
-    assert compact_label(strategy, defaults) == "quantized (backend=hqq, nbits=2)"
-    assert compact_label(strategy) == full_label(strategy) == "quantized (backend=hqq, nbits=2, residual_length=128)"
-    assert compact_label({"name": "dynamic", "options": {}}, {"dynamic": {}}) == "dynamic"
 
 
 def test_the_y_range_leaves_out_the_first_predictions_once_there_are_more():

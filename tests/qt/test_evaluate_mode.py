@@ -17,16 +17,15 @@ from kvviz.files import evaluation
 from kvviz.files.formats import read_kept
 from kvviz.present import MIB, mib, number
 from kvviz.qt import unsaved
-from kvviz.qt.controls import EVALUATE, LOCAL
-from tests.qt.conftest import load, run
+from tests.qt.conftest import load, run, tab
 
 TWO = [("dynamic", {}), ("sliding", {"window": 8})]
 
 
 def evaluate(qtbot, win, entries, tokens: int, timeout: int = 120000) -> int:
     """Evaluate through the window's own controls and wait for the end; the evaluation's id."""
-    win.set_mode(EVALUATE)
-    mode = win.eval_mode
+    win.set_mode("evaluate")
+    mode = win.modes["evaluate"]
     mode.list_panel.set_entries(entries)
     mode.document_panel.tokens.setValue(tokens)
     assert mode.evaluate_button.isEnabled(), win.last_error
@@ -48,12 +47,12 @@ def _table(mode) -> list[list[str]]:
 def test_the_mode_swaps_controls_view_and_docks_and_keeps_its_choices(window, qtbot, settings, tmp_path):
     from kvviz.qt.main_window import MainWindow
 
-    c, mode = window.controls, window.eval_mode
-    c.source_tabs.setCurrentIndex(EVALUATE)  # as a user clicks the tab
-    assert window.views.currentIndex() == EVALUATE and window.views.tabText(EVALUATE) == "Evaluate"
-    shown = (c.model_panel, c.document_panel, c.strategy_panel, c.eval_list_panel, mode.evaluate_button)
+    c, mode = window.controls, window.modes["evaluate"]
+    c.source_tabs.setCurrentIndex(tab(window, "evaluate"))  # as a user clicks the tab
+    assert window.mode.key == "evaluate" and window.views.tabText(tab(window, "evaluate")) == "Evaluate"
+    shown = (c.model_panel, mode.document_panel, c.strategy_panel, mode.list_panel, mode.evaluate_button)
     assert all(w.isVisibleTo(window) for w in shown)
-    hidden = (c.prompt_panel, c.settings_panel, c.run_button, window.tokens_dock, window.runs_dock)
+    hidden = (c.prompt_panel, c.settings_panel, window.modes["local"].run_button, window.tokens_dock, window.runs_dock)
     assert not any(w.isVisibleTo(window) for w in hidden)
     assert not mode.evaluate_button.isEnabled()  # no model yet
     # the first list: StreamingLLM's comparison, each named by the options it sets away from their defaults
@@ -72,7 +71,7 @@ def test_the_mode_swaps_controls_view_and_docks_and_keeps_its_choices(window, qt
     assert _list_texts(mode)[0] == "sliding (window=128)" and len(_list_texts(mode)) == 4
 
     # the document: built in, or a file (a bad one is refused with a reason, the choice stays)
-    panel = c.document_panel
+    panel = mode.document_panel
     assert panel.document().source == "builtin:alice" and "Lewis Carroll" in panel.about.text()
     panel.tokens.setValue(0)
     assert panel.tokens.text() == "whole document" and panel.token_count() is None
@@ -93,15 +92,15 @@ def test_the_mode_swaps_controls_view_and_docks_and_keeps_its_choices(window, qt
     again.show()
     try:
         qtbot.waitUntil(lambda: bool(again.controls.strategy_panel.names()), timeout=30000)
-        assert _list_texts(again.eval_mode) == _list_texts(mode)
-        assert again.controls.document_panel.state() == {"source": str(story), "tokens": 300}
+        assert _list_texts(again.modes["evaluate"]) == _list_texts(mode)
+        assert again.modes["evaluate"].document_panel.state() == {"source": str(story), "tokens": 300}
         assert again.tokens_dock.isVisibleTo(again) and again.runs_dock.isVisibleTo(again)
     finally:
         again.close()
 
-    c.source_tabs.setCurrentIndex(LOCAL)
+    c.source_tabs.setCurrentIndex(tab(window, "local"))
     assert window.tokens_dock.isVisibleTo(window) and window.runs_dock.isVisibleTo(window)
-    assert c.prompt_panel.isVisibleTo(window) and not c.document_panel.isVisibleTo(window)
+    assert c.prompt_panel.isVisibleTo(window) and not mode.document_panel.isVisibleTo(window)
 
 
 def test_two_strategies_end_to_end_rows_and_curves(window, qtbot, monkeypatch):
@@ -111,7 +110,7 @@ def test_two_strategies_end_to_end_rows_and_curves(window, qtbot, monkeypatch):
     load(qtbot, window, "tiny")
     evaluate(qtbot, window, TWO, 40)
     assert not summaries  # the live view never recomputes a run's summary (linear in its length)
-    mode = window.eval_mode
+    mode = window.modes["evaluate"]
     assert [s.state for s in mode.series] == ["finished", "finished"]
     assert "tiny-random-llama" in mode.view.summary.text() and "40 tokens" in mode.view.summary.text()
     rows = _table(mode)
@@ -145,15 +144,15 @@ def test_two_strategies_end_to_end_rows_and_curves(window, qtbot, monkeypatch):
 def test_a_document_longer_than_the_context_is_cut_with_a_notice(window, qtbot, short_context_model):
     load(qtbot, window, str(short_context_model))
     evaluate(qtbot, window, [("dynamic", {})], 0)  # the whole of Alice: far more than its 256 positions
-    mode = window.eval_mode
+    mode = window.modes["evaluate"]
     assert mode.series[0].run.document["tokens"] == 256 and mode.series[0].n == 255
     assert "longer than the model's context of 256 tokens" in mode.view.summary.text()
 
 
 def test_stop_stops_every_strategy_and_frees_the_worker(window, qtbot):
     load(qtbot, window, "tiny")
-    window.set_mode(EVALUATE)
-    mode = window.eval_mode
+    window.set_mode("evaluate")
+    mode = window.modes["evaluate"]
     # the two that evict read the document together (as kvviz eval does), then dynamic would
     mode.list_panel.set_entries([("sliding", {"window": 16}), ("sink", {"window": 12}), ("dynamic", {})])
     mode.document_panel.tokens.setValue(4000)
@@ -162,7 +161,7 @@ def test_stop_stops_every_strategy_and_frees_the_worker(window, qtbot):
     assert not window.controls.model_panel.load_button.isEnabled() and mode.stop_button.isEnabled()
     assert mode.active == [0, 1] and mode.progress().startswith("strategies 1, 2 of 3, read together: ")
     window.redraw()  # the status bar speaks of the evaluation, not of the last local run
-    rate, cache = mode.figures()
+    rate, _, cache = mode.figures()
     assert rate == pytest.approx(sum(s.tokens_per_s() for s in mode.series[:2]))
     assert cache == sum(s.cache_bytes() for s in mode.series[:2])
     assert window.status_line.labels["cache"].text() == f"cache {mib(cache)}"
@@ -173,8 +172,8 @@ def test_stop_stops_every_strategy_and_frees_the_worker(window, qtbot):
     assert [row[-1] for row in _table(mode)] == ["cancelled", "cancelled", "not run"]
     assert "cancelled" in mode.view.summary.text()
     assert [index for index, _ in mode.runs()] == [0, 1]  # what was measured is kept; nothing of the rest
-    window.set_mode(LOCAL)
-    assert window.controls.run_button.isEnabled()
+    window.set_mode("local")
+    assert window.modes["local"].run_button.isEnabled()
     run(qtbot, window, tokens=4)  # the worker serves a local run again
 
 
@@ -192,7 +191,7 @@ def test_a_failing_strategy_keeps_its_error_and_the_others_their_results(window,
     load(qtbot, window, "tiny")
     # static with too few slots is refused before any work; sink fails after ten predictions; dynamic is fine
     evaluate(qtbot, window, [("static", {"max_cache_len": 16}), ("sink", {"window": 8}), ("dynamic", {})], 40)
-    mode = window.eval_mode
+    mode = window.modes["evaluate"]
     assert [s.state for s in mode.series] == ["failed", "failed", "finished"]
     static, sink, dynamic = _table(mode)
     assert static[1:7] == ["–"] * 6 and static[7].startswith("failed: option 'max_cache_len'")
@@ -201,7 +200,7 @@ def test_a_failing_strategy_keeps_its_error_and_the_others_their_results(window,
     assert len(mode.view.perplexity_plot.curve_data(mode.series[1].run_id)[0][0]) == 10  # what it measured
     assert "static (max_cache_len=16) failed" in window.last_error and "sink (window=8) failed" in window.last_error
 
-    written = window.file_actions.save_evaluation(tmp_path / "kept")
+    written = window.modes["evaluate"].save(tmp_path / "kept")
     assert sorted(p.name for p in written) == ["eval-2-sink.json", "eval-3-dynamic.json", "summary.csv"]
     with (tmp_path / "kept" / "summary.csv").open(encoding="utf-8") as f:
         assert [(r["strategy"], r["status"], r["tokens"]) for r in csv.DictReader(f)] == [
@@ -213,16 +212,16 @@ def test_save_and_open_evaluation_files(window, qtbot, tmp_path):
 
     load(qtbot, window, "tiny")
     evaluate(qtbot, window, TWO, 40)
-    mode, actions = window.eval_mode, window.file_actions
+    mode, actions = window.modes["evaluate"], window.file_actions
     live_rows = _table(mode)
-    written = actions.save_evaluation(tmp_path / "out")
+    written = mode.save(tmp_path / "out")
     assert [p.name for p in written] == ["eval-1-dynamic.json", "eval-2-sliding.json", "summary.csv"]
     assert str((tmp_path / "out").resolve()) in window.statusBar().currentMessage()
     with (tmp_path / "out" / "summary.csv").open(encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     assert [r["strategy"] for r in rows] == ["dynamic", "sliding"] and rows[1]["options"] == "window=8"
     assert float(rows[0]["perplexity"]) == pytest.approx(mode.series[0].perplexity(), rel=1e-5)
-    exported = actions.export_evaluation_csv(tmp_path / "summary-only.csv")
+    exported = mode.export_csv(tmp_path / "summary-only.csv")
     with exported.open(encoding="utf-8") as f:
         assert [r["perplexity"] for r in csv.DictReader(f)] == [r["perplexity"] for r in rows]
     # the tab's plots export like the others': each with its title, axes and a legend naming the strategies
@@ -233,9 +232,9 @@ def test_save_and_open_evaluation_files(window, qtbot, tmp_path):
     assert "sliding (window=8)" in svg and "cache memory (MiB)" in svg
 
     # File > Open the first file, drop the second: the two side by side again, with the same numbers
-    window.set_mode(LOCAL)
+    window.set_mode("local")
     opened = actions.open_trace(written[0])
-    assert isinstance(opened, evaluation.EvalRun) and window.views.currentIndex() == EVALUATE
+    assert isinstance(opened, evaluation.EvalRun) and window.mode.key == "evaluate"
     mime = QMimeData()
     mime.setUrls([QUrl.fromLocalFile(str(written[1]))])
     drop = QDropEvent(QPointF(20, 20), Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton,
@@ -289,7 +288,7 @@ def test_no_engine_call_on_the_gui_thread(window, qtbot, monkeypatch):
     monkeypatch.setattr(CacheRun, "measure", noting(CacheRun.measure))
     load(qtbot, window, "tiny")
     evaluate(qtbot, window, [("sink", {"window": 8}), ("quantized", {"backend": "hqq", "nbits": 2})], 24)
-    assert [s.state for s in window.eval_mode.series] == ["finished", "finished"], window.last_error
+    assert [s.state for s in window.modes["evaluate"].series] == ["finished", "finished"], window.last_error
     assert threads and threading.get_ident() not in threads  # the worker did all of it
     assert len(threads) == 1
 

@@ -151,7 +151,7 @@ def test_dialogs_start_in_the_last_folder_of_their_kind_also_in_the_next_session
     window.controls.model_panel.file_button.click()
     window.settings.setValue("folders/models", str(models))
     window.controls.model_panel.folder_button.click()
-    window.server.panel.sigFolderRequested.emit()
+    window.modes["server"].panel.sigFolderRequested.emit()
     window.recorder.action.trigger()  # cancelled: nothing is recorded
     recording = f"kvviz.{'mp4' if have_ffmpeg() else 'gif'}"
     assert fake.asked == [("GGUF model file", ""), ("Model folder", str(models)),
@@ -193,7 +193,7 @@ def test_a_journal_a_killed_run_left_opens_as_a_partial_run(window, tmp_path):
     kept.journal.close()
     opened = window.file_actions.open_trace(kept.journal.path)
     assert opened is not None and len(opened.records) == 412 and opened.error.startswith("stopped after 412 of 1,499")
-    shown = window.eval_mode.series[-1]
+    shown = window.modes["evaluate"].series[-1]
     assert shown.state == "cancelled" and cells(shown)[-1] == f"cancelled: {opened.error}"
 
 

@@ -29,7 +29,7 @@ def test_switch_mid_run_converts_and_marks_the_plots(qtbot, drive, window, monke
         assert window.controls.strategy_panel.set_current("sink")
         window.controls.strategy_panel.set_option("window", 8)
         threads.clear()
-        with qtbot.waitSignal(window.engine.worker.sigSwitchAccepted, timeout=60000) as accepted:
+        with qtbot.waitSignal(window.model.worker.sigSwitchAccepted, timeout=60000) as accepted:
             assert window.switch_strategy(), window.last_error
         assert accepted.args == ["sink"]
         assert threads and threading.get_ident() not in threads
@@ -43,14 +43,14 @@ def test_switch_mid_run_converts_and_marks_the_plots(qtbot, drive, window, monke
     assert strategies[: switch.step] == ["dynamic"] * switch.step
     assert set(strategies[switch.step :]) == {"sink"}
     x = trace.prompt_tokens + switch.step
-    assert window.local_view.memory_plot.switch_positions(run_id) == [x]
-    assert window.local_view.latency_plot.switch_positions(run_id) == [x]
+    assert window.modes["local"].view.memory_plot.switch_positions(run_id) == [x]
+    assert window.modes["local"].view.latency_plot.switch_positions(run_id) == [x]
     # the sink cache holds 4 + 8 tokens after the switch, far less than the dynamic one before it
     assert trace.steps[switch.step].layers[0].seq_len == 12
     # the table and the cache map's title name the switch, not only the strategy the run began with
     window.redraw()
     assert window.runs_table.cell(run_id, "strategy") == f"dynamic -> sink (sink_tokens=4, window=8) @{switch.step}"
-    title = window.local_view.cache_map.title_label.detail  # shown whole where it fits, else shortened
+    title = window.modes["local"].view.cache_map.title_label.detail  # shown whole where it fits, else shortened
     assert f"#{run_id} sink (sink_tokens=4, window=8), from dynamic at step {switch.step}" in title
 
 
@@ -65,7 +65,7 @@ def test_refused_switch_shows_the_reason_and_the_run_goes_on(qtbot, drive, windo
         qtbot.waitUntil(lambda: len(window.store.runs[run_id].trace.steps) >= 8, timeout=60000)
         assert window.controls.strategy_panel.set_current("static")
         # the worker checks the request on its own thread and answers with a signal
-        with qtbot.waitSignal(window.engine.worker.sigSwitchRefused, timeout=60000) as refused:
+        with qtbot.waitSignal(window.model.worker.sigSwitchRefused, timeout=60000) as refused:
             assert window.switch_strategy()
         assert refused.args[0] == "static" and "has already evicted tokens" in refused.args[1]
         # the window's own slot runs on the GUI thread, once the queued signal is delivered
@@ -76,12 +76,12 @@ def test_refused_switch_shows_the_reason_and_the_run_goes_on(qtbot, drive, windo
 
 def test_reference_run_plots_kl(qtbot, drive, window):
     drive.load(window, "tiny")
-    window.controls.reference_box.setChecked(True)
+    window.modes["local"].reference_box.setChecked(True)
     run_id = drive.run(window, "sliding", {"window": 4}, tokens=16)
     steps = window.store.runs[run_id].trace.steps
     assert all(s.kl is not None for s in steps)
-    assert window.local_view.fidelity_plot.isVisible()
-    x, kl = window.local_view.fidelity_plot.curve_data(run_id)[0]
+    assert window.modes["local"].view.fidelity_plot.isVisible()
+    x, kl = window.modes["local"].view.fidelity_plot.curve_data(run_id)[0]
     np.testing.assert_allclose(kl, [s.kl for s in steps])
     assert max(kl) > 0  # a 4-token window on a 16-token run does lose information
     summary = window.store.runs[run_id].trace.summary()

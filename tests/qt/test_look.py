@@ -14,7 +14,7 @@ from kvviz.present import CANCELLED, FAILED, FINISHED, RUNNING, STARTING
 from kvviz.qt import theme
 from kvviz.qt.panels.runs import COLUMNS
 from kvviz.qt.plots import MemoryPlot
-from kvviz.qt.plots.base import short_forms, unit_forms
+from kvviz.qt.plots.titles import short_forms, unit_forms
 
 
 def _wheel(widget, steps: int = 1) -> None:
@@ -38,7 +38,7 @@ def test_wheel_changes_a_field_only_when_it_has_the_focus(qtbot, window):
     combo = window.controls.strategy_panel.combo
     tokens.setValue(100)
     before = combo.currentIndex()
-    window.controls.run_button.setFocus()
+    window.modes["local"].run_button.setFocus()
     _wheel(tokens, -1)
     _wheel(combo, -1)
     assert tokens.value() == 100 and combo.currentIndex() == before
@@ -55,7 +55,7 @@ def test_hover_readout_clears_on_leave_and_when_another_run_starts(qtbot, drive,
     drive.load(window, "tiny")
     drive.run(window, "dynamic", tokens=10)
     window.redraw()
-    plot = window.local_view.memory_plot
+    plot = window.modes["local"].view.memory_plot
     assert plot.legend_bar.texts() == ["measured", "predicted"]
     centre = plot.plot.vb.sceneBoundingRect().center()
     plot.hover_at(centre)
@@ -74,21 +74,21 @@ def test_hover_readout_clears_on_leave_and_when_another_run_starts(qtbot, drive,
 
 
 def test_empty_plots_have_no_legend_and_legends_name_the_runs(qtbot, drive, window):
-    for plot in window.local_view.plots + window.server.view.plots:
+    for plot in window.modes["local"].view.plots + window.modes["server"].view.plots:
         assert plot.legend_bar.isHidden(), type(plot).__name__
-    assert window.local_view.run_legend.isHidden()
+    assert window.modes["local"].view.run_legend.isHidden()
     drive.load(window, "tiny")
     first = drive.run(window, "dynamic", tokens=6)
     second = drive.run(window, "sink", {"sink_tokens": 2, "window": 6}, tokens=6)
     window.runs_table.select_runs([first, second])
     window.redraw()
-    names = window.local_view.run_legend.texts()
+    names = window.modes["local"].view.run_legend.texts()
     assert names[0].startswith(f"#{first} dynamic") and names[1].startswith(f"#{second} sink")
-    latency = window.local_view.latency_plot.legend_bar.texts()
+    latency = window.modes["local"].view.latency_plot.legend_bar.texts()
     assert latency[:3] == ["step time", "memory-bound floor", "prefill"] and len(latency) == 5
     assert all(t.endswith(" ms") for t in latency[3:])
-    assert "evicted" in window.local_view.cache_map.legend_bar.texts()
-    assert window.local_view.cache_map.title_label.detail.startswith(f"#{second} sink")
+    assert "evicted" in window.modes["local"].view.cache_map.legend_bar.texts()
+    assert window.modes["local"].view.cache_map.title_label.detail.startswith(f"#{second} sink")
 
 
 def test_titles_and_axis_labels_shorten_but_keep_their_unit(qtbot):
@@ -114,10 +114,10 @@ def test_exports_have_the_width_asked_a_title_and_no_empty_plot(qtbot, drive, wi
     assert actions.export_plots(tmp_path / "none") == [] and "empty" in actions.last_message
     actions.message_box.close()
     drive.load(window, "tiny")
-    window.controls.reference_box.setChecked(True)
+    window.modes["local"].reference_box.setChecked(True)
     drive.run(window, "sink", {"sink_tokens": 2, "window": 6}, tokens=8)
     window.redraw()
-    assert not window.local_view.fidelity_plot.isHidden()
+    assert not window.modes["local"].view.fidelity_plot.isHidden()
     files = actions.export_plots(tmp_path / "plots", width=1280)
     names = {p.name for p in files}
     assert "fidelity_plot.svg" in names and "fidelity_plot.png" in names
@@ -196,11 +196,11 @@ def test_help_menu_and_switch_shortcut(qtbot, window):
     entries = [a.text().replace("&", "") for a in help_menu.menu().actions()]
     assert entries == ["What the views show", "Keyboard and mouse", "About kvviz"]
 
-    qtbot.waitUntil(lambda: bool(window.help.strategies), timeout=20000)  # listed by the worker
+    qtbot.waitUntil(lambda: bool(window.model.listing), timeout=20000)  # listed by the worker
     views = window.help.show_views()
     body = views.findChild(QTextBrowser).toPlainText()
-    for heading in ("Cache memory", "Step latency", "Fidelity", "Cache map", "Attention", "Tokens", "vLLM server",
-                    "Cache strategies"):
+    for heading in ("Local run", "Evaluate", "Chat", "Choose", "vLLM server", "Cache memory", "Step latency",
+                    "Fidelity", "Cache map", "Attention", "Tokens", "Cache strategies"):
         assert heading in body
     # what each policy keeps and the paper it follows
     for follows in ("snapkv: SnapKV: cut the prompt", "Follows SnapKV (Li et al., NeurIPS 2024)", "Follows H2O (Zhang",
@@ -214,7 +214,7 @@ def test_help_menu_and_switch_shortcut(qtbot, window):
         assert f"{word.capitalize()}: {theme.STATE_LABELS[state].split(',')[0]}" in cache_map, word
     # no colour the map does not use (whole words: "shared" holds "red")
     assert "fainter blue" in cache_map and not re.search(r"\b(Purple|red)\b", cache_map)
-    runs = body[body.index("Runs") : body.index("Evaluate")]
+    runs = body[body.index("\nRuns\n") : body.index("Cache strategies")]
     for status in (STARTING, RUNNING, FINISHED, CANCELLED, FAILED):
         assert status in runs
     assert "stopped with Stop" in runs and ", stopped," not in runs

@@ -14,43 +14,43 @@ import pytest
 
 from kvviz.attach import session as session_file
 from kvviz.attach.request_trace import STRATEGY
-from kvviz.qt.controls import LOCAL, SERVER
 from tests.attach.conftest import DATA, MODEL, dead_url, recorded, replay_server  # noqa: F401 - fixtures
-from tests.qt.conftest import load, run
+from tests.qt.conftest import load, run, tab
 
 PHASES = ["idle", "load", "after", "restarted", "restarted_after"]
 
 
 def attach(qtbot, window, url: str) -> None:
     """Type the URL into the model chooser and press Load, as a user would."""
-    window.server.panel.model_dir.setText(str(DATA / "smollm2-135m"))
-    window.server.panel.interval.setValue(0.1)
+    window.modes["server"].panel.model_dir.setText(str(DATA / "smollm2-135m"))
+    window.modes["server"].panel.interval.setValue(0.1)
     window.controls.model_panel.set_spec(url)
-    with qtbot.waitSignal(window.server.connection.sigConnected, timeout=10000):
+    with qtbot.waitSignal(window.modes["server"].connection.sigConnected, timeout=10000):
         window.controls.model_panel.load_button.click()
 
 
 def send(qtbot, window) -> int:
     with qtbot.waitSignal(window.sigRunDone, timeout=10000) as done:
-        window.server.send_button.click()
+        window.modes["server"].send_button.click()
     return done.args[0]
 
 
 def test_server_button_switches_the_controls_and_the_view(window):
     window.controls.model_panel.server_button.click()
-    assert window.controls.source_tabs.currentIndex() == SERVER and window.views.currentIndex() == SERVER
-    assert window.server.panel.isVisibleTo(window) and not window.controls.model_panel.isVisibleTo(window)
-    assert not window.server.send_button.isEnabled()  # not connected yet
-    window.views.setCurrentIndex(LOCAL)  # the central tab leads the controls too
-    assert window.controls.source_tabs.currentIndex() == LOCAL and window.controls.strategy_panel.isVisibleTo(window)
+    assert window.controls.source_tabs.currentIndex() == tab(window, "server") and window.mode.key == "server"
+    assert window.modes["server"].panel.isVisibleTo(window) and not window.controls.model_panel.isVisibleTo(window)
+    assert not window.modes["server"].send_button.isEnabled()  # not connected yet
+    window.views.setCurrentIndex(tab(window, "local"))  # the central tab leads the controls too
+    assert window.controls.source_tabs.currentIndex() == tab(window, "local")
+    assert window.controls.strategy_panel.isVisibleTo(window)
 
 
 def test_attach_plots_scrapes_and_own_request_joins_the_runs(qtbot, window, replay_server, tmp_path):  # noqa: F811
     replay_server.metrics = [recorded(f"metrics_{name}.txt") for name in PHASES]
     replay_server.chunk_delay = 0.01
     attach(qtbot, window, replay_server.url)
-    server = window.server
-    assert window.views.currentIndex() == SERVER
+    server = window.modes["server"]
+    assert window.mode.key == "server"
     assert "Disconnect" == server.panel.connect_button.text()
     qtbot.waitUntil(lambda: server.series.n >= len(PHASES) + 1, timeout=10000)
     # the prediction comes once the window's worker has imported the engine: later than the scrapes on a busy machine
@@ -79,7 +79,7 @@ def test_attach_plots_scrapes_and_own_request_joins_the_runs(qtbot, window, repl
     (x, ms), *_ = server.view.latency_plot.curve_data(run_id)
     assert len(x) == 11 and np.all(ms >= 0)  # decode gaps; the first token's wait is the prefill star
     assert series.prefill_ms == pytest.approx(series.trace.steps[0].wall_ms)
-    assert window.local_view.memory_plot.curve_data(run_id) == []  # the cache views leave served runs out
+    assert window.modes["local"].view.memory_plot.curve_data(run_id) == []  # the cache views leave served runs out
     assert window.token_view.series is series and "The answer is: 201" in window.token_view.toPlainText()
 
     # unknown stays unknown: a served step has no cache, predicted or RSS bytes and no token id, and the
@@ -105,57 +105,59 @@ def test_local_and_served_runs_share_the_latency_plot(qtbot, window, replay_serv
     served = send(qtbot, window)
     assert window.store.shown == [local, served]  # the served run joins the overlay
     window.redraw()
-    plot = window.server.view.latency_plot
+    plot = window.modes["server"].view.latency_plot
     assert plot.curve_data(local) and plot.curve_data(served)
-    window.set_mode(LOCAL)
+    window.set_mode("local")
     window.redraw()
-    assert window.local_view.latency_plot.curve_data(served) and window.local_view.memory_plot.curve_data(local)
-    assert window.local_view.memory_plot.curve_data(served) == []
+    view = window.modes["local"].view
+    assert view.latency_plot.curve_data(served) and view.memory_plot.curve_data(local)
+    assert view.memory_plot.curve_data(served) == []
 
 
 def test_session_saves_and_opens_again(qtbot, window, replay_server, tmp_path):  # noqa: F811
     replay_server.metrics = [recorded(f"metrics_{name}.txt") for name in PHASES[:3]]
     attach(qtbot, window, replay_server.url)
     send(qtbot, window)
-    qtbot.waitUntil(lambda: window.server.series.n >= 4, timeout=10000)
-    path = window.file_actions.save_server_session(tmp_path / "server.json")
+    qtbot.waitUntil(lambda: window.modes["server"].series.n >= 4, timeout=10000)
+    path = window.modes["server"].save(tmp_path / "server.json")
     saved = session_file.load(path)
     assert saved.model == MODEL and len(saved.requests) == 1 and len(saved.snapshots) >= 4
     assert saved.prediction["ratio"] == pytest.approx(1.0, rel=0.01)
 
-    window.server.disconnect()
+    window.modes["server"].disconnect()
     rows = window.runs_table.rowCount()
     opened = window.file_actions.open_trace(path)
     assert isinstance(opened, session_file.Session)
-    assert window.server.series.n == len(saved.points())  # the plots again, derived from the raw scrapes
+    assert window.modes["server"].series.n == len(saved.points())  # the plots again, derived from the raw scrapes
     assert window.runs_table.rowCount() == rows + 1  # its own request as a run again
-    assert "opened from a session file" in window.server.view.summary.text()
-    assert window.views.currentIndex() == SERVER
+    assert "opened from a session file" in window.modes["server"].view.summary.text()
+    assert window.mode.key == "server"
 
 
 def test_unreachable_server_says_so_and_keeps_what_was_there(qtbot, window, dead_url):  # noqa: F811
     load(qtbot, window, "tiny")
     kept = run(qtbot, window, tokens=4)
     window.controls.model_panel.set_spec(dead_url)
-    with qtbot.waitSignal(window.server.connection.sigConnectFailed, timeout=10000):
+    with qtbot.waitSignal(window.modes["server"].connection.sigConnectFailed, timeout=10000):
         window.controls.model_panel.load_button.click()
     assert "Could not attach" in window.last_error and "cannot connect" in window.last_error
     assert window.error_bar.isVisibleTo(window)
-    assert kept in window.store.runs and window.engine.card is not None  # the local model and run are still there
-    assert window.server.panel.connect_button.text() == "Connect" and not window.server.send_button.isEnabled()
+    assert kept in window.store.runs and window.model.card is not None  # the local model and run are still there
+    server = window.modes["server"]
+    assert server.panel.connect_button.text() == "Connect" and not server.send_button.isEnabled()
 
 
 def test_not_vllm_and_bad_addresses_are_refused_with_a_reason(qtbot, window, replay_server):  # noqa: F811
     replay_server.metrics = [
         '# HELP python_info Python platform information\n# TYPE python_info gauge\npython_info{version="3.11"} 1.0\n'
     ]
-    window.set_mode(SERVER)
-    with qtbot.waitSignal(window.server.connection.sigConnectFailed, timeout=10000):
-        window.server.connect_to(replay_server.url)
+    window.set_mode("server")
+    with qtbot.waitSignal(window.modes["server"].connection.sigConnectFailed, timeout=10000):
+        window.modes["server"].connect_to(replay_server.url)
     assert "does not look like a vLLM server" in window.last_error
-    assert not window.server.connect_to("ftp://example")
+    assert not window.modes["server"].connect_to("ftp://example")
     assert "not an http(s) address" in window.last_error
-    assert not window.server.connect_to("")
+    assert not window.modes["server"].connect_to("")
     assert "Type the server's address" in window.last_error
 
 

@@ -32,7 +32,7 @@ def test_strategy_runs_through_the_window(qtbot, drive, window, name):
     assert len(series.trace.steps) == 8
     assert series.trace.strategy["name"] == name
     assert window.runs_table.cell(run_id, "strategy").startswith(name)
-    states = set(int(v) for v in set(window.local_view.cache_map._image.ravel().tolist()))
+    states = set(int(v) for v in set(window.modes["local"].view.cache_map._image.ravel().tolist()))
     assert EXPECTED_STATES.get(name, set()) <= states, (name, states)
 
 

@@ -17,12 +17,12 @@ def assert_plots_match(win, run_id):
     steps = series.trace.steps
     base = series.trace.prompt_tokens
     x = np.array([base + s.index for s in steps], dtype=float)
-    (mx, my), (px, py) = win.local_view.memory_plot.curve_data(run_id)
+    (mx, my), (px, py) = win.modes["local"].view.memory_plot.curve_data(run_id)
     np.testing.assert_allclose(mx, x)
     np.testing.assert_allclose(my, [s.cache_bytes / MIB for s in steps])
     np.testing.assert_allclose(px, x)
     np.testing.assert_allclose(py, [s.predicted_cache_bytes / MIB for s in steps])
-    (lx, ly) = win.local_view.latency_plot.curve_data(run_id)[0]
+    (lx, ly) = win.modes["local"].view.latency_plot.curve_data(run_id)[0]
     decode = [s for s in steps if s.phase == "decode"]
     np.testing.assert_allclose(lx, [base + s.index for s in decode])
     np.testing.assert_allclose(ly, [s.wall_ms for s in decode])
@@ -48,11 +48,11 @@ def test_tiny_run_draws_exactly_its_records(qtbot, drive, window):
     assert table.cell(run_id, "status") == "finished"
 
     last = trace.steps[-1]
-    keys, values, fixed = window.local_view.layer_bytes_plot._data
+    keys, values, fixed = window.modes["local"].view.layer_bytes_plot._data
     assert list(keys) == [layer.keys_bytes for layer in last.layers]
     assert list(values) == [layer.values_bytes for layer in last.layers]
     assert not fixed.any()  # a plain model: no state, no cross-attention
-    image = window.local_view.cache_map._image
+    image = window.modes["local"].view.cache_map._image
     assert image.shape == (len(last.layers), last.layers[0].seq_len)
     assert (image == SlotState.FULL).all()
     assert window.token_view.toPlainText().startswith(trace.prompt)
@@ -75,7 +75,7 @@ def test_stop_keeps_what_was_generated(qtbot, drive, window):
     assert trace.cancelled and 3 <= len(trace.steps) < 400
     assert window.runs_table.cell(run_id, "status") == "cancelled"
     assert_plots_match(window, run_id)
-    assert window.controls.run_button.isEnabled() and not window.controls.stop_button.isEnabled()
+    assert window.modes["local"].run_button.isEnabled() and not window.modes["local"].stop_button.isEnabled()
 
 
 def test_failing_model_path_shows_error_and_window_still_works(qtbot, drive, window, tmp_path):
@@ -84,7 +84,7 @@ def test_failing_model_path_shows_error_and_window_still_works(qtbot, drive, win
         window.load_model(missing)
     assert blocker.args == [missing, False]
     assert window.error_bar.isVisible() and "does not exist" in window.error_bar.label.text()
-    assert not window.controls.run_button.isEnabled()
+    assert not window.modes["local"].run_button.isEnabled()
     drive.load(window, "tiny")
     assert not window.error_bar.isVisible()
     run_id = drive.run(window, tokens=4)
@@ -105,8 +105,8 @@ def test_refused_run_leaves_no_run_behind_and_says_why(qtbot, drive, window):
     assert refused not in window.store.runs and window.runs_table.run_ids() == [first]
     assert window.store.shown == [first] and window.runs_table.selected_runs() == [first]
     window.redraw()
-    assert f"#{first} dynamic" in window.local_view.cache_map.title_label.text()
-    assert window.controls.run_button.isEnabled()
+    assert f"#{first} dynamic" in window.modes["local"].view.cache_map.title_label.text()
+    assert window.modes["local"].run_button.isEnabled()
     next_id = drive.run(window, "dynamic", tokens=4)
     assert next_id == refused  # the refused run's number was never used
     assert window.store.status(next_id) == "finished"
@@ -121,16 +121,16 @@ def test_two_runs_overlay_with_their_own_colours(qtbot, drive, window):
     window.redraw()
     assert window.store.shown == [first, second]
     for run_id in (first, second):
-        measured = window.local_view.memory_plot._curves[run_id].items[0]
+        measured = window.modes["local"].view.memory_plot._curves[run_id].items[0]
         assert measured.opts["pen"].color().name() == theme.run_colour(run_id)
         assert_plots_match(window, run_id)
     assert theme.run_colour(first) != theme.run_colour(second)
     # a static cache allocates its whole capacity: the map shows the unwritten tail
-    image = window.local_view.cache_map._image
+    image = window.modes["local"].view.cache_map._image
     assert (image == SlotState.PREALLOCATED).any()
     window.runs_table.select_runs([first])
     window.redraw()
-    assert list(window.local_view.memory_plot._curves) == [first]
+    assert list(window.modes["local"].view.memory_plot._curves) == [first]
 
 
 def test_strategy_panel_shows_options_and_unavailable_reasons(qtbot, drive, window):
@@ -165,7 +165,7 @@ def test_settings_and_theme_persist(qtbot, drive, settings):
     first.controls.strategy_panel.set_option("window", 64)
     first.controls.model_panel.set_spec("tiny")
     first.close()
-    assert not first.engine.thread.isRunning()
+    assert not first.model.thread.isRunning()
 
     second = MainWindow(settings=settings)
     qtbot.addWidget(second)
@@ -195,7 +195,7 @@ def test_close_mid_run_ends_the_thread_quickly(qtbot, drive, settings):
     started = time.perf_counter()
     win.close()
     assert time.perf_counter() - started < 2.0
-    assert not win.engine.thread.isRunning() and not win.engine.stuck
+    assert not win.model.thread.isRunning()
 
 
 def test_themes_style_the_window(window):
@@ -213,7 +213,7 @@ def test_themes_style_the_window(window):
         row = [bar.pixelColor(x, bar.height() // 2).name() for x in range(0, bar.width(), 3)]
         painted[name] = max(set(row), key=row.count)
         assert painted[name] == declared.group(1), (name, painted[name])
-        plot = window.local_view.memory_plot.widget
+        plot = window.modes["local"].view.memory_plot.widget
         assert plot.backgroundBrush().color().name() == theme.PALETTES[name].background
     assert len(set(painted.values())) == len(theme.THEMES)
 
@@ -223,7 +223,7 @@ def test_zooming_one_plot_over_tokens_zooms_the_others_and_a_double_click_fits_t
 
     window.show_kept(trace_of(40))
     window.redraw()
-    view = window.local_view
+    view = window.modes["local"].view
     memory, latency = view.memory_plot, view.latency_plot
     fitted = latency.plot.vb.viewRange()[0]
     memory.plot.vb.setXRange(20.0, 30.0, padding=0)  # as a drag or the wheel does, then says so

@@ -16,6 +16,7 @@ from kvviz.engine.geometry import KEEPS_TOKENS, Geometry
 from kvviz.engine.own_caches import strategy_refusal
 from kvviz.engine.predict import CachePredictor
 from kvviz.errors import OptionError
+from kvviz.present import strategy_label
 
 
 @dataclass(frozen=True)
@@ -98,8 +99,7 @@ class StrategyChoice:
     options: dict[str, Any] = field(default_factory=dict)
 
     def label(self) -> str:
-        shown = ", ".join(f"{k}={v}" for k, v in self.options.items())
-        return f"{self.name} ({shown})" if shown else self.name
+        return strategy_label({"name": self.name, "options": self.options})
 
 
 class Strategy:

@@ -111,7 +111,7 @@ class RunningPerplexityPlot(AlongTextPlot):
 
 
 class RunningDivergencePlot(AlongTextPlot):
-    title = "Running mean KL divergence from the exact cache"
+    title = "KL divergence: running mean from the exact cache"
     with_reference = False
 
     def __init__(self, parent=None):
@@ -128,7 +128,7 @@ class RunningDivergencePlot(AlongTextPlot):
 
 
 class MeasuredCachePlot(AlongTextPlot):
-    title = "Cache memory measured along the text"
+    title = "Cache memory: measured along the text"
 
     def __init__(self, parent=None):
         super().__init__(parent)

@@ -6,7 +6,8 @@ vertical one. Hover names the configuration under the mouse; a click picks it (`
 The x axis holds log10(bytes) and labels its ticks in bytes ("48.0 MiB"), so that every item (points, frontier,
 budget line) is placed in the same plain coordinates. The y axis shows the range where the choice is made: up to
 OFF_SCALE times the tolerance, or the frontier's worst point if higher; a configuration that loses more sits on
-the top edge as a triangle (its hover card gives its loss). The frontier's points carry short names.
+the top edge as a triangle (its hover card gives its loss). The frontier's points carry short names, each placed
+beside its point where it covers no other name and no point and stays inside the plot.
 """
 
 from __future__ import annotations
@@ -14,13 +15,11 @@ from __future__ import annotations
 import math
 
 import pyqtgraph as pg
-from PySide6.QtCore import QPointF, Qt, Signal
+from PySide6.QtCore import QPointF, QRectF, Qt, Signal
 
-from kvviz.engine.strategies import get
-from kvviz.errors import OptionError
 from kvviz.files import frontier
 from kvviz.files.sweep import Configuration, Sweep
-from kvviz.present import UNKNOWN, counted, number, size
+from kvviz.present import UNKNOWN, counted, number, size, strategy_label
 from kvviz.qt import theme
 from kvviz.qt.plots.base import PlotPanel
 from kvviz.qt.plots.legend import Entry
@@ -33,6 +32,11 @@ BUDGET_SPAN_DECADES = 2.0  # the budget widens the x range to show its line when
 LOG2 = math.log10(2)
 MAX_TICKS = 8  # on the memory axis
 OFF_SCALE = 3.0  # the quality axis reaches this many times the tolerance (or the frontier's worst point)
+NAME_GAP = POINT_SIZE // 2 + 3  # px from a point's centre to its name, beside it (its own point is not in the way)
+LINE_SAMPLES = 24  # places along each stretch of the frontier's line that a name should not cover
+# where a name may go, in order of preference: right of its point or left of it, above or below (screen y grows down),
+# beside the point or one line further out
+NAME_SIDES = tuple((sx, sy, out) for out in (0, 1) for sx, sy in ((1, -1), (1, 1), (-1, -1), (-1, 1)))
 
 
 class BytesAxis(pg.AxisItem):
@@ -73,8 +77,11 @@ class FrontierPlot(PlotPanel):
         self.plot.addItem(self.tolerance_line, ignoreBounds=True)
         self.plot.addItem(self.budget_line, ignoreBounds=True)
         self._placed: list[tuple[int, float, float]] = []  # (index, log10 bytes, loss) of each point drawn
-        self.names: list[pg.TextItem] = []  # beside the frontier's points
+        self.names: list[tuple[pg.TextItem, float, float]] = []  # beside the frontier's points, at (x, y)
+        self.defaults: dict | None = None  # the strategies' option defaults: names leave them out (None: not known)
         self.set_labels("perplexity change (%)", "cache memory at the target (bytes, log scale)")
+        self.plot.vb.sigRangeChanged.connect(self._place_names)  # zoomed, panned, resized: placed again
+        self.plot.vb.sigResized.connect(self._place_names)
 
     # -- what is drawn -------------------------------------------------------------------------------------
 
@@ -131,15 +138,56 @@ class FrontierPlot(PlotPanel):
         self.update_legend()
 
     def _name_frontier(self, sweep: Sweep, line: list[Configuration]) -> None:
-        """A short name beside each point of the frontier (what a picture without hover needs)."""
-        for label in self.names:
+        """A short name beside each point of the frontier (what a picture without hover needs): the strategy and
+        the options it sets away from their defaults."""
+        for label, _, _ in self.names:
             self.plot.removeItem(label)
         self.names = []
         for config in line:
-            label = pg.TextItem(short_name(config), color=self.palette_.foreground, anchor=(0, 1))
-            label.setPos(math.log10(max(1, frontier.memory(config))), self.loss_in_units(sweep, config))
+            label = pg.TextItem(strategy_label(config.run.strategy, self.defaults), color=self.palette_.foreground)
+            x, y = math.log10(max(1, frontier.memory(config))), self.loss_in_units(sweep, config)
+            label.setPos(x, y)
             self.plot.addItem(label, ignoreBounds=True)
-            self.names.append(label)
+            self.names.append((label, x, y))
+        self._place_names()
+
+    def _place_names(self, *_) -> None:
+        """Each name on the first side of its point (NAME_SIDES) where it covers no name placed before it, no point,
+        no stretch of the frontier's line and nothing outside the plot; where every side covers something, the side
+        that covers least."""
+        vb = self.plot.vb
+        area = vb.sceneBoundingRect()
+        if area.width() <= 0 or not self.names:
+            return
+
+        def around(x: float, y: float, radius: float) -> QRectF:
+            point = vb.mapViewToScene(QPointF(x, y))
+            return QRectF(point.x() - radius, point.y() - radius, 2 * radius, 2 * radius)
+
+        taken = [around(x, y, POINT_SIZE / 2 + 1) for _, x, y in self._placed]
+        xs, ys = self.frontier_line.getData()
+        for x0, y0, x1, y1 in zip(xs[:-1], ys[:-1], xs[1:], ys[1:], strict=True) if xs is not None else ():
+            taken += [around(x0 + (x1 - x0) * t / LINE_SAMPLES, y0 + (y1 - y0) * t / LINE_SAMPLES, 1.5)
+                      for t in range(1, LINE_SAMPLES)]
+        for label, x, y in self.names:
+            point = vb.mapViewToScene(QPointF(x, y))
+            box = label.textItem.boundingRect()
+            width, height = box.width(), box.height()
+            best = None
+            for sx, sy, out in NAME_SIDES:
+                left = point.x() + (NAME_GAP if sx > 0 else -NAME_GAP - width)
+                top = point.y() + (NAME_GAP / 2 if sy > 0 else -NAME_GAP / 2 - height) + sy * out * height
+                rect = QRectF(left, top, width, height)
+                inside = rect.intersected(area)
+                cost = width * height - inside.width() * inside.height()
+                cost += sum(_overlap(rect, other) for other in taken)
+                if best is None or cost < best[0]:
+                    best = (cost, rect)
+                if cost == 0:
+                    break
+            rect = best[1]
+            label.setAnchor(((point.x() - rect.left()) / width, (point.y() - rect.top()) / height))
+            taken.append(rect)
 
     def _fit(self) -> None:
         """The points, the tolerance and (when near them) the budget in view, with a margin."""
@@ -238,16 +286,10 @@ class FrontierPlot(PlotPanel):
         copy.show_sweep(self.sweep, self.selected)
 
 
-def short_name(config: Configuration) -> str:
-    """The strategy and the options it was given away from their defaults: "h2o budget=250", "quantized
-    backend=hqq nbits=2"."""
-    name = str(config.run.strategy.get("name", ""))
-    try:
-        defaults = {o.name: o.default for o in get(name).options}
-    except OptionError:  # a strategy this kvviz does not know (a file from another version): every option shown
-        defaults = {}
-    changed = [f"{k}={v}" for k, v in (config.run.strategy.get("options") or {}).items() if defaults.get(k) != v]
-    return " ".join([name, *changed])
+def _overlap(a: QRectF, b: QRectF) -> float:
+    """The area two rectangles share."""
+    both = a.intersected(b)
+    return max(0.0, both.width()) * max(0.0, both.height())
 
 
 def card(sweep: Sweep, index: int) -> str:

@@ -1,8 +1,8 @@
 """The window's "Choose" mode: which cache should this model use, on this text, at this context, for this many
 sequences, in this memory? A sweep (`kvviz.engine.sweep.SweepRun`) answers it live, as `kvviz choose` does.
 
-`ChooseMode` owns the widgets the window places (`controls_page`: the document, the question and the
-configurations, in the Controls dock; `buttons` under them; `view` as the central "Choose" tab) and the sweep on
+`ChooseMode` owns its widgets (`controls_page`: the document, the question and the configurations, below the
+shared model chooser in its Controls; `buttons` under them; `view` as the central "Choose" tab) and the sweep on
 screen. Choose sends the request to the `SweepRunner` on the worker's thread; each configuration appears on the
 frontier as it finishes, the time left is read from the running sweep at each redraw, and Stop keeps the
 finished configurations. Kept sweeps (`kvviz-sweep` files) open into the same view, and the one on screen saves
@@ -15,32 +15,41 @@ import os
 from html import escape
 from pathlib import Path
 
-from PySide6.QtCore import QObject, QTimer, Signal
+from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import QHBoxLayout, QPushButton, QVBoxLayout, QWidget
 
 from kvviz.files import sweep_report
 from kvviz.files.sweep import Sweep
-from kvviz.present import clock, counted
+from kvviz.present import NOT_RUN, WAITING, clock, counted
+from kvviz.qt.choose.help import HELP
 from kvviz.qt.choose.panel import DEFAULT_TOKENS, ConfigurationsPanel, QuestionPanel
 from kvviz.qt.choose.runner import SweepRunner
 from kvviz.qt.choose.view import ChooseView
+from kvviz.qt.jobs import JobControl
+from kvviz.qt.mode_api import FileEntry, Mode, ModeHost
 from kvviz.qt.panels.document import DocumentPanel
 
 MIN_TOKENS = 16  # a sweep's shortest text: its evicting budgets are fractions of it
 PROGRESS_INTERVAL_MS = 500  # the time left is said again this often while a sweep runs
-WAITING, NOT_RUN = "waiting", "not run"  # a configuration's state before it finished, and after a Stop
 
 
-class ChooseMode(QObject):
-    sigChanged = Signal()  # something to draw
+class ChooseMode(Mode):
+    key = "choose"
+    title = "Choose"
+    short_title = "Choose"
+    tip = "Which cache should I use? A sweep of configurations on your text, and the answer"
+    hides_docks = True
+    formats = (Sweep,)
+    help = HELP
+
     sigRequestGrid = Signal(int)  # to the runner: tokens
     sigRequestSweep = Signal(int, object)  # to the runner: sweep id, request
     sigDone = Signal(int)  # sweep id: it ended (finished, stopped or failed) and its last state is drawn
 
-    def __init__(self, window, worker):
-        super().__init__(window)
-        self.window = window
-        self.runner = runner = SweepRunner(worker)
+    def __init__(self, host: ModeHost):
+        super().__init__(host)
+        self.runner = runner = SweepRunner(host.model.worker)
+        self.jobs = JobControl(runner)
         self.document_panel = DocumentPanel(DEFAULT_TOKENS)
         self.document_panel.tokens.setMinimum(MIN_TOKENS)
         self.document_panel.tokens.setSpecialValueText("")  # every sweep measures a given number of tokens
@@ -64,11 +73,15 @@ class ChooseMode(QObject):
         row.setContentsMargins(9, 0, 9, 0)
         row.addWidget(self.choose_button, 2)
         row.addWidget(self.stop_button, 1)
+        self.controls = [host.panels.model_panel, self.controls_page]
+        self.file_entries = (FileEntry("sweep", "Save s&weep (file, CSV, frontier picture)…", self._ask_save),)
         self.choose_button.clicked.connect(lambda *_: self.start())
         self.stop_button.clicked.connect(lambda *_: self.stop())
         self.document_panel.sigOpenRequested.connect(self._ask_document)
         self.document_panel.tokens.editingFinished.connect(self.request_grid)
-        self.config_panel.sigChanged.connect(self.window.update_controls)
+        self.config_panel.sigChanged.connect(host.update_controls)
+        host.model.worker.sigModelLoaded.connect(self.request_grid)
+        host.model.worker.sigReady.connect(self._on_strategies)
         self.view.frontier_plot.sigPicked.connect(self.pick)
         self.view.table.sigPicked.connect(self.pick)
         self.sigRequestGrid.connect(runner.grid)
@@ -84,37 +97,46 @@ class ChooseMode(QObject):
 
         self.sweep: Sweep | None = None  # the sweep on screen
         self.run = None  # the engine's SweepRun while it runs (its progress and time left)
-        self.running: int | None = None  # the id of the sweep in progress
         self.done: set[int] = set()  # the configurations (indices) that have ended
         self.selected: int | None = None  # the configuration whose curves are shown
         self.opened = False  # the sweep on screen came from a file
         self.notice = ""  # why the text was cut
-        self._next_id = 1
         self._dirty = False
 
     # -- the controls ---------------------------------------------------------------------------------
 
-    def request_grid(self) -> None:
+    def request_grid(self, *_) -> None:
         """Ask the worker for the default grid at the tokens set (after a model loaded, or the tokens changed)."""
-        if self.window.engine.card is not None and self.running is None:
+        if self.host.model.card is not None and not self.busy:
             self.sigRequestGrid.emit(self.document_panel.tokens.value())
+
+    def _on_strategies(self, listing) -> None:
+        """The engine's strategies: their defaults name the configurations shortly on the frontier."""
+        self.view.frontier_plot.defaults = self.host.model.defaults()
+        self._changed()
 
     def _on_grid(self, tokens: int, entries: list, skipped: list) -> None:
         if tokens == self.document_panel.tokens.value():
             self.config_panel.set_grid(entries, skipped)
 
     def _ask_document(self) -> None:
-        self.document_panel.ask(self.window.file_actions.dialogs, "Open a text to choose on", self.window.show_error,
+        self.document_panel.ask(self.host.dialogs, "Open a text to choose on", self.host.show_error,
                                 "Cannot choose on this text")
 
     def open_document(self, path: str | os.PathLike) -> bool:
         """A user's .txt or .md file as the text; False (and a message saying why) when it cannot be used."""
-        return self.document_panel.open_path(path, self.window.show_error, "Cannot choose on this text")
+        return self.document_panel.open_path(path, self.host.show_error, "Cannot choose on this text")
 
-    def update_controls(self, model_ready: bool) -> None:
-        """model_ready: a model is loaded and nothing else runs on the worker."""
-        idle = self.running is None
-        self.choose_button.setEnabled(model_ready and idle and bool(self.config_panel.chosen()))
+    @property
+    def busy(self) -> bool:
+        return self.jobs.running is not None
+
+    def can_start(self) -> bool:
+        return self.choose_button.isEnabled()
+
+    def update_controls(self, ready: bool) -> None:
+        idle = not self.busy
+        self.choose_button.setEnabled(ready and idle and bool(self.config_panel.chosen()))
         self.stop_button.setEnabled(not idle)
         for panel in (self.document_panel, self.question_panel):
             panel.setEnabled(idle)
@@ -122,34 +144,33 @@ class ChooseMode(QObject):
 
     # -- a sweep ---------------------------------------------------------------------------------------
 
-    def start(self) -> int | None:
+    def start(self, extra_settings=None) -> int | None:
         """Sweep the configurations ticked; the sweep's id, or None if it cannot start (a budget or tolerance
         that does not read: the message says what is accepted, and every field keeps what was typed)."""
         if not self.choose_button.isEnabled():
             return None
         problem = self.question_panel.problem()
         if problem:
-            self.window.show_error(f"Cannot choose: {problem}")
+            self.host.show_error(f"Cannot choose: {problem}")
             return None
-        sweep_id, self._next_id = self._next_id, self._next_id + 1
+        sweep_id = self.jobs.begin()
         request = {"document": self.document_panel.document(), "tokens": self.document_panel.tokens.value(),
                    "configurations": self.config_panel.chosen(), **self.question_panel.question()}
-        self.running, self.run, self.sweep = sweep_id, None, None
+        self.run, self.sweep = None, None
         self.done, self.selected, self.opened, self.notice = set(), None, False, ""
-        self.window.error_bar.hide()
+        self.host.hide_error()
         self.sigRequestSweep.emit(sweep_id, request)
         self.ticker.start()
-        self.window.update_controls()
+        self.host.update_controls()
         self._changed()
         return sweep_id
 
     def stop(self) -> None:
-        if self.running is not None:
-            self.runner.cancel(self.running)
-            self.window.status_line.hold("stopping the sweep after this forward…")
+        if self.jobs.stop():
+            self.host.hold("stopping the sweep after this forward…")
 
     def _on_started(self, sweep_id: int, start: dict) -> None:
-        if sweep_id != self.running:
+        if not self.jobs.current(sweep_id):
             return
         self.run = start["run"]
         self.sweep = self.run.sweep
@@ -159,23 +180,23 @@ class ChooseMode(QObject):
         self._changed()
 
     def _on_configuration(self, sweep_id: int, index: int) -> None:
-        if sweep_id != self.running:
+        if not self.jobs.current(sweep_id):
             return
         self.done.add(index)
         self._changed()
 
     def _on_failed(self, sweep_id: int, message: str) -> None:
-        if sweep_id == self.running:
-            self.window.show_error(f"Cannot choose: {message}")
+        if self.jobs.current(sweep_id):
+            self.host.show_error(f"Cannot choose: {message}")
 
     def _on_finished(self, sweep_id: int) -> None:
-        if sweep_id != self.running:
+        if not self.jobs.end(sweep_id):
             return
-        self.running, self.run = None, None
+        self.run = None
         self.ticker.stop()
-        self.window.update_controls()
+        self.host.update_controls()
         self._dirty = True
-        self.window.redraw()
+        self.host.redraw()
         self.sigDone.emit(sweep_id)
 
     def pick(self, index: int) -> None:
@@ -191,29 +212,45 @@ class ChooseMode(QObject):
 
     # -- kept sweeps ----------------------------------------------------------------------------------
 
-    def open_sweep(self, sweep: Sweep) -> Sweep | None:
-        """Show a kept sweep in place of the one on screen; None (and a message) while a sweep runs."""
-        if self.running is not None:
-            self.window.show_error("A sweep is running: stop it before opening a sweep file.")
+    def open(self, sweep: Sweep) -> Sweep | None:
+        """Show a kept sweep in place of the one on screen, its text named in the Document box; None (and a
+        message) while a sweep runs."""
+        if self.busy:
+            self.host.show_error("A sweep is running: stop it before opening a sweep file.")
             return None
         self.sweep, self.opened, self.selected, self.notice = sweep, True, None, sweep.document.get("cut") or ""
         self.done = set(range(len(sweep.configurations)))
+        self.document_panel.show_record(sweep.document, "the opened sweep")
+        self.request_grid()  # the default grid for its token count, for a sweep to run next
         self._changed()
         return sweep
 
     def save(self, folder: str | os.PathLike) -> list[Path]:
-        """The sweep on screen as `kvviz choose --out` keeps it (`sweep_report.keep`): sweep.json (kvviz-sweep),
-        sweep.csv, report.md and the frontier picture as frontier.png and frontier.svg."""
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        plot = self.view.frontier_plot
-        figures = {}
-        if plot.has_data():
-            png = folder / "frontier.png"
-            if not plot.export_image().save(str(png)):
-                raise OSError(f"could not write {png}")
-            figures = {"png": png, "svg": plot.export_svg(folder / "frontier.svg")}
-        return sweep_report.keep(self.sweep, folder, figures)
+        """File ▸ Save sweep: the sweep on screen as `kvviz choose --out` keeps it (`sweep_report.keep`):
+        sweep.json (kvviz-sweep), sweep.csv, report.md and the frontier picture as frontier.png and frontier.svg;
+        [] (and a message saying why) when there is nothing to save or it cannot be written."""
+        if self.busy or self.sweep is None:
+            self.host.tell("Nothing to save", "Stop the sweep first." if self.busy else
+                           "Choose first (Controls ▸ Choose), or open a sweep file.")
+            return []
+        folder, plot = Path(folder), self.view.frontier_plot
+
+        def write() -> list[Path]:
+            folder.mkdir(parents=True, exist_ok=True)
+            figures = {}
+            if plot.has_data():
+                png = folder / "frontier.png"
+                if not plot.export_image().save(str(png)):
+                    raise OSError(f"could not write {png}")
+                figures = {"png": png, "svg": plot.export_svg(folder / "frontier.svg")}
+            return sweep_report.keep(self.sweep, folder, figures)
+
+        return self.host.write("the sweep", write, folder, lambda written: ", ".join(p.name for p in written)) or []
+
+    def _ask_save(self) -> None:
+        folder = self.host.dialogs.folder("sweeps", "Save sweep into folder")
+        if folder:
+            self.save(folder)
 
     # -- drawing --------------------------------------------------------------------------------------
 
@@ -221,7 +258,7 @@ class ChooseMode(QObject):
         """Each configuration's state in the table's words."""
         if self.sweep is None:
             return []
-        unfinished = WAITING if self.running is not None else NOT_RUN
+        unfinished = WAITING if self.busy else NOT_RUN
         return [c.status if i in self.done else unfinished for i, c in enumerate(self.sweep.configurations)]
 
     def answered(self) -> Sweep | None:
@@ -233,15 +270,19 @@ class ChooseMode(QObject):
         ended = [c for i, c in enumerate(s.configurations) if i in self.done]
         return Sweep(s.model, s.document, s.question, ended, s.speed, s.cancelled)
 
-    def redraw(self) -> None:
-        if not self._dirty:
-            return
+    def redraw_parts(self) -> list:
+        return [self._draw] if self._dirty else []
+
+    def plots(self) -> list:
+        return self.view.plots
+
+    def _draw(self) -> None:
         self._dirty = False
         self.view.redraw(self.sweep, self.states(), self.selected, self.header(), self.answered())
 
     def header(self) -> str:
         """What the sweep is and where it stands: the model and text, then its progress or how it ended."""
-        if self.running is not None and self.run is None:
+        if self.busy and self.run is None:
             return "reading the text and building the caches…"
         if self.sweep is None:
             return ""
@@ -251,7 +292,7 @@ class ChooseMode(QObject):
         line = f"{escape(self.sweep.model.get('name') or '?')} reading {escape(title)}{tokens}: "
         if self.opened:
             line += "opened from a file"
-        elif self.running is not None:
+        elif self.busy:
             line += escape(self.progress())
         else:
             line += "stopped" if self.sweep.cancelled else "done"
@@ -275,12 +316,13 @@ class ChooseMode(QObject):
         return text
 
     def status(self) -> str:
-        return f"choosing: {self.progress()}" if self.running is not None and self.sweep is not None else (
-            "choosing: reading the text…" if self.running is not None else "")
+        if not self.busy:
+            return ""
+        return f"choosing: {self.progress()}" if self.sweep is not None else "choosing: reading the text…"
 
     def enter(self) -> None:
         self._dirty = True
-        if not self.config_panel.chosen() and self.running is None:
+        if not self.config_panel.chosen() and not self.busy:
             self.request_grid()
 
     def restyle(self, palette) -> None:
@@ -289,4 +331,4 @@ class ChooseMode(QObject):
 
     def shutdown(self) -> None:
         self.ticker.stop()
-        self.runner.cancel()
+        self.jobs.shutdown()

@@ -1,11 +1,11 @@
 """The Choose mode's engine side, on the worker's thread: the default grid for the loaded model, and a sweep
 (`kvviz.engine.sweep.SweepRun`) run as `kvviz choose` runs it.
 
-`SweepRunner` lives on the `Worker`'s thread (its slots are queued), the one thread that runs torch. A sweep
-sends its `SweepRun` once it is built (its `sweep` lists every configuration from the start; the window reads
-`progress()` and `seconds_left()` from it while it runs) and then the index of each configuration as it
-finishes. `cancel()` may be called from any thread: the configurations reading stop after their forward,
-the finished ones stay.
+`SweepRunner` lives on the `Worker`'s thread (a kvviz.qt.jobs.WorkerJob: its slots are queued), the one thread
+that runs torch. A sweep sends its `SweepRun` once it is built (its `sweep` lists every configuration from the start;
+the window reads `progress()` and `seconds_left()` from it while it runs) and then the index of each configuration as
+it finishes. `cancel()` may be called from any thread: the configurations reading stop after their forward, the
+finished ones stay.
 """
 
 from __future__ import annotations
@@ -13,34 +13,18 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from PySide6.QtCore import QObject, Signal, Slot
+from PySide6.QtCore import Signal, Slot
 
 from kvviz.errors import OptionError, failure
-from kvviz.qt.worker import Worker
+from kvviz.qt.jobs import WorkerJob
 
 
-class SweepRunner(QObject):
+class SweepRunner(WorkerJob):
     sigGrid = Signal(int, object, object)  # tokens, [(name, options)] of the default grid, [why others are left out]
     sigStarted = Signal(int, object)  # sweep id, {"run": SweepRun, "notice": why the text was cut or None}
     sigConfiguration = Signal(int, int)  # sweep id, index of the configuration that just finished
     sigFinished = Signal(int)  # sweep id: nothing more comes (after the last configuration, a Stop or a failure)
     sigFailed = Signal(int, str)  # sweep id, why it cannot run or went wrong (user-facing)
-
-    def __init__(self, worker: Worker):
-        super().__init__()
-        self.moveToThread(worker.thread())
-        self.worker = worker
-        self._lock = threading.Lock()
-        self._cancel: threading.Event | None = None
-        self._cancelled: set[int] = set()
-
-    def cancel(self, sweep_id: int | None = None) -> None:
-        """Stop sweep `sweep_id` (or the one running) after the forward in progress (any thread)."""
-        with self._lock:
-            if sweep_id is not None:
-                self._cancelled.add(sweep_id)
-            if self._cancel is not None:
-                self._cancel.set()
 
     @Slot(int)
     def grid(self, tokens: int) -> None:
@@ -57,19 +41,12 @@ class SweepRunner(QObject):
     def choose(self, sweep_id: int, request: dict[str, Any]) -> None:
         """request: "document" (kvviz.files.documents.Document), "tokens", "context" (None: the model's maximum),
         "sequences", "budget" and "tolerance" (the user's words), "configurations" ([(name, options)])."""
-        cancel = threading.Event()
-        with self._lock:
-            self._cancel = cancel
-            if sweep_id in self._cancelled:
-                cancel.set()
         try:
-            self._run(sweep_id, request, cancel)
+            with self.running(sweep_id) as cancel:
+                self._run(sweep_id, request, cancel)
         except Exception as exc:  # noqa: BLE001 - the sweep as a whole cannot go on; the window says why
             self.sigFailed.emit(sweep_id, failure(f"sweep {sweep_id}", exc))
         finally:
-            with self._lock:
-                self._cancel = None
-                self._cancelled.discard(sweep_id)
             self.sigFinished.emit(sweep_id)
 
     def _run(self, sweep_id: int, request: dict[str, Any], cancel: threading.Event) -> None:

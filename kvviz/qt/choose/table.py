@@ -9,6 +9,7 @@ from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QTableWidget, QTab
 
 from kvviz.files import sweep_report
 from kvviz.files.sweep import Sweep
+from kvviz.present import options_text
 
 # (title, right-aligned, tooltip)
 COLUMNS = (
@@ -37,7 +38,7 @@ def cells(sweep: Sweep, index: int, state: str) -> list[str]:
     options = config.run.strategy.get("options") or {}
     status = f"{config.status}: {config.run.error}" if config.run.error else state
     shared = ("perplexity", "change", "kl", "top1", "target", "fit", "longest", "decode")
-    return [str(config.run.strategy.get("name", "")), ", ".join(f"{k}={v}" for k, v in options.items()),
+    return [str(config.run.strategy.get("name", "")), options_text(options),
             *(written[key] for key in shared), status]
 
 

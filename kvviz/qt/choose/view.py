@@ -23,7 +23,8 @@ from kvviz.qt.choose.table import ChooseTable
 FIRST_WORDS = ("Load a model, set the question under Controls ▸ Choose (the text, the context you will reach, how many "
                "sequences at once, the memory you have and the quality you accept), then press Choose: every "
                "configuration reads the text, and the answer appears here.")
-TABLE_SHARE = 0.3  # of the tab's height for the table
+TABLE_SHARE = 0.3  # of the tab's height for the table (in whole rows)
+TABLE_MIN_ROWS = 3
 
 
 def answer_html(sweep: Sweep, header: str) -> str:
@@ -68,7 +69,8 @@ class ChooseView(QWidget):
         layout.setContentsMargins(6, 4, 6, 0)
         layout.addWidget(self.answer)
         layout.addWidget(self.splitter, 1)
-        self._fitted = False
+        self._user_sized = False  # the user dragged the table's edge: its height is theirs from then on
+        self.splitter.splitterMoved.connect(self._dragged)
 
     def redraw(self, sweep: Sweep | None, states: list[str], selected: int | None, header: str,
                answered: Sweep | None) -> None:
@@ -81,16 +83,30 @@ class ChooseView(QWidget):
             plot.show_config(sweep, selected)
         self.curves.setVisible(selected is not None)
         self.table.show_sweep(sweep, states, selected)
-        if not self._fitted:
-            self._fit_table()
+        self._fit_table()
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt override
+        super().resizeEvent(event)
+        self._fit_table()
+
+    def _dragged(self, *_) -> None:
+        self._user_sized = True
 
     def _fit_table(self) -> None:
+        """The table's share of the tab, in whole rows: a row cut in half reads as a fault (at 1280x720 it showed
+        four rows and a half)."""
         total = sum(self.splitter.sizes())
-        if total <= 0:
+        if total <= 0 or self._user_sized:
             return
-        want = int(total * TABLE_SHARE)
-        self.splitter.setSizes([total - want, want])
-        self._fitted = True
+        table = self.table
+        row = table.verticalHeader().defaultSectionSize()
+        bar = table.horizontalScrollBar()
+        chrome = (table.horizontalHeader().sizeHint().height() + 2 * table.frameWidth()
+                  + (bar.sizeHint().height() if bar.isVisible() else 0))
+        rows = max(TABLE_MIN_ROWS, int((total * TABLE_SHARE - chrome) // row))
+        want = chrome + rows * row
+        if self.splitter.sizes()[1] != want:
+            self.splitter.setSizes([total - want, want])
 
     def apply_palette(self, palette: theme.Palette) -> None:
         for plot in self.plots:

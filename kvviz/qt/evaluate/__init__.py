@@ -1,1 +1,2 @@
-"""The "Evaluate" mode: its controls (panel), the worker-side evaluator, its series, plots and view."""
+"""The "Evaluate" mode: mode.py, its controls (panel.py), the worker-side evaluator, its series, plots and view,
+help.py."""

@@ -2,7 +2,7 @@
 runs them: strategies that evict read the document together (one batch row each), the others one after
 another.
 
-`Evaluator` lives on the `Worker`'s thread: `evaluate` is a queued slot, and every
+`Evaluator` lives on the `Worker`'s thread (a kvviz.qt.jobs.WorkerJob): `evaluate` is a queued slot, and every
 engine call (tokenizing the document, building each strategy's cache, the forwards) runs there, the one
 thread that runs torch. While an evaluation runs the worker's event loop waits, so loads and runs asked
 meanwhile wait for it (the window does not offer them). Results travel as the engine's own `EvalRun`
@@ -18,19 +18,19 @@ import threading
 import time
 from typing import Any
 
-from PySide6.QtCore import QObject, Signal, Slot
+from PySide6.QtCore import Signal, Slot
 
 from kvviz.errors import failure
+from kvviz.present import CANCELLED, FAILED, FINISHED, NOT_RUN
 from kvviz.qt import unsaved
-from kvviz.qt.evaluate.series import CANCELLED, FAILED, FINISHED, NOT_RUN
-from kvviz.qt.worker import Worker
+from kvviz.qt.jobs import WorkerJob
 
 log = logging.getLogger(__name__)
 
 PROGRESS_INTERVAL_S = 0.25  # so the Evaluate tab redraws about 4 times a second: every redraw slows the forwards
 
 
-class Evaluator(QObject):
+class Evaluator(WorkerJob):
     # eval id, {"tokens", "notice", "document", "runs": [EvalRun or None], "errors": [str or None]}: the
     # document is tokenized and every strategy built (or refused, with its error), before any prediction
     sigStarted = Signal(int, object)
@@ -39,44 +39,15 @@ class Evaluator(QObject):
     sigFinished = Signal(int, object)  # eval id, each strategy's final state: finished, cancelled, failed, not run
     sigFailed = Signal(int, str)  # eval id, why nothing could be evaluated (user-facing)
 
-    def __init__(self, worker: Worker):
-        super().__init__()
-        self.moveToThread(worker.thread())  # its slots run on the worker's thread, after the worker's own
-        self.worker = worker
-        self._lock = threading.Lock()
-        self._cancel: threading.Event | None = None
-        self._cancelled: set[int] = set()
-
-    # -- any thread ---------------------------------------------------------------------------------
-
-    def cancel(self, eval_id: int | None = None) -> None:
-        """Stop evaluation `eval_id` (or the one running): every strategy, not only the current one."""
-        with self._lock:
-            if eval_id is not None:
-                self._cancelled.add(eval_id)
-            if self._cancel is not None:
-                self._cancel.set()
-
-    # -- worker thread ------------------------------------------------------------------------------
-
     @Slot(int, object)
     def evaluate(self, eval_id: int, request: dict[str, Any]) -> None:
         """request: "document" (a kvviz.files.documents.Document), "tokens" (int or None: the whole document, cut
-        at the model's context), "strategies" ([(name, options)])."""
-        cancel = threading.Event()
-        with self._lock:
-            self._cancel = cancel
-            if eval_id in self._cancelled:
-                cancel.set()
-        try:
+        at the model's context), "strategies" ([(name, options)]). `cancel` stops every strategy, not only the
+        current one."""
+        with self.running(eval_id) as cancel:
             evaluations = self._prepare(eval_id, request, cancel)
-            if evaluations is None:
-                return
-            self._run(eval_id, evaluations, cancel)
-        finally:
-            with self._lock:
-                self._cancel = None
-                self._cancelled.discard(eval_id)
+            if evaluations is not None:
+                self._run(eval_id, evaluations, cancel)
 
     def _prepare(self, eval_id: int, request: dict[str, Any], cancel: threading.Event) -> list | None:
         """Tokenize the document and build every strategy's evaluation (None, after sigFailed, if none can be

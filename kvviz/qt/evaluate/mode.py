@@ -1,8 +1,8 @@
 """The window's "Evaluate" mode: long-context perplexity of several strategies along one document, live.
 
-`EvalMode` owns the widgets the window places (`document_panel` and `list_panel` around the strategy
-picker in the Controls dock, `buttons` under them, `view` as the central "Evaluate" tab) and the
-evaluation on screen: one `StrategySeries` per strategy. Evaluate sends the request to the `Evaluator`
+`EvaluateMode` owns its widgets (`document_panel` and `list_panel` around the shared strategy picker in its
+Controls, `buttons` under them, `view` as the central "Evaluate" tab) and the evaluation on screen: one
+`StrategySeries` per strategy. Evaluate sends the request to the `Evaluator`
 on the worker's thread (kvviz.qt.evaluate.evaluator), which runs them as `kvviz eval` does (the strategies
 that evict together, one batch row each, the others one after another); its answers
 arrive as queued signals, and the records themselves are read from the engine's runs when the window
@@ -10,8 +10,7 @@ redraws (on its redraw timer, `sigChanged` asks for one). Stop stops every strat
 (`kvviz-eval` files) open into the same view, and the one on screen saves as those files and the
 summary CSV `kvviz eval --out` writes.
 
-The Tokens and Runs docks belong to the local runs: they step aside while this mode is on screen
-(kvviz.qt.docks_aside).
+The Tokens and Runs docks belong to the local runs: they step aside while this mode is on screen.
 """
 
 from __future__ import annotations
@@ -21,16 +20,19 @@ import os
 from html import escape as html_escape
 from pathlib import Path
 
-from PySide6.QtCore import QObject, Signal
+from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QHBoxLayout, QPushButton, QWidget
 
 from kvviz.files import evaluation
 from kvviz.files.evaluation import EvalRun
-from kvviz.present import clock, number
+from kvviz.present import CANCELLED, FAILED, FINAL_STATUSES, FINISHED, NOT_RUN, STARTING, clock, number
 from kvviz.qt.evaluate.evaluator import Evaluator
+from kvviz.qt.evaluate.help import HELP
 from kvviz.qt.evaluate.panel import DEFAULT_TOKENS, StrategyListPanel
-from kvviz.qt.evaluate.series import CANCELLED, FAILED, FINAL, FINISHED, NOT_RUN, STARTING, StrategySeries
+from kvviz.qt.evaluate.series import StrategySeries
 from kvviz.qt.evaluate.view import EvalView
+from kvviz.qt.jobs import JobControl
+from kvviz.qt.mode_api import FileEntry, Mode, ModeHost
 from kvviz.qt.panels.document import DocumentPanel
 from kvviz.qt.window_settings import stored_json
 
@@ -48,17 +50,22 @@ def escape(text: str) -> str:
     return html_escape(text, quote=False)
 
 
-class EvalMode(QObject):
-    sigChanged = Signal()  # something to draw
+class EvaluateMode(Mode):
+    key = "evaluate"
+    title = "Evaluate"
+    short_title = "Evaluate"
+    tip = "Strategies read a long document: perplexity and cache memory along it"
+    hides_docks = True
+    formats = (EvalRun,)
+    help = HELP
+
     sigRequestEvaluate = Signal(int, object)  # to the evaluator: eval id, request
     sigDone = Signal(int)  # eval id: every strategy ended and the last records are drawn
 
-    def __init__(self, window, worker):
-        """window: the main window (messages, the strategy picker, the model's card); worker: the local model's
-        worker, not started yet (the evaluator becomes its child, on its thread)."""
-        super().__init__(window)
-        self.window = window
-        self.evaluator = evaluator = Evaluator(worker)
+    def __init__(self, host: ModeHost):
+        super().__init__(host)
+        self.evaluator = evaluator = Evaluator(host.model.worker)
+        self.jobs = JobControl(evaluator)
         self.document_panel = DocumentPanel(DEFAULT_TOKENS)
         self.list_panel = StrategyListPanel()
         self.view = EvalView()
@@ -74,10 +81,14 @@ class EvalMode(QObject):
         row.setContentsMargins(9, 0, 9, 0)
         row.addWidget(self.evaluate_button, 2)
         row.addWidget(self.stop_button, 1)
+        self.controls = [host.panels.model_panel, self.document_panel, host.panels.strategy_panel, self.list_panel]
+        self.file_entries = (FileEntry("evaluation", "Save e&valuation…", self._ask_save),
+                             FileEntry("eval_csv", "Export evaluation summary as CS&V…", self._ask_csv))
         self.evaluate_button.clicked.connect(lambda *_: self.start())
         self.stop_button.clicked.connect(lambda *_: self.stop())
         self.list_panel.sigAddRequested.connect(self.add_chosen)
-        self.list_panel.sigChanged.connect(self.window.update_controls)
+        self.list_panel.sigChanged.connect(host.update_controls)
+        host.model.worker.sigReady.connect(self.set_strategies)
         self.document_panel.sigOpenRequested.connect(self._ask_document)
         self.sigRequestEvaluate.connect(evaluator.evaluate)
         # bound methods of this GUI-thread object: queued to the GUI thread
@@ -88,14 +99,12 @@ class EvalMode(QObject):
         evaluator.sigFailed.connect(self._on_failed)
 
         self.series: list[StrategySeries] = []
-        self.running: int | None = None  # the id of the evaluation in progress
         self.active: list[int] = []  # the strategies whose records arrive (several when read together)
         self.model: dict = {}  # the card of the model evaluated
         self.document: dict = {}  # the document's record, as the files keep it
         self.notice = ""  # why the document was cut
         self.pause = ""  # what a one-time pause before the first prediction is doing (quanto's kernels)
         self.opened = False  # the evaluation on screen came from files
-        self._next_id = 1
         self._defaults: dict[str, dict] | None = None
         self._restored_list = False  # the settings held a list (even an empty one): no first list then
         self._dirty = False
@@ -115,65 +124,67 @@ class EvalMode(QObject):
         self.sigChanged.emit()
 
     def add_chosen(self) -> None:
-        picker = self.window.controls.strategy_panel
+        picker = self.host.panels.strategy_panel
         if picker.current() is not None:
             self.list_panel.add(picker.current(), picker.values())
 
     def _ask_document(self) -> None:
-        self.document_panel.ask(self.window.file_actions.dialogs, "Open a document to evaluate on",
-                                self.window.show_error, "Cannot evaluate on this document")
+        self.document_panel.ask(self.host.dialogs, "Open a document to evaluate on", self.host.show_error,
+                                "Cannot evaluate on this document")
 
     def open_document(self, path: str | os.PathLike) -> bool:
         """A user's .txt or .md file as the document; False (and a message saying why) when it cannot be used."""
-        return self.document_panel.open_path(path, self.window.show_error, "Cannot evaluate on this document")
+        return self.document_panel.open_path(path, self.host.show_error, "Cannot evaluate on this document")
+
+    @property
+    def busy(self) -> bool:
+        return self.jobs.running is not None
 
     def can_start(self) -> bool:
-        return self.running is None and bool(self.list_panel.entries())
+        return self.evaluate_button.isEnabled()
 
-    def update_controls(self, model_ready: bool) -> None:
-        """model_ready: a model is loaded and nothing else runs on the worker."""
-        idle = self.running is None
-        self.evaluate_button.setEnabled(model_ready and self.can_start())
+    def update_controls(self, ready: bool) -> None:
+        idle = self.jobs.running is None
+        self.evaluate_button.setEnabled(ready and idle and bool(self.list_panel.entries()))
         self.stop_button.setEnabled(not idle)
         self.list_panel.set_enabled(idle)
         self.document_panel.setEnabled(idle)
 
     # -- evaluating ----------------------------------------------------------------------------------
 
-    def start(self) -> int | None:
+    def start(self, extra_settings=None) -> int | None:
         """Evaluate the list's strategies on the document; the evaluation's id, or None if it cannot start."""
         if not self.evaluate_button.isEnabled():
             return None
         entries = self.list_panel.entries()
-        eval_id, self._next_id = self._next_id, self._next_id + 1
+        eval_id = self.jobs.begin()
         document = self.document_panel.document()
-        self.running, self.active, self.opened = eval_id, [], False
-        self.model = dict(self.window.engine.card or {})
+        self.active, self.opened = [], False
+        self.model = dict(self.host.model.card or {})
         self.document = document.describe()
         self.notice = self.pause = ""
         self.series = [StrategySeries(i, {"name": n, "options": o}) for i, (n, o) in enumerate(entries)]
         for s in self.series:
             s.defaults = self._defaults
         self.series[0].state = STARTING
-        self.window.error_bar.hide()
+        self.host.hide_error()
         request = {"document": document, "tokens": self.document_panel.token_count(), "strategies": entries}
         self.sigRequestEvaluate.emit(eval_id, request)
-        self.window.update_controls()
+        self.host.update_controls()
         self._changed()
         return eval_id
 
     def stop(self) -> None:
-        if self.running is not None:
-            self.evaluator.cancel(self.running)
-            self.window.status_line.hold("stopping the evaluation after this forward…")
+        if self.jobs.stop():
+            self.host.hold("stopping the evaluation after this forward…")
 
     def _on_started(self, eval_id: int, start: dict) -> None:
-        if eval_id != self.running:
+        if not self.jobs.current(eval_id):
             return
         self.document = start["document"]
         self.notice = start["notice"] or ""
         if start["notice"]:
-            self.window.statusBar().showMessage(start["notice"], 20_000)
+            self.host.note(start["notice"])
         for s, run, error in zip(self.series, start["runs"], start["errors"], strict=True):
             if run is not None:
                 s.attach(run)
@@ -182,50 +193,48 @@ class EvalMode(QObject):
         self._changed()
 
     def _on_progress(self, eval_id: int, active: list[int]) -> None:
-        if eval_id != self.running:
+        if not self.jobs.current(eval_id):
             return
         for index in self.active:
             s = self.series[index]
-            if index not in active and s.state not in FINAL:  # its reading has ended: drawn whole
+            if index not in active and s.state not in FINAL_STATUSES:  # its reading has ended: drawn whole
                 s.sync()
                 s.finish(FAILED if s.run is not None and s.run.error else FINISHED)
         for index in active:
-            if self.series[index].state not in FINAL and not self.series[index].n:
+            if self.series[index].state not in FINAL_STATUSES and not self.series[index].n:
                 self.series[index].state = STARTING
         self.active = list(active)
         self._changed()
 
     def _on_notice(self, eval_id: int, message: str) -> None:
-        if eval_id == self.running:
+        if self.jobs.current(eval_id):
             self.pause = message
             self._changed()
 
     def _on_finished(self, eval_id: int, states: list[str]) -> None:
-        if eval_id != self.running:
+        if not self.jobs.end(eval_id):
             return
         for s, state in zip(self.series, states, strict=True):
             s.sync()
             s.finish(state)
-        self.running = None
         self.pause = ""
         failed = [s for s in self.series if s.state == FAILED]
         if failed:
-            self.window.show_error("; ".join(f"{s.short_label()} failed: {s.error}" for s in failed))
-        self.window.update_controls()
-        self._dirty = True
-        self.window.redraw()
-        self.sigDone.emit(eval_id)
+            self.host.show_error("; ".join(f"{s.short_label()} failed: {s.error}" for s in failed))
+        self._ended(eval_id)
 
     def _on_failed(self, eval_id: int, message: str) -> None:
-        if eval_id != self.running:
+        if not self.jobs.end(eval_id):
             return
-        self.running = None
         for s in self.series:
             s.finish(NOT_RUN)
-        self.window.show_error(f"Cannot evaluate: {message}")
-        self.window.update_controls()
+        self.host.show_error(f"Cannot evaluate: {message}")
+        self._ended(eval_id)
+
+    def _ended(self, eval_id: int) -> None:
+        self.host.update_controls()
         self._dirty = True
-        self.window.redraw()
+        self.host.redraw()
         self.sigDone.emit(eval_id)
 
     def _changed(self) -> None:
@@ -234,17 +243,18 @@ class EvalMode(QObject):
 
     # -- kept evaluations --------------------------------------------------------------------------
 
-    def open_run(self, run: EvalRun) -> EvalRun | None:
+    def open(self, run: EvalRun) -> EvalRun | None:
         """Show a kept evaluation: beside the files opened before it when they read the same document with the
         same model (a saved folder opens file by file), else in place of what is on screen. None while an
         evaluation runs."""
-        if self.running is not None:
-            self.window.show_error("An evaluation is running: stop it before opening an evaluation file.")
+        if self.busy:
+            self.host.show_error("An evaluation is running: stop it before opening an evaluation file.")
             return None
         if not self.opened or not self._same_reading(run):
             self.series = []
         self.opened = True
         self.model, self.document = dict(run.model), dict(run.document)
+        self.document_panel.show_record(run.document, "the opened evaluation")
         self.notice = run.document.get("cut") or ""
         # the same strategy opened again takes its own place
         same = next((s.index for s in self.series if s.strategy == run.strategy), len(self.series))
@@ -266,27 +276,56 @@ class EvalMode(QObject):
         return [(s.index, s.run) for s in self.series if s.run is not None and s.state != NOT_RUN]
 
     def save(self, folder: str | os.PathLike) -> list[Path]:
-        """One kvviz-eval file per strategy evaluated and summary.csv, as `kvviz eval --out` writes them."""
+        """File ▸ Save evaluation: one kvviz-eval file per strategy evaluated and summary.csv in `folder`, as
+        `kvviz eval --out` writes them; [] (and a message saying why) when there is nothing to save or it cannot
+        be written."""
+        if self.busy or not self.runs():
+            self.host.tell("Nothing to save", "Stop the evaluation first." if self.busy else
+                           "Evaluate some strategies first (Controls ▸ Evaluate), or open an evaluation file.")
+            return []
         folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        written, rows = [], []
-        for index, run in self.runs():
-            path = run.save(folder / f"eval-{index + 1}-{run.strategy['name']}.json")
-            written.append(path)
-            rows.append(evaluation.summary_row(run, str(path)))
-        written.append(evaluation.write_summary_csv(rows, folder / "summary.csv"))
-        return written
 
-    def export_csv(self, path: str | os.PathLike) -> Path:
-        """The summary CSV alone (its file column empty: nothing was saved)."""
-        return evaluation.write_summary_csv([evaluation.summary_row(run) for _, run in self.runs()], path)
+        def write() -> list[Path]:
+            folder.mkdir(parents=True, exist_ok=True)
+            written, rows = [], []
+            for index, run in self.runs():
+                path = run.save(folder / f"eval-{index + 1}-{run.strategy['name']}.json")
+                written.append(path)
+                rows.append(evaluation.summary_row(run, str(path)))
+            return [*written, evaluation.write_summary_csv(rows, folder / "summary.csv")]
+
+        return self.host.write("the evaluation", write, folder,
+                               lambda written: f"{len(written) - 1} evaluation files and summary.csv") or []
+
+    def export_csv(self, path: str | os.PathLike) -> Path | None:
+        """File ▸ Export evaluation summary: one row per strategy (its file column empty: nothing was saved)."""
+        runs = [run for _, run in self.runs()]
+        if not runs:
+            self.host.tell("Nothing to export", "Evaluate some strategies first, or open an evaluation file.")
+            return None
+        return self.host.write("the summary", lambda: evaluation.write_summary_csv(
+            [evaluation.summary_row(run) for run in runs], path), path, lambda _: f"{len(runs)} strategies")
+
+    def _ask_save(self) -> None:
+        folder = self.host.dialogs.folder("evaluations", "Save evaluation into folder")
+        if folder:
+            self.save(folder)
+
+    def _ask_csv(self) -> None:
+        path = self.host.dialogs.save_file("tables", "Export evaluation summary", "summary.csv", "CSV (*.csv)")
+        if path:
+            self.export_csv(path)
 
     # -- drawing --------------------------------------------------------------------------------------
 
-    def redraw(self) -> None:
-        live = self.running is not None
-        if not (self._dirty or live):
-            return
+    def plots(self) -> list:
+        return self.view.plots
+
+    def redraw_parts(self) -> list:
+        return [self._draw] if self._dirty or self.busy else []
+
+    def _draw(self) -> None:
+        live = self.busy
         self._dirty = False
         for index in self.active if live else ():
             self.series[index].sync()
@@ -304,7 +343,7 @@ class EvalMode(QObject):
         lines = [f"<b>{escape(self.model.get('name') or '?')}</b> reading <b>{escape(title)}</b>{escape(by)}{tokens}"]
         if self.opened:
             lines.append("opened from files")
-        elif self.running is not None:
+        elif self.busy:
             lines.append(escape(self.pause or self.progress()))
         else:
             states = [s.state for s in self.series]
@@ -332,26 +371,26 @@ class EvalMode(QObject):
             return text
         left, _ = evaluation.seconds_left([(s.run, s.total) for s in active])
         text += f", {number(1000.0 / ms)} tokens/s{' each' if len(active) > 1 else ''}, {clock(left)} left"
-        later = [s for s in self.series if s.run is not None and s.state not in FINAL and s not in active]
+        later = [s for s in self.series if s.run is not None and s.state not in FINAL_STATUSES and s not in active]
         if later:
-            runs = [(s.run, s.total if s.state not in FINAL else len(s.run.records))
+            runs = [(s.run, s.total if s.state not in FINAL_STATUSES else len(s.run.records))
                     for s in self.series if s.run is not None and s.total is not None]
             in_all, complete = evaluation.seconds_left(runs)
             text += f", about {clock(in_all)}{'' if complete else '+'} in all"
         return text
 
-    def figures(self) -> tuple[float | None, int | None]:
-        """For the status bar while an evaluation runs: the strategy tokens read per second by the strategies
-        reading now, and the bytes their caches hold together (None where not measured yet)."""
-        active = [self.series[i] for i in self.active] if self.running is not None else []
+    def figures(self) -> tuple[float | None, None, int | None]:
+        """For the status bar while an evaluation runs or shows: the strategy tokens read per second by the
+        strategies reading now, and the bytes their caches hold together (None where not measured yet)."""
+        active = [self.series[i] for i in self.active] if self.busy else []
         rates = [s.tokens_per_s() for s in active]
         caches = [s.cache_bytes() for s in active]
         rate = sum(rates) if rates and None not in rates else None
         cache = sum(caches) if caches and None not in caches else None
-        return rate, cache
+        return rate, None, cache
 
     def status(self) -> str:
-        return f"evaluating: {self.progress()}" if self.running is not None else ""
+        return f"evaluating: {self.progress()}" if self.busy else ""
 
     # -- the settings --------------------------------------------------------------------------------
 
@@ -378,4 +417,4 @@ class EvalMode(QObject):
         self._dirty = True
 
     def shutdown(self) -> None:
-        self.evaluator.cancel()
+        self.jobs.shutdown()

@@ -23,8 +23,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from kvviz.present import strategy_label
 from kvviz.qt import theme
-from kvviz.qt.evaluate.series import compact_label, full_label
 
 DEFAULT_TOKENS = 600
 LIST_ROWS = 8  # the strategy list grows up to this many entries, then scrolls
@@ -119,8 +119,8 @@ class StrategyListPanel(QGroupBox):
             item = self.list.item(i)
             name, options = item.data(Qt.ItemDataRole.UserRole)
             strategy = {"name": name, "options": {**(self._defaults or {}).get(name, {}), **options}}
-            item.setText(compact_label(strategy, self._defaults))
-            item.setToolTip(full_label(strategy) if self._defaults else item.text())
+            item.setText(strategy_label(strategy, self._defaults))
+            item.setToolTip(strategy_label(strategy) if self._defaults else item.text())
             pixmap = QPixmap(12, 12)
             pixmap.fill(QColor(theme.run_colour(i + 1)))
             item.setIcon(QIcon(pixmap))

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from kvviz.files.evaluation import EvalRun
-from kvviz.present import MIB
+from kvviz.present import FAILED, FINAL_STATUSES, MIB, RUNNING, STARTING, WAITING, strategy_label
 from kvviz.qt.series import grown, nearest_index
 
 SMOOTHING = 64  # tokens: the perplexity plot draws the mean NLL over the last this many predictions
@@ -26,28 +26,6 @@ SMOOTHING = 64  # tokens: the perplexity plot draws the mean NLL over the last t
 # perplexity plot's y range leaves them out (they may rise above it)
 SETTLING = SMOOTHING // 4
 X = 0  # the column `column(X)` gives: the position of the token fed (the plots' x)
-
-# a strategy's state in the Evaluate tab; the final ones are EvalRun.status's words, "failed" and "not run"
-WAITING, STARTING, RUNNING = "waiting", "starting", "running"
-FINISHED, CANCELLED, FAILED, NOT_RUN = "finished", "cancelled", "failed", "not run"
-FINAL = (FINISHED, CANCELLED, FAILED, NOT_RUN)
-
-
-def compact_label(strategy: dict[str, Any], defaults: dict[str, dict[str, Any]] | None = None) -> str:
-    """"sink (window=124)": the strategy and the options it sets away from their defaults (all of them while
-    the defaults are not known), as `kvviz eval --strategies` would name it."""
-    name = str(strategy.get("name") or "?")
-    options = strategy.get("options") or {}
-    known = (defaults or {}).get(name)
-    if known is not None:
-        options = {k: v for k, v in options.items() if k not in known or known[k] != v}
-    shown = ", ".join(f"{k}={v}" for k, v in options.items())
-    return f"{name} ({shown})" if shown else name
-
-
-def full_label(strategy: dict[str, Any]) -> str:
-    """The strategy with every option: "sink (sink_tokens=4, window=124)" (tooltips, the CSV's words)."""
-    return compact_label(strategy, None)
 
 
 class StrategySeries:
@@ -142,7 +120,7 @@ class StrategySeries:
     @property
     def finished(self) -> bool:
         """Nothing more will arrive (the series plots let their x range fit the data exactly then)."""
-        return self.state in FINAL
+        return self.state in FINAL_STATUSES
 
     # -- what the plots draw --------------------------------------------------------------------------
 
@@ -220,12 +198,11 @@ class StrategySeries:
     # -- names ----------------------------------------------------------------------------------------
 
     def label(self) -> str:
-        return full_label(self.strategy)
+        return strategy_label(self.strategy)
 
     def short_label(self, limit: int = 40) -> str:
         """The strategy and the options it sets away from their defaults, cut to `limit` characters (legends)."""
-        text = compact_label(self.strategy, self.defaults)
-        return text if len(text) <= limit else text[: limit - 1].rstrip(", ") + "…)"
+        return strategy_label(self.strategy, self.defaults, limit)
 
 
 def _perplexity(nll_sum: float, count: int) -> float | None:

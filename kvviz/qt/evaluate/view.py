@@ -23,10 +23,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from kvviz.present import UNKNOWN, number
+from kvviz.present import CANCELLED, FAILED, RUNNING, UNKNOWN, number
 from kvviz.qt import theme
 from kvviz.qt.evaluate.plots import EvalMemoryPlot, PerplexityPlot
-from kvviz.qt.evaluate.series import CANCELLED, FAILED, RUNNING, StrategySeries
+from kvviz.qt.evaluate.series import StrategySeries
 from kvviz.qt.plots.series_plots import share_x_zoom
 
 # (title, right-aligned, tooltip)

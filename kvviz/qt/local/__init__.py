@@ -1,1 +1,1 @@
-"""The "Local run" mode: the local model's worker bridge (engine.py) and the plots of its runs (view.py)."""
+"""The "Local run" mode: mode.py, the runs' side of the worker (runs.py), the plots of its runs (view.py), help.py."""

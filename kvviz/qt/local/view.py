@@ -1,6 +1,6 @@
-"""The "Local run" tab: cache memory, step latency and fidelity against tokens above the cache map,
+"""The "Local run" view: cache memory, step latency and fidelity against tokens above the cache map,
 per-layer bytes and per-layer time below it; one legend (`run_legend`, which the window puts beside the
-view's tabs) names the runs shown for all of them. The cache map shares its place with the attention view
+central tabs) names the runs shown for all of them. The cache map shares its place with the attention view
 (a tab each): `sigAttentionShown` says when the attention view comes on and off screen, so that the engine
 computes the attention only while it shows."""
 
@@ -10,7 +10,7 @@ import functools
 import time
 from collections.abc import Callable
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QByteArray, Qt, Signal
 from PySide6.QtWidgets import QSplitter, QTabWidget, QVBoxLayout, QWidget
 
 from kvviz.attach.request_trace import is_served
@@ -84,6 +84,22 @@ class LocalView(QWidget):
                           "attention": self.attention}
         self._last_layer_redraw = 0.0
         self._last_draw: Drawn = ([], [], None)  # the runs of the last redraw
+
+    def reset_layout(self) -> None:
+        """The splitters' first sizes."""
+        self.splitter.setSizes([38, 30, 32])  # shares: the memory and latency row, the cache map, the layer plots
+        for name in ("top", "bottom", "right"):
+            self.splitters[name].setSizes([1, 1])
+
+    def restore_splitters(self, settings) -> None:
+        for name, splitter in self.splitters.items():
+            value = settings.value(f"window/splitter_{name}")
+            if isinstance(value, QByteArray) and not value.isEmpty():
+                splitter.restoreState(value)
+
+    def save_splitters(self, settings) -> None:
+        for name, splitter in self.splitters.items():
+            settings.setValue(f"window/splitter_{name}", splitter.saveState())
 
     def show_attention(self, shown: bool = True) -> None:
         """Bring the attention view to the front (or the cache map)."""

@@ -111,6 +111,29 @@ class DocumentPanel(QGroupBox):
         self.combo.setToolTip(f"{document.title or document.name}: a text shipped with kvviz, or your own UTF-8 "
                               ".txt or .md file")
 
+    def show_record(self, record: dict[str, Any], what: str) -> None:
+        """The text a kept sweep or evaluation read (its file's document record) chosen here, and its token count:
+        a text shipped with kvviz, or a file that still reads as it did. A file that no longer reads leaves the
+        choice as it was, and the line under it says which text `what` read and why it is not chosen."""
+        source = str(record.get("source") or "")
+        if isinstance(record.get("tokens"), int):
+            self.tokens.setValue(record["tokens"])
+        try:
+            self._choose(source)
+        except documents.DocumentError as exc:
+            name = record.get("title") or record.get("name") or source or "?"
+            self.about.setText(f"{what} read {name}, which is not here ({exc}); the text above is the one read next")
+            self.about.setToolTip(source)
+
+    def _choose(self, source: str) -> None:
+        """The document of `source` chosen: the one listed, else its file read again (DocumentError where it cannot
+        be)."""
+        known = next((i for i, d in enumerate(self._documents) if d.source == source), None)
+        if known is None:
+            self.add_document(documents.from_file(source))
+        else:
+            self.select(known)
+
     def document(self) -> Document:
         return self._documents[self._shown]
 
@@ -129,11 +152,7 @@ class DocumentPanel(QGroupBox):
         source = state.get("source")
         if not isinstance(source, str):
             return
-        known = next((i for i, d in enumerate(self._documents) if d.source == source), None)
-        if known is not None:
-            self.select(known)
-            return
         try:
-            self.add_document(documents.from_file(source))
+            self._choose(source)
         except documents.DocumentError:
             pass

@@ -1,1 +1,1 @@
-"""The "vLLM server" mode: its controls (panel), the connection, its series, plots and view."""
+"""The "vLLM server" mode: mode.py, its controls (panel.py), the connection, its series, plots and view, help.py."""

@@ -1,7 +1,7 @@
 """The window's "vLLM server" mode: its controls, its plots, and kvviz's own requests as runs.
 
-`ServerMode` owns the `ServerConnection` and the widgets the window places: `panel` (where the
-server is) and `load_panel` in the Controls dock, `buttons` under them, `view` as the central
+`ServerMode` owns the `ServerConnection` and its widgets: `panel` (where the server is) above the shared prompt and
+generation settings and `load_panel` below them in its Controls, `buttons` under them, `view` as the central
 "vLLM server" tab. Scrapes arrive as queued signals and go into a `ServerSeries`; the plots redraw
 from it on the window's redraw timer (`sigChanged` asks for one). kvviz's own requests become runs in
 the run store (see kvviz.attach.request_trace), so they share the latency plot and token view with
@@ -10,20 +10,24 @@ local runs: each arrived token is a record appended to the request's trace.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
-from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QGridLayout, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
 from kvviz.attach.request_trace import model_label, record_trace, token_step
+from kvviz.attach.session import Session
 from kvviz.present import FAILED, FINISHED, STREAMING, final_status
+from kvviz.qt.mode_api import FileEntry, Mode, ModeHost
 from kvviz.qt.plots import LatencyPlot
-from kvviz.qt.run_store import RunStore
 from kvviz.qt.server.connection import ServerConnection
+from kvviz.qt.server.help import HELP
 from kvviz.qt.server.panel import LoadPanel, ServerPanel, cache_html, check_url
 from kvviz.qt.server.plots import PrefixHitPlot, RequestsPlot, ServerLatencyPlot, ThroughputPlot, UsagePlot
 from kvviz.qt.server.series import ServerSeries
+from kvviz.qt.window_settings import stored_json
 
 
 class ServedLatencyPlot(LatencyPlot):
@@ -83,14 +87,17 @@ class ServerView(QWidget):
             plot.redraw_server(series)
 
 
-class ServerMode(QObject):
-    sigChanged = Signal()  # new scrapes to draw
+class ServerMode(Mode):
+    key = "server"
+    title = "vLLM server"
+    short_title = "Server"
+    tip = "A vLLM server's cache, watched: usage, requests, latency, prefix hits; and its replies timed"
+    formats = (Session,)
+    help = HELP
 
-    def __init__(self, window, store: RunStore):
-        """window: where messages go (`show_error`, the status bar) and where the prompt and settings are."""
-        super().__init__(window)
-        self.window = window
-        self.store = store
+    def __init__(self, host: ModeHost):
+        super().__init__(host)
+        self.store = host.store
         self.connection = ServerConnection(self)
         self.series = ServerSeries()
         self.source = ""  # what the view shows: a server's URL, or a session file
@@ -114,6 +121,9 @@ class ServerMode(QObject):
         row.addWidget(self.send_button, 2)
         row.addWidget(self.load_button, 1)
         row.addWidget(self.stop_button, 1)
+        panels = host.panels
+        self.controls = [self.panel, panels.prompt_panel, panels.settings_panel, self.load_panel]
+        self.file_entries = (FileEntry("session", "Save se&rver session…", self._ask_save),)
         self._dirty = False
         self._header = ""
         self._cache: dict = {}
@@ -131,52 +141,84 @@ class ServerMode(QObject):
         c.sigToken.connect(self._on_token)
         c.sigRequestDone.connect(self._on_request_done)
         c.sigLoadDone.connect(self._on_load_done)
-        self.update_controls()
+        # the model chooser's "Server…" (and its URL typed there): this mode comes on screen and connects
+        panels.model_panel.sigServerRequested.connect(self.connect_requested)
+        self.panel.sigFolderRequested.connect(self._ask_model_folder)
+        host.model.worker.sigReady.connect(self._on_engine_ready)
+        self._update_buttons()
+
+    def connect_requested(self, url: str) -> None:
+        """The model chooser's "Connect to a server" (and `kvviz --connect`): a URL given connects at once."""
+        self.host.show(self)
+        if url:
+            self.connect_to(url)
+        else:
+            self.panel.url.setFocus()
+
+    def _ask_model_folder(self) -> None:
+        """The served model's folder (for the bytes per token kvviz predicts)."""
+        path = self.host.dialogs.folder("models", "The served model's folder")
+        if path:
+            self.panel.model_dir.setText(path)
+
+    def _on_engine_ready(self, listing) -> None:
+        self.connection.engine_ready.set()  # the worker has imported the engine: predictions may import it too
 
     # -- actions --------------------------------------------------------------------------------------
 
     def connect_to(self, url: str, interval: float | None = None) -> bool:
         problem = check_url(url)
         if problem:
-            self.window.show_error(problem)
+            self.host.show_error(problem)
             return False
         self.panel.set_url(url)
         self.panel.set_connecting(url)
         interval = interval if interval is not None else self.panel.interval.value()
         self.connection.connect_to(url, interval, self.panel.model_dir.text(), self.panel.dtype.currentText())
-        self.update_controls()
+        self.host.update_controls()
         return True
 
     def disconnect(self) -> None:
         self.connection.disconnect()
         self.panel.set_connected(False, f"disconnected from {self.source}; what was collected is kept")
-        self.update_controls()
+        self.host.update_controls()
 
     def send_prompt(self) -> int | None:
-        prompt = self.window.controls.prompt_panel.text()
+        prompt = self.host.panels.prompt_panel.text()
         if not prompt.strip():
-            self.window.show_error("Type a prompt first.")
+            self.host.show_error("Type a prompt first.")
             return None
-        settings = self.window.controls.settings_panel.settings()
+        settings = self.host.panels.settings_panel.settings()
         return self.connection.send_prompt(prompt, settings["max_new_tokens"], settings["temperature"])
 
     def start_load(self) -> bool:
         values = self.load_panel.values()
-        max_tokens = self.window.controls.settings_panel.settings()["max_new_tokens"]
+        max_tokens = self.host.panels.settings_panel.settings()["max_new_tokens"]
         started = self.connection.start_load(max_tokens=max_tokens, **values)
         if started:
             self.panel.status.setText(
                 f"load: {values['requests']} requests at concurrency {values['concurrency']}, "
                 f"at most {values['duration']:g} s"
             )
-        self.update_controls()
+        self.host.update_controls()
         return started
 
-    def save_session(self, path: str | os.PathLike) -> Path | None:
+    def save(self, path: str | os.PathLike) -> Path | None:
+        """File ▸ Save server session: everything collected (the `kvviz attach --out` format); None (and a message
+        saying why) when not connected or it cannot be written."""
         session = self.connection.session()
-        return session.save(path) if session is not None else None
+        if session is None:
+            self.host.tell("Nothing to save", "Connect to a vLLM server first (Controls ▸ vLLM server).")
+            return None
+        return self.host.write("the session", lambda: session.save(path), path)
 
-    def open_session(self, session) -> None:
+    def _ask_save(self) -> None:
+        path = self.host.dialogs.save_file("kept", "Save server session", "server.kvviz-attach.json",
+                                           "kvviz sessions (*.json)")
+        if path:
+            self.save(path)
+
+    def open(self, session: Session) -> Session:
         """Show a saved session: its plots again, its own requests as runs. Disconnects first."""
         if self.connection.connected:
             self.disconnect()
@@ -192,6 +234,7 @@ class ServerMode(QObject):
         self._summarise(session.model, session.url, opened=True)
         self._dirty = True
         self.sigChanged.emit()
+        return session
 
     # -- from the connection ---------------------------------------------------------------------------
 
@@ -201,11 +244,11 @@ class ServerMode(QObject):
         self._cache, self._prediction = session.cache, session.prediction
         self.panel.set_connected(True, f"attached to {session.url}; polling /metrics")
         self.panel.show_session(session)
-        self.window.error_bar.hide()
+        self.host.hide_error()
         for _, message in session.errors:
-            self.window.show_error(message)
+            self.host.show_error(message)
         self._summarise(session.model, session.url)
-        self.update_controls()
+        self.host.update_controls()
 
     def _on_prediction(self, prediction: dict) -> None:
         session = self.connection.session()
@@ -215,8 +258,8 @@ class ServerMode(QObject):
 
     def _on_connect_failed(self, url: str, message: str) -> None:
         self.panel.set_connected(False, "not connected")
-        self.window.show_error(f"Could not attach to {url}: {message}")
-        self.update_controls()
+        self.host.show_error(f"Could not attach to {url}: {message}")
+        self.host.update_controls()
 
     def _on_point(self, snapshot, point) -> None:
         if point is not None:
@@ -229,13 +272,13 @@ class ServerMode(QObject):
 
     def _on_notice(self, message: str, is_error: bool) -> None:
         if is_error:
-            self.window.show_error(f"{self.source}: {message}")
+            self.host.show_error(f"{self.source}: {message}")
         else:
-            self.window.statusBar().showMessage(message, 10_000)
+            self.host.note(message, 10_000)
 
     def _on_request_started(self, key: int, trace) -> None:
         self.run_of[key] = self.store.add(trace, STREAMING, overlay=True)
-        self.update_controls()
+        self.host.update_controls()
 
     def _on_token(self, key: int, timing) -> None:
         run_id = self.run_of.get(key)
@@ -253,14 +296,14 @@ class ServerMode(QObject):
             return
         self.store.end(run_id, FAILED if record.error else FINISHED, error=record.error)
         if record.error:
-            self.window.show_error(f"kvviz's own request to {self.source} failed: {record.error}")
+            self.host.show_error(f"kvviz's own request to {self.source} failed: {record.error}")
         elif not record.tokens:
-            self.window.show_error(
+            self.host.show_error(
                 f"The server returned no text for this prompt (finish reason {record.finish_reason!r}). Its "
                 "completions endpoint takes the prompt as raw text, and an instruct model may end at once: "
                 'end the prompt mid-sentence, for example "The key-value cache of a transformer".'
             )
-        self.update_controls()
+        self.host.update_controls()
 
     def _on_load_done(self, summary) -> None:
         self.panel.status.setText(
@@ -268,16 +311,32 @@ class ServerMode(QObject):
             f"{summary['not_started']} not started, {summary['wall_s']:.1f} s"
         )
         if summary["errors"]:
-            self.window.show_error(f"Load on {self.source}: {summary['errors'][0]}")
-        self.update_controls()
+            self.host.show_error(f"Load on {self.source}: {summary['errors'][0]}")
+        self.host.update_controls()
 
     # -- drawing --------------------------------------------------------------------------------------
 
-    def redraw(self) -> None:
+    def redraw_parts(self) -> list:
+        """Its plots of the scrapes, then the latency of its own requests beside the local runs (which names the runs
+        itself: the runs' legend beside the tabs is the local view's)."""
+        store = self.host.store
+        shown, primary = store.shown_series(), store.primary()
+        return [self._draw, lambda: self.view.latency_plot.draw_frame(shown, primary)]
+
+    def _draw(self) -> None:
         if self._dirty:
             self._dirty = False
             self.view.redraw(self.series)
             self._summarise_live()
+
+    def plots(self) -> list:
+        return self.view.plots
+
+    def restyle(self, palette) -> None:
+        for plot in self.view.plots:
+            plot.apply_palette(palette)
+            if hasattr(plot, "restyle"):
+                plot.restyle()
 
     def _summarise(self, model, url, opened: bool = False) -> None:
         self._header = f"<b>{model_label(model) or '?'}</b> at {url}" + (
@@ -300,11 +359,33 @@ class ServerMode(QObject):
             parts.append(f"prefix hits {point.prefix_hit_rate_total:.0%}")
         self.view.summary.setText(" · ".join(parts))
 
-    def update_controls(self) -> None:
+    def update_controls(self, ready: bool) -> None:
+        self._update_buttons()
+
+    def can_start(self) -> bool:
+        return self.send_button.isEnabled()
+
+    def start(self, extra_settings=None) -> int | None:
+        """Run ▸ Run (Ctrl+Enter) sends the prompt to the server."""
+        return self.send_prompt()
+
+    def _update_buttons(self) -> None:
         c = self.connection
         self.send_button.setEnabled(c.connected)
         self.load_button.setEnabled(c.connected and not c.load_running)
         self.stop_button.setEnabled(c.load_running)
+
+    # -- settings and closing ------------------------------------------------------------------------
+
+    def restore_settings(self, settings) -> None:
+        self.panel.set_url(str(settings.value("server/url", "")))
+        self.panel.model_dir.setText(str(settings.value("server/model_dir", "")))
+        self.load_panel.set_values(stored_json(settings.value("server/load"), {}))
+
+    def save_settings(self, settings) -> None:
+        settings.setValue("server/url", self.panel.current_url())
+        settings.setValue("server/model_dir", self.panel.model_dir.text())
+        settings.setValue("server/load", json.dumps(self.load_panel.values()))
 
     def shutdown(self) -> None:
         self.connection.shutdown()

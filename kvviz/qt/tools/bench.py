@@ -62,7 +62,7 @@ def _window_rate(window, tokens: int, timeout_s: float) -> tuple[int, float]:
     def stamp(run_id, step) -> None:  # a plain function: Qt calls it on the worker's thread, as the step leaves
         handed_over.append(time.perf_counter())
 
-    worker = window.engine.worker
+    worker = window.model.worker
     worker.sigStep.connect(stamp)
     try:
         run_id = drive.run(window, tokens, timeout_s, extra_settings={"stop_at_eos": False})
@@ -136,7 +136,7 @@ def run_gui_bench(
     options = dict(options or {})
     say(f"loading {model}")
     with drive.scratch_window("kvviz-bench", (1600, 1000), model) as (app, window):
-        model_name = window.engine.card.get("name", model)
+        model_name = window.model.card.get("name", model)
         window.controls.prompt_panel.set_text(prompt)
         if not drive.choose(window, strategy, options):
             raise RuntimeError(f"strategy {strategy!r} is not available here")

@@ -1,4 +1,4 @@
-"""A conversation played through the window's Conversation tab: the README's screenshot and `kvviz demo`'s scene.
+"""A conversation played through the window's Chat tab: the README's screenshot and `kvviz demo`'s scene.
 
 `python -m kvviz.qt.tools.chat_screenshot docs/` chats ten turns with the default model through attention sinks
 (4 + 252), through the window's own controls and worker, and saves `QWidget.grab()` of the window:
@@ -34,12 +34,10 @@ MAIN = ("screenshot-conversation.png", (1920, 1080), "dark")
 
 def play_chat(window, messages: list[str], strategy: str, options: dict, tokens: int, system: str = "",
               said=None, timeout_s: float = 900) -> bool:
-    """Chat `messages` through the Conversation tab with `strategy`; True when every turn ended. `said(turn)` is
-    called after each turn with its TurnRecord (a caption, a printout)."""
-    from kvviz.qt.controls import CONVERSATION
-
-    mode = window.chat_mode
-    window.set_mode(CONVERSATION)
+    """Chat `messages` through the Chat tab with `strategy`; True when every turn ended. `said(turn)` is called
+    after each turn with its TurnRecord (a caption, a printout)."""
+    mode = window.modes["chat"]
+    window.set_mode(mode)
     if not drive.choose(window, strategy, options):
         return False
     window.controls.settings_panel.max_new_tokens.setValue(tokens)

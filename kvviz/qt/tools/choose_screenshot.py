@@ -25,7 +25,7 @@ def make(sweep_path: Path, out: Path, size: tuple[int, int], theme_name: str, mo
         line = frontier.frontier(sweep)
         picked = said.smallest or said.best or (line[0] if line else None)
         if picked is not None:
-            window.choose_mode.pick(sweep.configurations.index(picked))
+            window.modes["choose"].pick(sweep.configurations.index(picked))
         drive.pause(0.2)
         return screenshot.grab(app, window, out, size, theme_name)
 

@@ -3,7 +3,7 @@
 One prompt through dynamic, static, quantized int4 (hqq) and sink caches, then one run that
 switches from dynamic to quantized int4 mid-run, then a quantized int2 run compared with the exact
 cache (its KL divergence per step and top-1 agreement), then a four-turn conversation through attention
-sinks in the Conversation tab. Each scene is captioned in a band of its own above the window's views,
+sinks in the Chat tab. Each scene is captioned in a band of its own above the window's views,
 which covers no plot; with `record` the whole tour is written to MP4 (or GIF without imageio-ffmpeg)
 by kvviz.qt.recorder.
 """
@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from kvviz.present import FAILED, strategy_label
-from kvviz.qt.controls import LOCAL
 from kvviz.qt.tools import drive
 from kvviz.qt.tools.chat_screenshot import MESSAGES, SYSTEM, play_chat
 
@@ -93,7 +92,7 @@ def _tour(window, caption: Caption, model: str, tokens: int, pause: float, recor
     control = window.recorder
     failures = 0
     refusals: list[str] = []
-    window.engine.worker.sigSwitchRefused.connect(lambda strategy, why: refusals.append(why))
+    window.model.worker.sigSwitchRefused.connect(lambda strategy, why: refusals.append(why))
     try:
         caption.show(f"Loading the model ({model})…")
         if not drive.load(window, model):
@@ -107,7 +106,7 @@ def _tour(window, caption: Caption, model: str, tokens: int, pause: float, recor
                 caption.show(scene.caption + "  (skipped: not available here)")
                 drive.pause(pause)
                 continue
-            window.controls.reference_box.setChecked(scene.reference)
+            window.modes["local"].reference_box.setChecked(scene.reference)
             caption.show(scene.caption)
             drive.pause(pause)
             run_id = window.start_run({"stop_at_eos": False})
@@ -134,14 +133,14 @@ def _tour(window, caption: Caption, model: str, tokens: int, pause: float, recor
                 failures += 1
                 caption.show(scene.caption + f"  (failed: {window.last_error})")
             drive.pause(pause)
-        window.controls.reference_box.setChecked(False)
+        window.modes["local"].reference_box.setChecked(False)
         failures += len(refusals)
         caption.show(CHAT.caption)
         if not play_chat(window, MESSAGES[:4], CHAT.strategy, CHAT.options, tokens, SYSTEM):
             failures += 1
             caption.show(CHAT.caption + f"  (failed: {window.last_error})")
         drive.pause(2 * pause)
-        window.set_mode(LOCAL)
+        window.set_mode("local")
         window.runs_table.select_runs(list(window.store.runs))
         caption.show(FINALE)
         drive.pause(2 * pause)

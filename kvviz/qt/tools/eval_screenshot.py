@@ -27,22 +27,20 @@ SIZES = ((1280, 720), (1920, 1080))
 
 
 def make(folder: Path, model: str, tokens: int, every_size: bool) -> list[Path]:
-    from kvviz.qt.controls import EVALUATE
-
     saved = []
     with screenshot.open_window(MAIN[1], model) as (app, window):
-        mode = window.eval_mode
-        window.set_mode(EVALUATE)
+        mode = window.modes["evaluate"]
+        window.set_mode(mode)
         mode.list_panel.set_entries(STRATEGIES)
         mode.document_panel.tokens.setValue(tokens)
         if mode.start() is None:
             raise RuntimeError(window.last_error or "Evaluate was not enabled")
         half = tokens // 2
-        drive.wait(lambda: mode.running is None or (2 in mode.active and mode.series[2].n >= half), 3600)
-        if mode.running is not None:
+        drive.wait(lambda: not mode.busy or (2 in mode.active and mode.series[2].n >= half), 3600)
+        if mode.busy:
             saved.append(screenshot.grab(app, window, folder / "evaluate-live.png", MAIN[1], MAIN[2]))
         count, started = window.redraws.count, window.redraws.cost_ms
-        drive.wait(lambda: mode.running is None, 3600)
+        drive.wait(lambda: not mode.busy, 3600)
         print(f"frames drawn: {window.redraws.count}, smoothed frame cost {window.redraws.cost_ms:.1f} ms "
               f"(at the half-way shot: {started:.1f} ms, {count} frames)")
         for s in mode.series:

@@ -1,4 +1,4 @@
-"""The Conversation tab's plots, over tokens in context across the whole chat, with the turns marked.
+"""The Chat tab's plots, over tokens in context across the whole chat, with the turns marked.
 
 - memory: the cache's bytes measured after every generated token (solid) and predicted from the config (dashed);
 - latency: every step's time, each turn's first token (its prefill: the history's new tokens) as a marker;

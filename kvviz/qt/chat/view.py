@@ -1,4 +1,4 @@
-"""The Conversation tab's widgets: the chat (system prompt, transcript, message box and its buttons) beside the
+"""The Chat tab's widgets: the chat (system prompt, transcript, message box and its buttons) beside the
 plots across the conversation and the per-turn table."""
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ from PySide6.QtWidgets import (
 )
 
 from kvviz.present import UNKNOWN, mib, ms, number
-from kvviz.qt.conversation.plots import ROLE_COLOURS, ChatCacheMap, ChatLatencyPlot, ChatMemoryPlot
+from kvviz.qt.chat.plots import ROLE_COLOURS, ChatCacheMap, ChatLatencyPlot, ChatMemoryPlot
 
 COLUMNS = ("turn", "tokens added", "kept", "new", "first token", "full re-prefill", "decode tokens/s",
            "cache MiB", "evicted", "note")
 
 
-class ConversationView(QWidget):
+class ChatView(QWidget):
     def __init__(self, parent=None):
         super().__init__(parent)
         self.header = QLabel("Load a model, choose a strategy, and send a message.")

@@ -1,44 +1,58 @@
-"""The window's "Conversation" mode: a chat with the cache kept across turns, drawn across the whole conversation.
+"""The window's "Chat" mode: a conversation with the cache kept across its turns, drawn across the whole of it.
 
-`ConversationMode` owns the central "Conversation" tab (`view`) and the Controls' button page under the strategy
-picker (`buttons`: Switch, to convert the chat's cache between turns or mid-answer). The model, the strategy and
-the generation settings (max new tokens per reply) come from the Controls, as for a run. The first message starts
-a conversation on the worker's thread (`Chatter`) with the strategy chosen then; later messages go on with its
-cache. New chat starts from the cached system prompt; a changed system prompt starts a new conversation.
+`ChatMode` owns the central "Chat" tab (`view`, where messages are typed) and the Controls' button page under the
+strategy picker (`buttons`: Switch, to convert the chat's cache between turns or mid-answer). The model, the
+strategy and the generation settings (max new tokens per reply) come from the shared Controls, as for a run. The
+first message starts a conversation on the worker's thread (`Chatter`) with the strategy chosen then; later messages
+go on with its cache. New chat starts from the cached system prompt; a changed system prompt starts a new
+conversation.
 
 The records are the engine's own `ConversationTrace`, read when the window redraws (about ten times a second while
 an answer streams): the transcript, the plots over tokens in context with the turns marked, the cache map of the
 latest step coloured by turn and role, and the per-turn table.
 
-The Tokens and Runs docks belong to the local runs: they step aside while this mode is on screen
-(kvviz.qt.docks_aside).
+The Tokens and Runs docks belong to the local runs: they step aside while this mode is on screen.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
-from PySide6.QtCore import QObject, Signal
+from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QHBoxLayout, QPushButton, QWidget
 
-from kvviz.qt.conversation.chatter import Chatter
-from kvviz.qt.conversation.series import ChatSeries
-from kvviz.qt.conversation.view import ConversationView
+from kvviz.files.conversation import ConversationTrace
+from kvviz.present import mib, ms, strategy_label
+from kvviz.qt import unsaved
+from kvviz.qt.chat.chatter import Chatter
+from kvviz.qt.chat.help import HELP
+from kvviz.qt.chat.series import ChatSeries
+from kvviz.qt.chat.view import ChatView
+from kvviz.qt.jobs import JobControl
+from kvviz.qt.mode_api import FileEntry, Mode, ModeHost
 
 
-class ConversationMode(QObject):
-    sigChanged = Signal()  # something to draw
+class ChatMode(Mode):
+    key = "chat"
+    title = "Chat"
+    short_title = "Chat"
+    tip = "A conversation with the cache kept across its turns"
+    hides_docks = True
+    formats = (ConversationTrace,)
+    help = HELP
+
     sigRequestBegin = Signal(int, object)  # to the chatter: chat id, request
-    sigRequestAct = Signal(int, object)  # chat id, action
+    sigRequestAct = Signal(int, int, object)  # job id, chat id, action
     sigRequestSwitch = Signal(int, str, object)  # chat id, strategy, options
     sigTurnDone = Signal(int)  # turns done so far, once the last one is drawn
 
-    def __init__(self, window, worker):
-        super().__init__(window)
-        self.window = window
-        self.chatter = chatter = Chatter(worker)
-        self.view = view = ConversationView()
+    def __init__(self, host: ModeHost):
+        super().__init__(host)
+        self.chatter = chatter = Chatter(host.model.worker)
+        self.jobs = JobControl(chatter)
+        self.view = view = ChatView()
         self.switch_button = QPushButton("Switch")
         self.switch_button.setToolTip("Convert the chat's cache to the strategy chosen above: now between turns, at "
                                       "the next step during an answer")
@@ -46,12 +60,15 @@ class ConversationMode(QObject):
         row = QHBoxLayout(self.buttons)
         row.setContentsMargins(9, 0, 9, 0)
         row.addWidget(self.switch_button)
+        panels = host.panels
+        self.controls = [panels.model_panel, panels.settings_panel, panels.strategy_panel]
+        self.file_entries = (FileEntry("chat", "Save c&hat (a conversation file)…", self._ask_save),)
 
         self.chat_id = 0
         self.trace = None  # the ConversationTrace on screen
         self.opened = False  # it came from a file: shown, not continued
         self.system = ""  # the system prompt the conversation began with
-        self.saved: tuple[object, Path] | None = None  # (trace, file) File ▸ Save conversation last wrote
+        self.saved: tuple[object, Path] | None = None  # (trace, file) File ▸ Save chat last wrote
         self.generating = False
         self.starting = False  # asked to begin: the chatter has not answered yet
         self.latest_step = None  # the latest StepRecord (the cache map's layers)
@@ -93,7 +110,7 @@ class ConversationMode(QObject):
         if self.busy or not self.view.send_button.isEnabled():
             return False
         if not text.strip():
-            self.window.show_error("Type a message first: an empty message is not sent.")
+            self.host.show_error("Type a message first: an empty message is not sent.")
             return False
         system = self.view.system.text().strip()
         if self.trace is None or self.opened or system != self.system:
@@ -109,9 +126,9 @@ class ConversationMode(QObject):
             return False
         action["reprefill"] = self.view.reprefill_box.isChecked()
         self.generating = action["kind"] != "new_chat"
-        self.window.error_bar.hide()
-        self.sigRequestAct.emit(self.chat_id, action)
-        self.window.update_controls()
+        self.host.hide_error()
+        self.sigRequestAct.emit(self.jobs.begin(), self.chat_id, action)
+        self.host.update_controls()
         return True
 
     def new_chat(self) -> None:
@@ -133,7 +150,7 @@ class ConversationMode(QObject):
         users = [i for i, m in enumerate(conversation.messages) if m.role == "user"]
         chat_turns = [t for t in self.trace.turns if t.chat == turn.chat]
         if turn.chat != conversation.chat:
-            self.window.show_error("That turn belongs to an earlier chat; edit a message of the chat on screen.")
+            self.host.show_error("That turn belongs to an earlier chat; edit a message of the chat on screen.")
             return
         place = [t.index for t in chat_turns if t.kind != "regenerate"]
         order = next((i for i, index in enumerate(place) if index >= turn.index), len(place) - 1)
@@ -142,38 +159,37 @@ class ConversationMode(QObject):
         self.editing = users[order]
         self.view.message.setPlainText(conversation.messages[self.editing].content)
         self.view.message.setFocus()
-        self.window.statusBar().showMessage("Edit the message and Send: the answers after it are dropped", 10_000)
+        self.host.note("Edit the message and Send: the answers after it are dropped", 10_000)
 
     def stop(self) -> None:
-        if self.generating:
-            self.chatter.cancel()
-            self.window.status_line.hold("stopping the answer after this step…")
+        if self.generating and self.jobs.stop():
+            self.host.hold("stopping the answer after this step…")
 
     def switch(self) -> bool:
-        picker = self.window.controls.strategy_panel
+        picker = self.host.panels.strategy_panel
         problem = picker.problem()
         if self.trace is None or problem:
             if problem:
-                self.window.show_error(f"Cannot switch: {problem}")
+                self.host.show_error(f"Cannot switch: {problem}")
             return False
         self.sigRequestSwitch.emit(self.chat_id, picker.current(), picker.values())
         return True
 
     def _begin(self, system: str) -> None:
-        controls = self.window.controls
+        panels = self.host.panels
         self.chat_id += 1
         self.system = system
         self.trace, self.latest_step, self.editing, self.opened = None, None, None, False
         self.starting = True
-        request = {"strategy": controls.strategy_panel.current(), "options": controls.strategy_panel.values(),
-                   "settings": controls.settings_panel.settings(), "system": system}
+        request = {"strategy": panels.strategy_panel.current(), "options": panels.strategy_panel.values(),
+                   "settings": panels.settings_panel.settings(), "system": system}
         self.sigRequestBegin.emit(self.chat_id, request)
 
-    def open_trace(self, trace):
+    def open(self, trace: ConversationTrace) -> ConversationTrace | None:
         """Show a kept conversation (a kvviz-conversation file): its transcript, plots and table; the next message
         begins a new conversation. Returns it, or None while a chat is answering."""
         if self.busy:
-            self.window.show_error("The chat is answering: stop it before opening a conversation file.")
+            self.host.show_error("The chat is answering: stop it before opening a conversation file.")
             return None
         self.trace, self.opened, self.latest_step, self.editing = trace, True, None, None
         self.system = trace.system
@@ -200,30 +216,28 @@ class ConversationMode(QObject):
     def _on_turn_finished(self, chat_id: int, record) -> None:
         if chat_id != self.chat_id:
             return
-        self.generating = False
+        self._answered()
         if record.note:
-            self.window.statusBar().showMessage(f"Turn {record.index + 1}: {record.note}", 20_000)
-        self.window.update_controls()
+            self.host.note(f"Turn {record.index + 1}: {record.note}")
+        self.host.update_controls()
         self._changed()
         turns = len(self.trace.turns) if self.trace else 0
-        self.window.redraws.redraw_then(lambda: self.sigTurnDone.emit(turns))
+        self.host.redraw_then(lambda: self.sigTurnDone.emit(turns))
 
     def _on_new_chat(self, chat_id: int, prefix) -> None:
         if chat_id != self.chat_id:
             return
-        self.generating = False
+        self._answered()
         self.latest_step = None
         conversation = self.chatter.conversation
         if prefix is None:
-            self.window.statusBar().showMessage("New chat: the chats share no prefix, so it starts empty", 20_000)
+            self.host.note("New chat: the chats share no prefix, so it starts empty")
         else:
-            from kvviz.present import mib, ms
-
-            self.window.statusBar().showMessage(
+            self.host.note(
                 f"New chat from the cached prefix: {prefix.tokens:,} tokens, {mib(prefix.cache_bytes)} kept and "
                 f"{mib(conversation.pending_copy_bytes)} copied for this chat (a deep copy doubles it); saves its "
                 f"prefill of {ms(prefix.prefill_ms)}", 20_000)
-        self.window.update_controls()
+        self.host.update_controls()
         self._changed()
 
     def _on_failed(self, chat_id: int, message: str) -> None:
@@ -231,26 +245,43 @@ class ConversationMode(QObject):
             return
         if self.starting:
             self.trace, self.starting = None, False
-        self.generating = False
-        self.window.show_error(f"Conversation: {message}")
-        self.window.update_controls()
+        self._answered()
+        self.host.show_error(f"Chat: {message}")
+        self.host.update_controls()
         self._changed()
+
+    def _answered(self) -> None:
+        """The action asked of the chatter is over."""
+        self.generating = False
+        self.jobs.end(self.jobs.running)
 
     def _on_switched(self, chat_id: int, strategy: str) -> None:
         if chat_id == self.chat_id:
             when = "at the next step" if self.generating else "now"
-            self.window.status_line.say(f"the chat's cache switches to {strategy} {when}")
+            self.host.say(f"the chat's cache switches to {strategy} {when}")
 
     def _on_notice(self, chat_id: int, message: str) -> None:
         if chat_id == self.chat_id and message:
-            self.window.statusBar().showMessage(message, 20_000)
+            self.host.note(message)
 
     # -- the controls --------------------------------------------------------------------------------
 
-    def update_controls(self, model_ready: bool) -> None:
-        """model_ready: a model is loaded and nothing else runs on the worker."""
-        self._model_ready = model_ready
+    def can_start(self) -> bool:
+        return self.view.send_button.isEnabled()
+
+    def start(self, extra_settings=None) -> int | None:
+        """Run ▸ Run (Ctrl+Enter) sends the message; the id of the job answering it, None when it was not sent."""
+        return self.jobs.running if self.send() else None
+
+    def can_switch(self) -> bool:
+        return self.switch_button.isEnabled()
+
+    def update_controls(self, ready: bool) -> None:
+        self._model_ready = ready and self.host.panels.strategy_panel.problem() is None
         self.update_buttons()
+
+    def status(self) -> str:
+        return "answering…" if self.generating else ""
 
     def update_buttons(self) -> None:
         ready = self._model_ready and not self.busy
@@ -273,6 +304,9 @@ class ConversationMode(QObject):
         self._dirty = True
         self.update_buttons()
         self.sigChanged.emit()
+
+    def plots(self) -> list:
+        return self.view.plots
 
     def redraw_parts(self) -> list:
         """The parts that draw what changed (the redraw scheduler gives each its own turn of the event loop, as the
@@ -324,8 +358,6 @@ class ConversationMode(QObject):
         return owners
 
     def header_text(self, turns) -> str:
-        from kvviz.present import strategy_label
-
         trace = self.trace
         name = (trace.model or {}).get("name", "?")
         if self.opened or self.chatter.conversation is None:
@@ -336,16 +368,33 @@ class ConversationMode(QObject):
         state = "answering…" if self.generating else f"{len(turns)} turns" + (" (opened from a file)" * self.opened)
         return f"<b>{name}</b> with <b>{label}</b>: {state}; turns written with {trace.template}"
 
-    def remember_saved(self, trace, path: Path) -> None:
-        """`trace` was saved to `path`: a close writes its turns there again."""
-        self.saved = (trace, path)
+    # -- kept chats ----------------------------------------------------------------------------------
 
-    def keep_at_close(self, folder: Path) -> Path | None:
+    def save(self, path: str | os.PathLike) -> Path | None:
+        """File ▸ Save chat: the chat on screen as `kvviz chat --trace` keeps it (a kvviz-conversation file), every
+        finished turn and the one answering so far; a close writes its turns there again. None (and a message
+        saying why) when there is nothing to save or it cannot be written."""
+        trace = self.trace
+        if trace is None or not trace.turns:
+            self.host.tell("Nothing to save", "Chat first (Controls ▸ Chat), or open a conversation file.")
+            return None
+        saved = self.host.write("the chat", lambda: trace.save(path), path, lambda _: f"{len(trace.turns)} turns")
+        if saved is not None:
+            self.saved = (trace, saved)
+        return saved
+
+    def _ask_save(self) -> None:
+        path = self.host.dialogs.save_file("kept", "Save chat", "chat.kvviz-conversation.json",
+                                           "kvviz conversations (*.json)")
+        if path:
+            self.save(path)
+
+    def keep_at_close(self) -> Path | None:
         """Once the worker has stopped (the answer being generated ends at its step in progress), write the chat's
-        finished turns again to the file it was last saved to, or else to a new file in `folder`; returns the
-        file, or None when no turn was taken. The chat is the worker's (what it did last may not have reached the
-        window before it stopped; a conversation file opened since does not replace it). Raises OSError when it
-        cannot be written."""
+        finished turns again to the file it was last saved to, or else to a new file in the folder of unsaved work
+        (kvviz.qt.unsaved); returns the file, or None when no turn was taken. The chat is the worker's (what it did
+        last may not have reached the window before it stopped; a conversation file opened since does not replace
+        it). Raises OSError when it cannot be written."""
         conversation = self.chatter.conversation
         trace = conversation.trace if conversation is not None else None
         if trace is None or not trace.turns:
@@ -353,6 +402,7 @@ class ConversationMode(QObject):
         trace.cancelled = trace.cancelled or (self.busy and trace.turns[-1].cancelled)  # stopped by the close
         if self.saved is not None and self.saved[0] is trace:
             return trace.save(self.saved[1])
+        folder = unsaved.folder()
         folder.mkdir(parents=True, exist_ok=True)
         return trace.save(folder / f"conversation-{time.strftime('%Y%m%d-%H%M%S')}.json")
 
@@ -361,4 +411,4 @@ class ConversationMode(QObject):
         self._dirty = True
 
     def shutdown(self) -> None:
-        self.chatter.cancel()
+        self.jobs.shutdown()

@@ -1,10 +1,10 @@
-"""The local model: the worker on its own thread, the model it loaded, and its runs fed into the run store.
+"""The local runs' side of the worker: runs, live switches and the next run's checks, fed into the run store.
 
-Requests leave as queued signals (load, run, switch, the next run's checks) and every engine call happens
-on the worker's thread; answers come back as the worker's signals. A run's one record is the decoder's own
-`Trace`: it is attached to the run in the store when the worker starts the run, and each step the worker
-reports is a record appended to it. A run the engine refuses before it starts (an option that cannot work
-with this model or prompt) is withdrawn from the store: it was never a run.
+Requests leave as queued signals (run, switch, the next run's checks) and every engine call happens on the worker's
+thread; answers come back as the worker's signals. A run's one record is the decoder's own `Trace`: it is attached
+to the run in the store when the worker starts the run, and each step the worker reports is a record appended to
+it. A run the engine refuses before it starts (an option that cannot work with this model or prompt) is withdrawn
+from the store: it was never a run.
 """
 
 from __future__ import annotations
@@ -16,26 +16,22 @@ from PySide6.QtCore import QObject, QTimer, Signal
 from kvviz.files.trace import Trace
 from kvviz.present import FAILED, RUNNING, STARTING, final_status
 from kvviz.qt.run_store import RunStore
-from kvviz.qt.worker import Worker, WorkerThread
+from kvviz.qt.worker import Worker
 
 PREFLIGHT_DELAY_MS = 250  # the next run is checked once typing pauses this long, not at every key
 
 
-class LocalEngine(QObject):
-    sigRequestLoad = Signal(str, str, str)  # to the worker: spec, dtype, device
+class LocalRuns(QObject):
     sigRequestRun = Signal(int, object)  # to the worker: run id, request dict
     sigRequestSwitch = Signal(str, object)  # to the worker's desk: strategy, options
     sigRequestPreflight = Signal(int, object)  # to the worker's desk: serial, the next run's request
     sigPromptTokens = Signal(object)  # the prompt's token count as a run would feed it; None: unknown (no model)
     sigPreflight = Signal(object, object)  # the request checked, why it cannot run with this model (None: it can)
 
-    def __init__(self, store: RunStore, parent: QObject | None = None):
+    def __init__(self, store: RunStore, worker: Worker, parent: QObject | None = None):
         super().__init__(parent)
         self.store = store
-        self.card: dict[str, Any] | None = None  # the loaded model's card (plus "threads")
-        self.loaded_spec: str | None = None  # the spec of the model loaded now: the only one worth remembering
-        self.loading = False
-        self.stuck = False  # the thread did not end in time when the window closed
+        self.worker = worker
         self.prompt_tokens: int | None = None  # the latest count of the prompt (see preflight)
         self._next: dict[str, Any] | None = None  # the next run's request, to check
         self._sent: dict[int, dict[str, Any]] = {}  # requests sent to be checked, by serial
@@ -45,31 +41,16 @@ class LocalEngine(QObject):
         self._preflight_timer.setInterval(PREFLIGHT_DELAY_MS)
         self._preflight_timer.timeout.connect(self._send_preflight)
         self._shown_before: dict[int, list[int]] = {}  # runs shown when a run was asked for, until it starts
-        self.worker = Worker()
-        self.thread = WorkerThread(self.worker)
-        worker = self.worker
-        # connected before anyone else's: the state here is current when the window's slots run
-        worker.sigModelLoaded.connect(self._on_model_loaded)
-        worker.sigModelFailed.connect(self._on_model_failed)
+        # before the window's own slots: the store is current when they run
+        worker.sigModelLoaded.connect(self._send_preflight)  # another model: another tokenizer, other limits
         worker.sigRunStarted.connect(self._on_run_started)
         worker.sigStep.connect(self._on_step)
         worker.sigRunFinished.connect(self._on_run_finished)
         worker.sigRunFailed.connect(self._on_run_failed)
         worker.sigPreflight.connect(self._on_preflight)
-        self.sigRequestLoad.connect(worker.load)
         self.sigRequestRun.connect(worker.run)
         self.sigRequestSwitch.connect(worker.desk.switch)
         self.sigRequestPreflight.connect(worker.desk.preflight)
-
-    def start(self) -> None:
-        """Start the worker's thread (after the window connected to the worker's signals: it reports at once)."""
-        self.thread.start()
-
-    # -- requests -----------------------------------------------------------------------------------
-
-    def load(self, spec: str, dtype: str = "auto", device: str = "auto") -> None:
-        self.loading = True
-        self.sigRequestLoad.emit(spec, dtype, device)
 
     def run(self, header: Trace, request: dict[str, Any]) -> int:
         """Add the run to the store (its header until the worker's trace arrives) and start it; its id."""
@@ -92,29 +73,16 @@ class LocalEngine(QObject):
     def cancel(self, run_id: int) -> None:
         self.worker.cancel(run_id)
 
-    def stop(self, timeout_ms: int = 1800) -> bool:
-        """End the worker thread; True if it ended within timeout_ms (else `stuck` is set)."""
+    def shutdown(self) -> None:
         self._preflight_timer.stop()
-        finished = self.thread.stop(timeout_ms)
-        self.stuck = not finished
-        return finished
 
-    def _send_preflight(self) -> None:
+    def _send_preflight(self, *_) -> None:
         if self._next is not None:
             self._serial += 1
             self._sent = {self._serial: self._next}  # only the latest answer counts
             self.sigRequestPreflight.emit(self._serial, self._next)
 
     # -- from the worker ----------------------------------------------------------------------------
-
-    def _on_model_loaded(self, spec: str, card: dict) -> None:
-        self.loading = False
-        self.card = card
-        self.loaded_spec = spec
-        self._send_preflight()  # another model: another tokenizer, other limits
-
-    def _on_model_failed(self, spec: str, message: str) -> None:
-        self.loading = False
 
     def _on_preflight(self, serial: int, answer: dict[str, Any]) -> None:
         request = self._sent.pop(serial, None)

@@ -1,21 +1,20 @@
-"""The Conversation tab: a chat on the tiny model through the window's own controls, its plots, map and table."""
+"""The Chat tab: a conversation on the tiny model through the window's own controls, its plots, map and table."""
 
-from kvviz.qt.controls import CONVERSATION
-from tests.qt.conftest import load
+from tests.qt.conftest import load, tab
 
 
 def send(qtbot, window, text: str, turns: int) -> None:
-    window.chat_mode.view.message.setPlainText(text)
-    with qtbot.waitSignal(window.chat_mode.sigTurnDone, timeout=60000) as blocker:
-        assert window.start_run() is None  # Ctrl+Enter in this mode sends the message
+    window.modes["chat"].view.message.setPlainText(text)
+    with qtbot.waitSignal(window.modes["chat"].sigTurnDone, timeout=60000) as blocker:
+        assert window.start_run() is not None  # Ctrl+Enter in this mode sends the message
     assert blocker.args == [turns], window.last_error
 
 
 def test_a_chat_with_a_bounded_cache_is_drawn_by_turn_and_role(qtbot, window):
     load(qtbot, window)
-    window.set_mode(CONVERSATION)
-    assert window.views.tabText(CONVERSATION) == "Conversation" and not window.runs_dock.isVisible()
-    controls, mode = window.controls, window.chat_mode
+    window.set_mode("chat")
+    assert window.views.tabText(tab(window, "chat")) == "Chat" and not window.runs_dock.isVisible()
+    controls, mode = window.controls, window.modes["chat"]
     controls.settings_panel.max_new_tokens.setValue(6)
     assert controls.strategy_panel.set_current("sink")
     controls.strategy_panel.set_option("window", 24)
@@ -27,7 +26,7 @@ def test_a_chat_with_a_bounded_cache_is_drawn_by_turn_and_role(qtbot, window):
     turns = mode.trace.turns
     assert mode.view.table.rowCount() == 3 and turns[2].evicted > 0
     assert "evicting" in mode.view.table.item(2, 9).text()
-    layers = window.engine.card["num_layers"]
+    layers = window.model.card["num_layers"]
     assert mode.view.cache_map.codes.shape == (layers, turns[2].end)  # the last token is not fed yet: unseen
     assert (mode.view.cache_map.codes[:, 4:10] == 1).all()  # the first turn's message is evicted, the sinks kept
     assert len(mode.view.memory_plot.turn_lines.lines) == 3
@@ -41,16 +40,15 @@ def test_a_chat_with_a_bounded_cache_is_drawn_by_turn_and_role(qtbot, window):
     send(qtbot, window, "Hello there.", 5)
     assert mode.trace.turns[4].kept == mode.trace.prefix.tokens and mode.trace.turns[4].chat == 1
 
-    path = window.file_actions.save_conversation(window.settings.fileName() + ".conversation.json")
-    window.set_mode(0)
+    path = window.modes["chat"].save(window.settings.fileName() + ".conversation.json")
+    window.set_mode("local")
     assert window.runs_dock.isVisible()
     from kvviz.files.formats import read_kept
 
-    assert window.show_kept(read_kept(path)) is not None and window.views.currentIndex() == CONVERSATION
+    assert window.show_kept(read_kept(path)) is not None and window.mode.key == "chat"
     window.redraw()
     assert "opened from a file" in mode.view.header.text() and mode.view.table.rowCount() == 5
     assert not mode.view.regenerate_button.isEnabled()  # a kept chat is shown; the next message begins a new one
-
 
 
 def test_a_closed_window_loses_no_finished_turn(qtbot, window, tmp_path, monkeypatch):
@@ -60,14 +58,14 @@ def test_a_closed_window_loses_no_finished_turn(qtbot, window, tmp_path, monkeyp
 
     monkeypatch.setenv("KVVIZ_UNSAVED_DIR", str(tmp_path))
     load(qtbot, window)
-    window.set_mode(CONVERSATION)
+    window.set_mode("chat")
     window.controls.settings_panel.max_new_tokens.setValue(3)
     send(qtbot, window, "Hello there.", 1)
-    saved = window.file_actions.save_conversation(tmp_path / "chat.json")
-    window.chat_mode.view.system.setText("Be brief.")  # a changed system prompt begins another conversation
-    window.chat_mode.view.message.setPlainText("What is a cache?")
+    saved = window.modes["chat"].save(tmp_path / "chat.json")
+    window.modes["chat"].view.system.setText("Be brief.")  # a changed system prompt begins another conversation
+    window.modes["chat"].view.message.setPlainText("What is a cache?")
     window.start_run()
-    chatter = window.chat_mode.chatter
+    chatter = window.modes["chat"].chatter
     qtbot.waitUntil(lambda: chatter.conversation.system == "Be brief." and chatter.conversation.turn is not None)
     folder = tmp_path / "unsaved"
     assert str(folder) in window.help.show_about().text()

@@ -1,11 +1,12 @@
-"""The Conversation tab's engine side: a `kvviz.engine.conversation.Conversation` on the worker's thread.
+"""The Chat mode's engine side: a `kvviz.engine.conversation.Conversation` on the worker's thread.
 
-`Chatter` lives on the `Worker`'s thread, as the Evaluate tab's evaluator does: `begin` (a new conversation with
-the chosen strategy and system prompt) and `act` (send, regenerate, edit, new chat) are queued slots, and every
-engine call runs there. While a turn generates, the loop serves the chatter's own queued calls between two steps
-(`switch`), so that a switch mid-answer takes effect at the next step. Records travel as the engine's own
-`ConversationTrace`, which the window reads when it redraws; the latest step's per-layer record (the cache map)
-comes with each progress signal. `cancel()` may be called from any thread.
+`Chatter` lives on the `Worker`'s thread (a kvviz.qt.jobs.WorkerJob, as the Evaluate tab's evaluator): `begin` (a
+new conversation with the chosen strategy and system prompt) and `act` (send, regenerate, edit, new chat) are queued
+slots, and every engine call runs there. While a turn generates, the loop serves the chatter's own queued calls
+between two steps (`switch`), so that a switch mid-answer takes effect at the next step. Records travel as the
+engine's own `ConversationTrace`, which the window reads when it redraws; the latest step's per-layer record (the
+cache map) comes with each progress signal. Each action is a job of its own id: `cancel()` may be called from any
+thread, even before the worker takes the action up.
 """
 
 from __future__ import annotations
@@ -13,15 +14,16 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from PySide6.QtCore import QCoreApplication, QEvent, QObject, Signal, Slot
+from PySide6.QtCore import QCoreApplication, QEvent, Signal, Slot
 
 from kvviz.errors import failure
+from kvviz.qt.jobs import WorkerJob
 from kvviz.qt.worker import Worker
 
 PROGRESS_INTERVAL_S = 0.1  # about ten redraws a second while a reply streams
 
 
-class Chatter(QObject):
+class Chatter(WorkerJob):
     sigBegun = Signal(int, object)  # chat id, the ConversationTrace (its turns and steps fill as it goes)
     sigTurnStarted = Signal(int, object)  # chat id, {"kind", "prompt_tokens", "kept"}
     sigProgress = Signal(int, object)  # chat id, the latest StepRecord (its layers draw the cache map)
@@ -32,16 +34,17 @@ class Chatter(QObject):
     sigNotice = Signal(int, str)  # chat id, what a long one-time pause is doing ("" once over)
 
     def __init__(self, worker: Worker):
-        super().__init__()
-        self.moveToThread(worker.thread())  # its slots run on the worker's thread
-        self.worker = worker
+        super().__init__(worker)
         self.conversation = None
         self.chat_id = 0
 
     # -- any thread ----------------------------------------------------------------------------------
 
-    def cancel(self) -> None:
-        """Stop the reply being generated after its step in progress; the turn keeps what it generated."""
+    def cancel(self, job_id: int | None = None) -> None:
+        """Stop the reply being generated after its step in progress (or action `job_id` at its first step); the
+        turn keeps what it generated. The decoder is told at once: a pause before the first step (a compile) ends
+        too."""
+        super().cancel(job_id)
         conversation = self.conversation
         if conversation is not None:
             conversation.cancel()
@@ -69,13 +72,19 @@ class Chatter(QObject):
             return
         self.sigBegun.emit(chat_id, self.conversation.trace)
 
-    @Slot(int, object)
-    def act(self, chat_id: int, action: dict[str, Any]) -> None:
+    @Slot(int, int, object)
+    def act(self, job_id: int, chat_id: int, action: dict[str, Any]) -> None:
         """action: {"kind": "send", "text"}, {"kind": "regenerate"}, {"kind": "edit", "index", "text"},
-        {"kind": "new_chat"}; "reprefill": also measure a full re-prefill of the history after the turn."""
+        {"kind": "new_chat"}; "reprefill": also measure a full re-prefill of the history after the turn. job_id:
+        this action's own (`cancel`)."""
         conversation = self.conversation
         if conversation is None or chat_id != self.chat_id:
             return
+        with self.running(job_id) as cancel:
+            self._act(chat_id, action, cancel)
+
+    def _act(self, chat_id: int, action: dict[str, Any], cancel) -> None:
+        conversation = self.conversation
         try:
             if action["kind"] == "new_chat":
                 conversation.new_chat()
@@ -94,6 +103,8 @@ class Chatter(QObject):
                                            "kept": turn.kept})
         last = 0.0
         try:
+            if cancel.is_set():  # stopped before it began: it ends at its first step
+                conversation.cancel()
             for step in turn:
                 now = time.perf_counter()
                 if now - last >= PROGRESS_INTERVAL_S:

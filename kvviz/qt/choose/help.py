@@ -1,0 +1,20 @@
+"""Help ▸ What the views show, for the Choose mode."""
+
+HELP = (
+    (
+        "Choose",
+        "Which cache should you use? Under Controls ▸ Choose, give the text, the tokens to measure, the context "
+        "each sequence will reach (default: the model's maximum), how many sequences at once, the memory budget "
+        "(4GiB, 512MiB, or free for the device's free memory) and the quality you accept (5% on perplexity, or "
+        "kl=0.05 nats), and untick the configurations of the default grid you do not want. Choose reads the text "
+        "through each, compared at every prediction with the exact cache (KL divergence, top-1 agreement), times a "
+        "few decode steps with it alone, and derives its memory at your target from its own size rule. Each "
+        "configuration is a point: quality lost (perplexity change in %, or mean KL in nats) against cache bytes "
+        "at the target (log axis), coloured by decode speed; the line joins the frontier, the configurations no "
+        "other beats on both. The dashed line is your tolerance, the dash-dotted one your budget. Hover a point "
+        "for its numbers; click it (or its row) for its running perplexity, KL and measured cache along the text. "
+        "Above, the answer: the smallest cache within the tolerance and the best quality within the budget, with "
+        "what they rest on. Stop keeps the finished configurations; File ▸ Save sweep writes the kvviz-sweep "
+        "file, its CSV and the frontier picture.",
+    ),
+)
