@@ -217,7 +217,7 @@ class SweepRun:
     def _read(self, evaluations: list[Evaluation]) -> None:
         """Read the text through these evaluations' caches: together when there are several, else alone."""
         if len(evaluations) > 1:
-            for _ in evaluate_together(evaluations):
+            for _ in evaluate_together(evaluations, share=True):
                 self.on_progress()
         else:
             e = evaluations[0]
