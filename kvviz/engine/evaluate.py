@@ -189,6 +189,7 @@ class Evaluation:
         self.started = False
         self.replay = 0  # document tokens fed again, unscored, to rebuild the cache of a resumed evaluation
         self.reference: ReferenceStream | None = None
+        self.offers = False  # True: this is the exact cache the reference stands for, and hands it what it reads
         self.kl: list[float] = []
         self.top1: list[bool] = []
         method = {"mode": "token-by-token" if self.chunk == 1 else "chunked", "chunk": self.chunk}
@@ -324,6 +325,8 @@ class Evaluation:
             logprobs = torch.log_softmax(logits.float(), dim=-1)  # read by the NLL and the comparison alike
         nll = self._nll(logprobs, start)
         if self.reference is not None:
+            if self.offers:
+                self.reference.offer(start, logprobs)
             kl, agree = divergence(self.reference.logprobs(start, logits.shape[0]), logprobs)
             self.kl += kl
             self.top1 += agree

@@ -177,6 +177,7 @@ class SweepRun:
         started = time.perf_counter()
         reference_chunk = self.evaluations[0].chunk
         stream = ReferenceStream(self.model, self.evaluations[0].ids, reference_chunk)
+        self.evaluations[0].offers = True  # the exact cache reads the text once, for itself and the stream
         try:
             for group in self.groups():
                 if self.cancelled:
