@@ -108,8 +108,10 @@ def floor_forward_ms(run: CacheRun, token_ids: torch.Tensor, tokens: int, forwar
     `token_ids` ``[rows, 1]`` has, through the model's own attention and a DynamicCache each row of which holds the
     first `tokens` tokens `run`'s cache (the exact cache) holds, cut back to them after each forward. A sweep of n
     tokens through those rows cannot take less than n such forwards over half the text on average, whatever its
-    caches do. None where `run`'s cache cannot be cut back (`CacheRun.crop_refusal`) or holds fewer tokens."""
-    if run.crop_refusal() is not None or run.seen < tokens:
+    caches do. None where `run`'s cache cannot be cut back (`CacheRun.crop_refusal`), holds fewer tokens, or the
+    rows would not fit in the free memory."""
+    rows_bytes = token_ids.shape[0] * tokens * run.geometry.kv_bytes_per_token
+    if run.crop_refusal() is not None or run.seen < tokens or rows_bytes > machine.free_memory(run.model.device)[0]:
         return None
     floor = run.copy()
     floor.crop(tokens)
@@ -229,8 +231,9 @@ class SweepRun:
         finally:
             wall_s = time.perf_counter() - started
             self._settle()
-            floor = self._floor() if finished else None
-            self.sweep.speed = self._speed(wall_s, floor)
+            self.sweep.speed = self._speed(wall_s, None)
+            if finished:
+                self.sweep.speed = self._speed(wall_s, self._floor())
 
     def _settle(self) -> None:
         """After the sweep's end or its stop: each configuration holds as many comparisons as predictions (a stop
