@@ -28,6 +28,7 @@ from kvviz.errors import ModelError
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 CHILD_TIMEOUT_S = 900  # the first quantized run builds quanto's kernels (about a minute)
+PROGRESS_S = 30.0  # a reading says how far it is this often
 
 
 def timed_run(side: str, model: str, strategy: str, options: dict, new_tokens: int, dtype: str = "auto",
@@ -109,6 +110,13 @@ def reading_bench(model_spec: str, document, tokens: int, choices: list | None, 
     from kvviz.engine import evaluate, models
     from kvviz.engine import sweep as sweeps
 
+    said = [time.monotonic()]
+
+    def progress(done: int, total: int) -> None:  # how far the reading is, every PROGRESS_S seconds
+        if time.monotonic() - said[0] >= PROGRESS_S:
+            said[0] = time.monotonic()
+            log("predictions made", done / total)
+
     before = os.getloadavg()[0]
     log(f"plain generate, {new_tokens} new tokens, fresh processes (before)", None)
     rates = reference_rate(model_spec, new_tokens, (repeats + 1) // 2, dtype=dtype, device=device)
@@ -121,6 +129,7 @@ def reading_bench(model_spec: str, document, tokens: int, choices: list | None, 
     if sweep:
         run = sweeps.SweepRun(loaded, choices, ids, record, sweeps.ask(loaded.model), rows=rows or sweeps.ROWS,
                               floor_forwards=floor_forwards)
+        run.on_progress = lambda: progress(*run.progress())
         for _ in run:
             pass
         speed = run.sweep.speed
@@ -131,8 +140,9 @@ def reading_bench(model_spec: str, document, tokens: int, choices: list | None, 
     else:
         evaluations = [evaluate.Evaluation(loaded, choice, ids, record) for choice in choices]
         started = time.perf_counter()
+        total = sum(e.predictions for e in evaluations)
         for _ in evaluate.evaluate_all(evaluations, together=True):
-            pass
+            progress(sum(len(e.result.records) for e in evaluations), total)
         wall_s = time.perf_counter() - started
         results = [e.result for e in evaluations]
     log(f"plain generate, {new_tokens} new tokens, fresh processes (after)", None)
