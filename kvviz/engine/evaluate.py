@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack
 from dataclasses import replace
 
@@ -404,13 +404,9 @@ def evaluate_together(evaluations: list[Evaluation], share: bool = False) -> Ite
         e.result.method.update(mode="batched", rows=len(evaluations))
     for i, e in enumerate(evaluations):
         if e.prompt and not e.cancelled:
-            try:
-                for record in e.read(0, e.prompt):
-                    yield i, record
-            except Exception as exc:  # noqa: BLE001 - this strategy's own failure, reported with its result
-                e.result.error = failure(f"{e.result.label()} in the evaluation", exc)
+            yield from _alone(i, e, lambda e=e: e.read(0, e.prompt))
     active: list[int] = []
-    alone: list[int] = []
+    waited: list[int] = []  # rows whose donor failed before they could start from it
     with ExitStack() as reading:
         for e in evaluations:
             reading.enter_context(e.run.strategy.reading(e.run.cache))
@@ -425,7 +421,7 @@ def evaluate_together(evaluations: list[Evaluation], share: bool = False) -> Ite
                     continue
                 if position and not e.prompt:  # it starts from the donor's cache
                     if evaluations[donor].result.error or evaluations[donor].run.evicted:
-                        alone.append(i)
+                        waited.append(i)
                         continue
                     for record in e.share(evaluations[donor]):
                         yield i, record
@@ -455,14 +451,21 @@ def evaluate_together(evaluations: list[Evaluation], share: bool = False) -> Ite
                 for record in records:
                     yield i, record
             active = still
-    for i in alone:
+    for i in waited:
         e = evaluations[i]
         e.result.method = {"mode": "token-by-token", "chunk": 1}
-        try:
-            for record in e:
-                yield i, record
-        except Exception as exc:  # noqa: BLE001 - this strategy's own failure, reported with its result
-            e.result.error = failure(f"{e.result.label()} in the evaluation", exc)
+        yield from _alone(i, e, lambda e=e: e)
+
+
+def _alone(index: int, evaluation: Evaluation, records: Callable[[], Iterable[TokenRecord]]
+          ) -> Iterator[tuple[int, TokenRecord]]:
+    """(index, record) for each of `records()`, an evaluation's reading alone; a failure of its own is kept in its
+    result (`error`), where the others go on."""
+    try:
+        for record in records():
+            yield index, record
+    except Exception as exc:  # noqa: BLE001 - a strategy's own failure, reported with its result
+        evaluation.result.error = failure(f"{evaluation.result.label()} in the evaluation", exc)
 
 
 def evaluate_all(evaluations: list[Evaluation], together: bool = False) -> Iterator[tuple[int, TokenRecord]]:
@@ -484,10 +487,6 @@ def evaluate_all(evaluations: list[Evaluation], together: bool = False) -> Itera
             for row, record in evaluate_together([evaluations[i] for i in batch]):
                 yield batch[row], record
             continue
-        try:
-            for record in evaluation:
-                yield index, record
-        except Exception as exc:  # noqa: BLE001 - a strategy's own failure, reported with its result
-            evaluation.result.error = failure(f"{evaluation.result.label()} in the evaluation", exc)
+        yield from _alone(index, evaluation, lambda evaluation=evaluation: evaluation)
 
 
