@@ -220,8 +220,8 @@ class CacheRun:
     def take_over(self, other: CacheRun) -> None:
         """Fill this run's new cache with what `other`'s holds, every token it was fed, none evicted and none
         quantized, as if they had been fed here one at a time: for a strategy whose cache holds nothing but those
-        keys and values until it first evicts (`Strategy.forkable`), the very cache it would have built. `other`
-        goes on with a copy of its own."""
+        keys and values until it first evicts (`Strategy.forkable`), the very cache it would have built. It takes a
+        copy: `other` goes on as it was."""
         if self.seen or other.evicted or other.strategy.quantizes or not self.strategy.forkable:
             raise RuntimeError(f"{self.choice.label()} cannot take over the cache of {other.choice.label()} after "
                                f"{other.seen} tokens: it holds them no longer as fed, or this strategy keeps more")
