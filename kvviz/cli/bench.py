@@ -1,4 +1,6 @@
-"""`kvviz bench`: kvviz's decode speed against plain `model.generate` in a fresh process; `--gui` for the window."""
+"""`kvviz bench`: kvviz's decode speed against plain `model.generate` in a fresh process; `--gui` for the window;
+`--sweep` and `--eval` for how long `kvviz choose` and `kvviz eval` take to read a text, beside plain generate's
+speed (a sweep also against its compute-bound floor, timed in the same run)."""
 
 from __future__ import annotations
 
@@ -7,21 +9,42 @@ import sys
 from pathlib import Path
 
 from kvviz.cli import common
+from kvviz.errors import UsageError
+
+DECODE_STRATEGIES = "dynamic,static,quantized,sliding,sink,none"
+EVAL_STRATEGIES = "dynamic,sliding:window=256,sink:sink_tokens=4:window=252,h2o:budget=256"
+READ_TOKENS = 2000
+FLOOR_FORWARDS = 32
 
 
 def add_parser(subparsers) -> None:
     bench = subparsers.add_parser("bench", help="measure the decoder's overhead against model.generate")
     common.add_model_args(bench)
     bench.add_argument(
-        "--strategies", default="dynamic,static,quantized,sliding,sink,none",
-        help="comma-separated NAME or NAME:KEY=VALUE:KEY=VALUE, as for compare "
-        "(default: dynamic,static,quantized,sliding,sink,none)",
+        "--strategies", metavar="LIST",
+        help="comma-separated NAME or NAME:KEY=VALUE:KEY=VALUE, as for compare (default: "
+        f"{DECODE_STRATEGIES}; with --eval: {EVAL_STRATEGIES}; with --sweep: kvviz choose's default grid)",
     )
     bench.add_argument("--new-tokens", type=int, default=128, help="tokens per measured run (default 128)")
-    bench.add_argument("--repeats", type=int, default=3, help="interleaved repeats per strategy (default 3)")
+    bench.add_argument("--repeats", type=int, default=3, help="interleaved repeats per strategy; with --sweep or "
+                       "--eval, plain generate's runs, half before the reading and half after (default 3)")
     bench.add_argument("--out", type=Path, default=Path("bench.json"), help="write the figures here as JSON "
                        "(default: bench.json)")
-    bench.add_argument("--gui", action="store_true", help="measure the window instead (needs the Qt window)")
+    mode = bench.add_mutually_exclusive_group()
+    mode.add_argument("--gui", action="store_true", help="measure the window instead (needs the Qt window)")
+    mode.add_argument("--sweep", action="store_true", help="time kvviz choose's reading of a text through the "
+                      "strategies (the exact cache added) against its compute-bound floor")
+    mode.add_argument("--eval", action="store_true", help="time kvviz eval's reading of a text through the strategies")
+    text = bench.add_mutually_exclusive_group()
+    text.add_argument("--text", type=Path, metavar="FILE", help="with --sweep or --eval: a .txt or .md file to read")
+    text.add_argument("--builtin", metavar="NAME", help="with --sweep or --eval: a text shipped with kvviz (default: "
+                      "alice)")
+    bench.add_argument("--tokens", type=int, default=READ_TOKENS, metavar="N",
+                       help=f"with --sweep or --eval: tokens of the text read (default {READ_TOKENS:,})")
+    bench.add_argument("--rows", type=int, metavar="N", help="with --sweep: configurations per batched forward, as "
+                       "kvviz choose's")
+    bench.add_argument("--floor-forwards", type=int, default=FLOOR_FORWARDS, metavar="N",
+                       help=f"with --sweep: forwards of the floor timed, the median kept (default {FLOOR_FORWARDS})")
 
 
 def command(args) -> int:
@@ -35,10 +58,13 @@ def command(args) -> int:
             progress=lambda message: common.progress(message, None),
         )
         print_gui_bench(figures)
+    elif args.sweep or args.eval:
+        figures = _reading(args)
+        print_reading(figures)
     else:
         from kvviz.engine.bench import run_bench
 
-        choices = common.strategy_list(args.strategies)
+        choices = common.strategy_list(args.strategies or DECODE_STRATEGIES)
         figures = run_bench(
             args.model, choices, args.new_tokens, args.repeats, dtype=args.dtype, device=args.device,
             log=common.progress,
@@ -47,6 +73,54 @@ def command(args) -> int:
     args.out.write_text(json.dumps(figures, indent=2))
     print(f"kvviz: wrote {args.out}", file=sys.stderr)
     return 0
+
+
+def _reading(args) -> dict:
+    from kvviz.engine.bench import reading_bench
+    from kvviz.files.evaluation import token_count_problem
+
+    problem = token_count_problem(args.tokens)
+    if problem:
+        raise UsageError(f"--tokens: {problem}")
+    for name in ("rows", "floor_forwards"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1, not {value}")
+    if args.text is None and args.builtin is None:
+        args.builtin = "alice"
+    document = common.document(args)
+    listed = args.strategies or (None if args.sweep else EVAL_STRATEGIES)
+    choices = common.strategy_list(listed) if listed else None
+    return reading_bench(args.model, document, args.tokens, choices, args.sweep, args.rows, args.floor_forwards,
+                         args.repeats, args.new_tokens, dtype=args.dtype, device=args.device, log=common.progress)
+
+
+def print_reading(figures: dict) -> None:
+    from kvviz.present import UNKNOWN, clock, counted
+
+    what = "kvviz choose's sweep" if figures["reading"] == "sweep" else "kvviz eval"
+    configurations = figures["configurations"]
+    print(f"{what}: {counted(len(configurations), 'configuration')} x {figures['tokens']:,} tokens of "
+          f"{figures['document']} on {figures['model']}: {clock(figures['wall_s'])} ({figures['wall_s']:.1f} s)")
+    if figures["reading"] == "sweep":
+        floor = figures["floor_s"]
+        if floor is None:
+            print(f"compute-bound floor: {UNKNOWN} (the exact cache could not be cut back to half the text)")
+        else:
+            print(f"compute-bound floor: {clock(floor)} ({floor:.1f} s): {figures['tokens'] - 1:,} plain forwards of "
+                  f"one token for {counted(figures['floor_rows'], 'row')} over a full cache of "
+                  f"{figures['floor_tokens']:,} tokens, {floor * 1000 / (figures['tokens'] - 1):.1f} ms each (median "
+                  f"of {figures['floor_forwards']} timed after the sweep)")
+            print(f"share of the floor: {figures['floor_share']:.3f} (the sweep's time over the floor's)")
+    runs = ", ".join(f"{rate:.2f}" for rate in figures["generate_runs"])
+    print(f"plain generate: {figures['generate_tokens_per_s']:.2f} tokens/s ({figures['new_tokens']} new tokens, "
+          f"model.generate in fresh processes: {runs})")
+    print(f"machine: load average {figures['load_before']:.2f} before, {figures['load_after']:.2f} after; "
+          f"{figures['threads']} torch threads")
+    width = max(len(c["label"]) for c in configurations)
+    for c in configurations:
+        shown = UNKNOWN if c["perplexity"] is None else repr(c["perplexity"])
+        print(f"  {c['label']:<{width}}  perplexity {shown:<20}  {c['status']}")
 
 
 def print_gui_bench(figures: dict) -> None:

@@ -1,4 +1,5 @@
-"""`kvviz bench`: kvviz's decode speed against plain `model.generate` in a clean process.
+"""`kvviz bench`: kvviz's decode speed against plain `model.generate` in a clean process, and how long kvviz's
+readings of a text take (a sweep, `kvviz eval`) beside it.
 
 The reference is what a user's own code gets: `model.generate` in a fresh Python interpreter started
 with the user's environment (nothing kvviz sets), the same model, dtype, prompt, number of new
@@ -6,6 +7,11 @@ tokens, cache class and torch thread count. kvviz's headless decoder runs in a f
 (`kvviz.engine.timed_run`), and the window's figure (`kvviz bench --gui`) is set against the same
 reference. Runs are interleaved (generate, kvviz, generate, kvviz, ...) so that drift in machine
 load hits both; the medians are compared. Decode rates leave the prefill out.
+
+A reading (`reading_bench`) runs in this process, between plain generate's runs (half before, half after, so
+that a drift in the machine's load shows), with the machine's load average before and after. A sweep's time is
+set against its compute-bound floor, timed in the same run (`sweep.floor_forward_ms`); every configuration's
+perplexity is given in full, to compare runs of different code.
 """
 
 from __future__ import annotations
@@ -15,12 +21,14 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 
 from kvviz.errors import ModelError
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 CHILD_TIMEOUT_S = 900  # the first quantized run builds quanto's kernels (about a minute)
+PROGRESS_S = 30.0  # a reading says how far it is this often
 
 
 def timed_run(side: str, model: str, strategy: str, options: dict, new_tokens: int, dtype: str = "auto",
@@ -89,3 +97,61 @@ def run_bench(
         "bandwidth_bytes_per_s": bandwidth,
         "strategies": results,
     }
+
+
+def reading_bench(model_spec: str, document, tokens: int, choices: list | None, sweep: bool, rows: int | None,
+                  floor_forwards: int, repeats: int, new_tokens: int, dtype: str = "auto", device: str = "auto",
+                  log: Callable[[str, float | None], None] = lambda message, fraction: None) -> dict:
+    """Time the reading of `tokens` tokens of `document` as `kvviz choose` does (`sweep`: through `choices`, or the
+    default grid where None, with the exact cache added) or as `kvviz eval` does (the strategies that can, together),
+    with plain generate's decode rate in fresh processes beside it. Returns the figures."""
+    import torch
+
+    from kvviz.engine import evaluate, models
+    from kvviz.engine import sweep as sweeps
+
+    said = [time.monotonic()]
+
+    def progress(done: int, total: int) -> None:  # how far the reading is, every PROGRESS_S seconds
+        if time.monotonic() - said[0] >= PROGRESS_S:
+            said[0] = time.monotonic()
+            log("predictions made", done / total)
+
+    before = os.getloadavg()[0]
+    log(f"plain generate, {new_tokens} new tokens, fresh processes (before)", None)
+    rates = reference_rate(model_spec, new_tokens, (repeats + 1) // 2, dtype=dtype, device=device)
+    loaded = models.load_model(model_spec, dtype=dtype, device=device)
+    if choices is None:
+        choices, _ = sweeps.default_grid(loaded.model, tokens)
+    ids, record, _ = evaluate.prepare(loaded, document, sweeps.with_reference(choices) if sweep else choices, tokens)
+    log(f"reading {len(ids):,} tokens of {document.name}", None)
+    figures: dict = {}
+    if sweep:
+        run = sweeps.SweepRun(loaded, choices, ids, record, sweeps.ask(loaded.model), rows=rows or sweeps.ROWS,
+                              floor_forwards=floor_forwards)
+        run.on_progress = lambda: progress(*run.progress())
+        for _ in run:
+            pass
+        speed = run.sweep.speed
+        wall_s = speed.wall_s
+        results = [c.run for c in run.sweep.configurations]
+        figures.update(floor_s=speed.floor_s, floor_rows=speed.floor_rows, floor_forwards=floor_forwards,
+                       floor_tokens=len(ids) // 2, floor_share=speed.floor_share)
+    else:
+        evaluations = [evaluate.Evaluation(loaded, choice, ids, record) for choice in choices]
+        started = time.perf_counter()
+        total = sum(e.predictions for e in evaluations)
+        for _ in evaluate.evaluate_all(evaluations, together=True):
+            progress(sum(len(e.result.records) for e in evaluations), total)
+        wall_s = time.perf_counter() - started
+        results = [e.result for e in evaluations]
+    log(f"plain generate, {new_tokens} new tokens, fresh processes (after)", None)
+    rates += reference_rate(model_spec, new_tokens, repeats // 2, dtype=dtype, device=device)
+    figures.update(
+        reading="sweep" if sweep else "eval", model=model_spec, document=document.name, tokens=len(ids),
+        wall_s=wall_s, generate_tokens_per_s=statistics.median(rates), generate_runs=rates, new_tokens=new_tokens,
+        threads=torch.get_num_threads(), load_before=before, load_after=os.getloadavg()[0],
+        configurations=[{"label": r.label(), "status": r.status, "perplexity": r.summary()["perplexity"],
+                         "method": r.method} for r in results],
+    )
+    return figures

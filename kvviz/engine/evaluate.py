@@ -24,7 +24,9 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import ExitStack
+from dataclasses import replace
 
 import torch
 
@@ -187,6 +189,7 @@ class Evaluation:
         self.started = False
         self.replay = 0  # document tokens fed again, unscored, to rebuild the cache of a resumed evaluation
         self.reference: ReferenceStream | None = None
+        self.offers = False  # True: this is the exact cache the reference stands for, and hands it what it reads
         self.kl: list[float] = []
         self.top1: list[bool] = []
         method = {"mode": "token-by-token" if self.chunk == 1 else "chunked", "chunk": self.chunk}
@@ -219,10 +222,21 @@ class Evaluation:
 
     def batchable(self, quantized: bool = False) -> bool:
         """Whether this evaluation can share forwards with others (`feed_together`) and predict as it would
-        alone: token by token, through a cache that does not quantize (`quantized`: or does, to the float rounding
-        of a batched forward, which may move a value to the neighbouring level), on a model that allows it."""
-        return (self.chunk == 1 and not self.prompt and self.run.cache is not None
+        alone: token by token (after its prompt, which it reads alone), through a cache that does not quantize
+        (`quantized`: or does, to the float rounding of a batched forward, which may move a value to the
+        neighbouring level), on a model that allows it."""
+        return (self.chunk == 1 and self.run.cache is not None
                 and (quantized or not self.run.strategy.quantizes) and cache_rows.unsupported(self.model) is None)
+
+    @property
+    def whole_until(self) -> int | None:
+        """How many tokens, fed one at a time from the first, its cache holds whole (every one, in full precision)
+        before it first evicts, so that its predictions until then are a full cache's; None where it may change
+        them sooner (it quantizes, reads a prompt first, or never evicts)."""
+        strategy = self.run.strategy
+        if self.prompt or self.chunk != 1 or strategy.quantizes or not strategy.evicts:
+            return None
+        return strategy.prompt_capacity(self.run.choice.options)
 
     def resume(self, kept: EvalRun, ended: bool) -> str:
         """Take up what an earlier process measured (`kept`, from its journal; `ended`: the strategy was over
@@ -260,21 +274,43 @@ class Evaluation:
 
     def __iter__(self) -> Iterator[TokenRecord]:
         self.start()
-        for start, end in self.feeds():
-            if self._cancel.is_set():
-                self.result.cancelled = True
-                return
-            if end <= self.replay:  # measured before (`resume`): only the cache is rebuilt
-                if self.run.cache is not None:
-                    with torch.inference_mode():
-                        self.run.forward(self.ids[:, start:end], logits_to_keep=1)
-                continue
-            self.note_eviction(start)
-            started = time.perf_counter()
-            fed = self.ids[:, :end] if self.run.cache is None else self.ids[:, start:end]
-            with torch.inference_mode():
-                logits = self.run.forward(fed, logits_to_keep=end - start)[0]
-            yield from self.take(start, logits, (time.perf_counter() - started) * 1000.0 / (end - start))
+        with self.run.strategy.reading(self.run.cache):
+            for start, end in self.feeds():
+                if self._cancel.is_set():
+                    self.result.cancelled = True
+                    return
+                yield from self.read(start, end)
+
+    def read(self, start: int, end: int) -> list[TokenRecord]:
+        """Feed the document tokens [start, end) in one forward, alone, and record their predictions (none where
+        they were measured before, `resume`: then only the cache is rebuilt)."""
+        if end <= self.replay:
+            if self.run.cache is not None:
+                with torch.inference_mode():
+                    self.run.forward(self.ids[:, start:end], logits_to_keep=1)
+            return []
+        self.note_eviction(start)
+        started = time.perf_counter()
+        fed = self.ids[:, :end] if self.run.cache is None else self.ids[:, start:end]
+        with torch.inference_mode():
+            logits = self.run.forward(fed, logits_to_keep=end - start)[0]
+        return self.take(start, logits, (time.perf_counter() - started) * 1000.0 / (end - start))
+
+    def share(self, other: Evaluation) -> list[TokenRecord]:
+        """Start where `other` stands, which has read the first tokens one at a time through a cache that holds
+        every one of them whole (`whole_until`): its cache becomes this one's (`CacheRun.take_over`: the cache this
+        strategy would have built itself, `Strategy.forkable`), and its predictions so far this one's, which are
+        the ones this cache would have made, bit for bit where batched rows are (`cache_rows.ROW_GROUP`). Returns
+        them; only the last is measured, on this cache, as a chunk's are."""
+        shared = other.result.records
+        self.run.take_over(other.run)
+        self.result.method["shared"] = len(shared)
+        self.kl += other.kl[: len(shared)]
+        self.top1 += other.top1[: len(shared)]
+        unmeasured = [replace(r, cache_bytes=None, predicted_cache_bytes=None, tokens_held=None, policy_bytes=None)
+                      for r in shared[:-1]]
+        self.result.records.extend(unmeasured)
+        return unmeasured + self._record(shared[-1].position, [shared[-1].nll], shared[-1].wall_ms)
 
     def note_eviction(self, position: int) -> None:
         """Before the forward that predicts from `position`: mark it as the first eviction if the cache has evicted
@@ -289,6 +325,8 @@ class Evaluation:
             logprobs = torch.log_softmax(logits.float(), dim=-1)  # read by the NLL and the comparison alike
         nll = self._nll(logprobs, start)
         if self.reference is not None:
+            if self.offers:
+                self.reference.offer(start, logprobs)
             kl, agree = divergence(self.reference.logprobs(start, logits.shape[0]), logprobs)
             self.kl += kl
             self.top1 += agree
@@ -329,27 +367,75 @@ class Evaluation:
         return records
 
 
-def evaluate_together(evaluations: list[Evaluation]) -> Iterator[tuple[int, TokenRecord]]:
+def starts(evaluations: list[Evaluation], share: bool) -> tuple[list[int], int | None]:
+    """Where each of these batchable evaluations starts being fed in their batch, and the one the others start
+    from (None: none). One with a prompt (SnapKV) starts after it, which it reads alone. With `share`, one whose cache
+    holds nothing but the tokens it was fed until it first evicts (`Strategy.forkable`) starts where it would first
+    evict, from the one that saves the most: that one reads from the first token and holds every token whole
+    (`Evaluation.whole_until`) for the longest shared (`Evaluation.share`)."""
+    first = [e.prompt for e in evaluations]
+    whole = [e.whole_until or 0 for e in evaluations]
+    forkable = [i for i, e in enumerate(evaluations) if whole[i] and e.run.strategy.forkable]
+    last = evaluations[0].predictions - 1  # the last one starts with at least one token to read in the batch
+
+    def saved(donor: int) -> int:
+        return sum(min(whole[i], whole[donor], last) for i in forkable if i != donor)
+
+    donor = max((i for i, held in enumerate(whole) if held), key=saved, default=None) if share else None
+    if donor is None or not saved(donor):
+        return first, None
+    for i in forkable:
+        if i != donor:
+            first[i] = min(whole[i], whole[donor], last)
+    return first, donor
+
+
+def evaluate_together(evaluations: list[Evaluation], share: bool = False) -> Iterator[tuple[int, TokenRecord]]:
     """Batchable evaluations of the same tokens, one batch row each, fed one token per forward: yields
     (index in `evaluations`, record). Each record's time is its share of the forward (the forward's time
-    over the rows in it). A row that fails keeps its error and leaves the batch; the others go on."""
+    over the rows in it). A row that fails keeps its error and leaves the batch; the others go on.
+
+    Rows join the batch where `starts` says: after a prompt, read alone first; with `share`, from another row's
+    cache and predictions, which are then this row's own (`Evaluation.share`). Should that row have failed (or
+    evicted after all, as measured) before, the rows waiting for it read alone after the batch."""
+    first, donor = starts(evaluations, share)
     for e in evaluations:
         e.start()
-        e.result.method = {"mode": "batched", "chunk": 1, "rows": len(evaluations)}
-    active = list(range(len(evaluations)))
-    first = evaluations[0]
-    with cache_rows.attention_by_rows(first.model):
-        for position in range(first.predictions):
-            if any(evaluations[i].cancelled for i in active):
-                for i in active:
-                    evaluations[i].result.cancelled = True
+        e.result.method.update(mode="batched", rows=len(evaluations))
+    for i, e in enumerate(evaluations):
+        if e.prompt and not e.cancelled:
+            yield from _alone(i, e, lambda e=e: e.read(0, e.prompt))
+    active: list[int] = []
+    waited: list[int] = []  # rows whose donor failed before they could start from it
+    with ExitStack() as reading:
+        for e in evaluations:
+            reading.enter_context(e.run.strategy.reading(e.run.cache))
+        reading.enter_context(cache_rows.attention_by_rows(evaluations[0].model))
+        for position in range(evaluations[0].predictions):
+            if any(e.cancelled for e in evaluations):
+                for e in evaluations:
+                    e.result.cancelled = e.result.cancelled or not e.finished
                 return
+            for i, e in enumerate(evaluations):
+                if first[i] != position or e.result.error:
+                    continue
+                if position and not e.prompt:  # it starts from the donor's cache
+                    if evaluations[donor].result.error or evaluations[donor].run.evicted:
+                        waited.append(i)
+                        continue
+                    for record in e.share(evaluations[donor]):
+                        yield i, record
+                active.append(i)
+            if not active:
+                if max(first) <= position:
+                    break
+                continue
             for i in active:
                 evaluations[i].note_eviction(position)
             started = time.perf_counter()
             with torch.inference_mode():
                 logits, failures = cache_rows.feed_together([evaluations[i].run for i in active],
-                                                            first.ids[:, position : position + 1])
+                                                            evaluations[0].ids[:, position : position + 1])
             wall_ms = (time.perf_counter() - started) * 1000.0 / len(active)
             still = []
             for row, i in enumerate(active):
@@ -365,8 +451,21 @@ def evaluate_together(evaluations: list[Evaluation]) -> Iterator[tuple[int, Toke
                 for record in records:
                     yield i, record
             active = still
-            if not active:
-                return
+    for i in waited:
+        e = evaluations[i]
+        e.result.method = {"mode": "token-by-token", "chunk": 1}
+        yield from _alone(i, e, lambda e=e: e)
+
+
+def _alone(index: int, evaluation: Evaluation, records: Callable[[], Iterable[TokenRecord]]
+          ) -> Iterator[tuple[int, TokenRecord]]:
+    """(index, record) for each of `records()`, an evaluation's reading alone; a failure of its own is kept in its
+    result (`error`), where the others go on."""
+    try:
+        for record in records():
+            yield index, record
+    except Exception as exc:  # noqa: BLE001 - a strategy's own failure, reported with its result
+        evaluation.result.error = failure(f"{evaluation.result.label()} in the evaluation", exc)
 
 
 def evaluate_all(evaluations: list[Evaluation], together: bool = False) -> Iterator[tuple[int, TokenRecord]]:
@@ -388,10 +487,6 @@ def evaluate_all(evaluations: list[Evaluation], together: bool = False) -> Itera
             for row, record in evaluate_together([evaluations[i] for i in batch]):
                 yield batch[row], record
             continue
-        try:
-            for record in evaluation:
-                yield index, record
-        except Exception as exc:  # noqa: BLE001 - a strategy's own failure, reported with its result
-            evaluation.result.error = failure(f"{evaluation.result.label()} in the evaluation", exc)
+        yield from _alone(index, evaluation, lambda evaluation=evaluation: evaluation)
 
 

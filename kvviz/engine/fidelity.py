@@ -52,10 +52,14 @@ KEEP_BYTES = 2**30  # log-probabilities of a whole text up to this size are kept
 class ReferenceStream:
     """The exact cache reading `ids` ``[1, n]`` `chunk` tokens per forward, ahead of the evaluations that ask:
     `logprobs(start, count)` gives the float32 log-probabilities predicted from positions start .. start + count - 1
-    (the forwards it needs run then). Where the whole text's log-probabilities fit in KEEP_BYTES they are all kept,
-    so that every later evaluation reads them again at no cost; else only those not yet asked for, and an
-    evaluation asking from further back reads the text again from its start. Its forwards attend as the model did
-    when the stream was made, also when asked from inside a batched forward (`cache_rows`)."""
+    (the forwards it needs run then), for every position but the last, whose successor the text does not hold (an
+    evaluation's own chunks: `evaluate.feed_sizes`). Where the whole text's log-probabilities fit in KEEP_BYTES they
+    are all kept, so that every later evaluation reads them again at no cost; else only those not yet asked for, and
+    an evaluation asking from further back reads the text again from its start. Its forwards attend as the model did
+    when the stream was made, also when asked from inside a batched forward (`cache_rows`).
+
+    The exact cache's own evaluation, reading the same chunks, may `offer` what it read instead: the same forwards,
+    so the same bits, read once."""
 
     def __init__(self, model, ids: torch.Tensor, chunk: int):
         self.model = model
@@ -69,18 +73,28 @@ class ReferenceStream:
         self.cache = dynamic_cache(self.model.config)
         self.chunks: list[tuple[int, torch.Tensor]] = []  # (first position, [positions, vocab] log-probabilities)
         self.fed = 0
+        self.offered = False  # the chunks came from `offer`, and the stream's own cache is empty
+
+    def offer(self, start: int, logprobs: torch.Tensor) -> None:
+        """Log-probabilities ``[n, vocab]`` predicted from `start` on, as the exact cache's own evaluation read them
+        in this stream's chunks: kept as if read here, when they follow what it holds and it keeps them all."""
+        if self.keep and start == self.fed and (self.offered or not self.fed):
+            self.chunks.append((start, logprobs))
+            self.fed = start + logprobs.shape[0]
+            self.offered = True
 
     def logprobs(self, start: int, count: int) -> torch.Tensor:
-        if not self.chunks or start < self.chunks[0][0]:
-            self._restart()
         end = start + count
-        with torch.inference_mode(), attention_implementation(self.model, self.attention):
-            while self.fed < end:
-                stop = min(self.fed + self.chunk, self.ids.shape[-1])
-                logits = model_forward(self.model, self.ids[:, self.fed : stop], self.cache, position_ids=None,
-                                       logits_to_keep=stop - self.fed)[0]
-                self.chunks.append((self.fed, torch.log_softmax(logits.float(), dim=-1)))
-                self.fed = stop
+        if not self.chunks or start < self.chunks[0][0] or (self.offered and self.fed < end):
+            self._restart()
+        if self.fed < end:  # switching attention back and forth costs a walk over the model: only to read on
+            with torch.inference_mode(), attention_implementation(self.model, self.attention):
+                while self.fed < end:
+                    stop = min(self.fed + self.chunk, self.ids.shape[-1] - 1)
+                    logits = model_forward(self.model, self.ids[:, self.fed : stop], self.cache, position_ids=None,
+                                           logits_to_keep=stop - self.fed)[0]
+                    self.chunks.append((self.fed, torch.log_softmax(logits.float(), dim=-1)))
+                    self.fed = stop
         if not self.keep:  # let go of what lies before `start`
             self.chunks = [(first, held) for first, held in self.chunks if first + held.shape[0] > start]
         parts = [held[max(start - first, 0) : end - first] for first, held in self.chunks

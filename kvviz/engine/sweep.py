@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from kvviz.engine import machine
+from kvviz.engine.cache_run import CacheRun, model_forward
 from kvviz.engine.evaluate import Evaluation, evaluate_together, prompt_tokens
 from kvviz.engine.fidelity import ReferenceStream
 from kvviz.engine.geometry import Geometry
@@ -43,6 +44,7 @@ FRACTIONS = (0.125, 0.25, 0.5)  # of the measured length: the budgets the defaul
 QUANTIZED = (("quanto", 4), ("quanto", 2), ("hqq", 8), ("hqq", 4), ("hqq", 2))
 EVICTING = ("h2o", "tova", "snapkv", "knorm")
 DECODE_STEPS = 8  # decode steps timed alone after the text, per configuration (the median is kept)
+FLOOR_FORWARDS = 8  # plain batched forwards timed after the text for the compute-bound floor (the median is kept)
 
 
 def default_grid(model, tokens: int) -> tuple[list[StrategyChoice], list[str]]:
@@ -101,6 +103,30 @@ def ask(model, context: int | None = None, sequences: int = 1, budget: str = "fr
     return Question(context, sequences, budget_bytes, said, parse_tolerance(tolerance))
 
 
+def floor_forward_ms(run: CacheRun, token_ids: torch.Tensor, tokens: int, forwards: int) -> list[float] | None:
+    """The compute-bound floor of a sweep, timed: `forwards` plain forwards of one token for as many rows as
+    `token_ids` ``[rows, 1]`` has, through the model's own attention and a DynamicCache each row of which holds the
+    first `tokens` tokens `run`'s cache (the exact cache) holds, cut back to them after each forward. A sweep of n
+    tokens through those rows cannot take less than n such forwards over half the text on average, whatever its
+    caches do. None where `run`'s cache cannot be cut back (`CacheRun.crop_refusal`), holds fewer tokens, or the
+    rows would not fit in the free memory."""
+    rows_bytes = token_ids.shape[0] * tokens * run.geometry.kv_bytes_per_token
+    if run.crop_refusal() is not None or run.seen < tokens or rows_bytes > machine.free_memory(run.model.device)[0]:
+        return None
+    floor = run.copy()
+    floor.crop(tokens)
+    floor.cache.batch_repeat_interleave(token_ids.shape[0])
+    positions = torch.full_like(token_ids, tokens)
+    times = []
+    with torch.inference_mode():
+        for _ in range(forwards):
+            begun = time.perf_counter()
+            model_forward(run.model, token_ids, floor.cache, positions)
+            times.append((time.perf_counter() - begun) * 1000.0)
+            floor.cache.crop(-1)
+    return times
+
+
 def with_reference(choices: list[StrategyChoice]) -> list[StrategyChoice]:
     """The configurations with the exact cache (dynamic) first, which every other is compared with."""
     rest = [c for c in choices if c != choose("dynamic")]
@@ -115,13 +141,14 @@ class SweepRun:
 
     def __init__(self, loaded: LoadedModel, choices: list[StrategyChoice], token_ids: list[int], document: dict,
                  question: Question, cancel: threading.Event | None = None, rows: int = ROWS,
-                 quantized_alone: bool = False):
+                 quantized_alone: bool = False, floor_forwards: int = FLOOR_FORWARDS):
         self.loaded = loaded
         self.model = loaded.model
         self.ids = token_ids
         self.question = question
         self.rows = max(1, rows)
         self.quantized_alone = quantized_alone
+        self.floor_forwards = floor_forwards
         self._cancel = cancel or threading.Event()
         self.sweep = Sweep(dict(loaded.card), dict(document), question)
         self.evaluations: list[Evaluation | None] = []
@@ -177,6 +204,8 @@ class SweepRun:
         started = time.perf_counter()
         reference_chunk = self.evaluations[0].chunk
         stream = ReferenceStream(self.model, self.evaluations[0].ids, reference_chunk)
+        self.evaluations[0].offers = True  # the exact cache reads the text once, for itself and the stream
+        finished = False
         try:
             for group in self.groups():
                 if self.cancelled:
@@ -195,12 +224,16 @@ class SweepRun:
                                                   self.question.sequences, self.question.budget_bytes,
                                                   reference_chunk, len(e.result.records) or None)
                     yield config
+            finished = not self.cancelled
         except BaseException:  # Ctrl-C or SIGTERM (a KeyboardInterrupt) or a failure of kvviz's own: stop here
             self._cancel.set()
             raise
         finally:
+            wall_s = time.perf_counter() - started
             self._settle()
-            self.sweep.speed = self._speed(time.perf_counter() - started)
+            self.sweep.speed = self._speed(wall_s, None)
+            if finished:
+                self.sweep.speed = self._speed(wall_s, self._floor())
 
     def _settle(self) -> None:
         """After the sweep's end or its stop: each configuration holds as many comparisons as predictions (a stop
@@ -217,7 +250,7 @@ class SweepRun:
     def _read(self, evaluations: list[Evaluation]) -> None:
         """Read the text through these evaluations' caches: together when there are several, else alone."""
         if len(evaluations) > 1:
-            for _ in evaluate_together(evaluations):
+            for _ in evaluate_together(evaluations, share=True):
                 self.on_progress()
         else:
             e = evaluations[0]
@@ -232,17 +265,31 @@ class SweepRun:
         self._count(evaluations)
 
     def _count(self, evaluations: list[Evaluation]) -> None:
-        """Add these evaluations' token-by-token forwards to the speed figures: a batched forward's time is the sum
-        of its rows' shares; its memory-bound floor reads every weight once and every row's cache."""
-        if evaluations[0].chunk != 1 or evaluations[0].prompt:
+        """Add these evaluations' token-by-token forwards to the speed figures (not a prompt's, nor predictions
+        shared from another row): a batched forward's time is the sum of its rows' shares; its memory-bound floor
+        reads every weight once and every row's cache."""
+        if evaluations[0].chunk != 1:
             return
-        forwards = max(len(e.result.records) for e in evaluations)
+        fed = [e.result.records[e.prompt or e.result.method.get("shared", 0) :] for e in evaluations]
+        forwards = max(len(records) for records in fed)
         self._forwards += forwards
-        self._row_tokens += sum(len(e.result.records) for e in evaluations)
-        self._forward_ms += sum(r.wall_ms for e in evaluations for r in e.result.records)
+        self._row_tokens += sum(len(records) for records in fed)
+        self._forward_ms += sum(r.wall_ms for records in fed for r in records)
         weights = self.loaded.card.get("weight_bytes") or 0
-        self._floor_bytes += forwards * weights + sum(r.cache_bytes or 0 for e in evaluations
-                                                      for r in e.result.records)
+        self._floor_bytes += forwards * weights + sum(r.cache_bytes or 0 for records in fed for r in records)
+
+    def _floor(self) -> tuple[int, float] | None:
+        """The rows that read the text token by token (every configuration but the exact cache) and the median time
+        of a forward of the compute-bound floor for them (`floor_forward_ms`, over half the text); None where not
+        measured."""
+        rows = sum(1 for e in self.evaluations[1:] if e is not None and e.chunk == 1 and e.finished)
+        if not rows or not self.floor_forwards:
+            return None
+        exact = self.evaluations[0]
+        tokens = exact.ids.shape[-1] // 2
+        times = floor_forward_ms(exact.run, exact.ids[:, tokens : tokens + 1].expand(rows, 1), tokens,
+                                 self.floor_forwards)
+        return (rows, statistics.median(times)) if times else None
 
     def _decode_ms(self, e: Evaluation) -> float | None:
         """The median time of a decode step with this configuration's cache alone, right after the text; None where
@@ -259,14 +306,16 @@ class SweepRun:
                 times.append((time.perf_counter() - begun) * 1000.0)
         return statistics.median(times)
 
-    def _speed(self, wall_s: float) -> SpeedRecord:
+    def _speed(self, wall_s: float, floor: tuple[int, float] | None) -> SpeedRecord:
         bandwidth = machine.memory_bandwidth(self.model.device)
-        if not self._forwards:
-            return SpeedRecord(wall_s=wall_s, bandwidth_bytes_per_s=bandwidth)
-        seconds = self._forward_ms / 1000.0
-        floor_s = self._floor_bytes / bandwidth if bandwidth else None
-        return SpeedRecord(wall_s=wall_s, rows_per_forward=self._row_tokens / self._forwards,
-                           forwards_per_s=self._forwards / seconds if seconds else None,
-                           memory_bound_share=floor_s / seconds if floor_s and seconds else None,
-                           bandwidth_bytes_per_s=bandwidth)
-
+        speed = SpeedRecord(wall_s=wall_s, bandwidth_bytes_per_s=bandwidth)
+        if floor is not None:
+            speed.floor_rows = floor[0]
+            speed.floor_s = floor[1] * self.evaluations[0].predictions / 1000.0
+        if self._forwards:
+            seconds = self._forward_ms / 1000.0
+            floor_s = self._floor_bytes / bandwidth if bandwidth else None
+            speed.rows_per_forward = self._row_tokens / self._forwards
+            speed.forwards_per_s = self._forwards / seconds if seconds else None
+            speed.memory_bound_share = floor_s / seconds if floor_s and seconds else None
+        return speed

@@ -8,7 +8,9 @@ An evaluation file holds one strategy's run over one document, as JSON:
     {"format": "kvviz-eval", "version": 1, "model": {...}, "strategy": {"name", "options"},
      "document": {"name", "source", "title", "author", "tokens", "first_token_id", "cut"},
      "method": {"mode": "token-by-token", "chunked" or "batched", "chunk": int, "rows": int (batched),
-                "prompt": int (tokens fed first in one forward, as a prompt; absent: none)},
+                "prompt": int (tokens fed first in one forward, as a prompt; absent: none),
+                "shared": int (batched: its first predictions, those of a cache that held the same tokens then,
+                               read in the same batch; absent: none)},
      "cancelled": bool, "error": str or null, "first_eviction": int or null,
      "records": {"position": [...], "token_id": [...], "nll": [...], "cache_bytes": [...],
                  "predicted_cache_bytes": [...], "tokens_held": [...], "wall_ms": [...],
@@ -347,6 +349,8 @@ def summary_row(run: EvalRun, file: str | None = None) -> dict[str, Any]:
         method += f" ({run.method.get('rows')})"
     if run.method.get("prompt"):
         method += f" after a prompt of {run.method['prompt']}"
+    if run.method.get("shared"):
+        method += f", its first {run.method['shared']} predictions shared"
     row = {
         "strategy": run.strategy.get("name", ""),
         "options": " ".join(f"{k}={v}" for k, v in options.items()),
@@ -426,7 +430,8 @@ EVAL_RECORD = Record(  # also a sweep's configurations' (kvviz.files.sweep)
         "model": MODEL_CARD,
         "strategy": STRATEGY,
         "document": DOCUMENT,
-        "method": Record({"mode": Text(MODES), "chunk": Int(1), "rows": maybe(Int(1)), "prompt": maybe(Int(1))},
+        "method": Record({"mode": Text(MODES), "chunk": Int(1), "rows": maybe(Int(1)), "prompt": maybe(Int(1)),
+                          "shared": maybe(Int(1))},
                          what="a method (an object with mode and chunk)"),
         "cancelled": Flag(),
         "error": Text(null=True),

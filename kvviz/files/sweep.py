@@ -157,8 +157,10 @@ class Configuration:
 
 @dataclass
 class SpeedRecord:
-    """How fast the sweep read the text: rows per batched forward, forwards per second, and the share of the
-    memory-bound speed reached (every weight and every row's cache read once per forward at this machine's
+    """How fast the sweep read the text: its time against the compute-bound floor (as many plain batched forwards of
+    one token as the text has predictions, for the `floor_rows` configurations read token by token, over a full
+    cache of half the text, timed in the same run), rows per batched forward, forwards per second, and the share of
+    the memory-bound speed reached (every weight and every row's cache read once per forward at this machine's
     bandwidth); None where not measured."""
 
     wall_s: float | None = None
@@ -166,11 +168,19 @@ class SpeedRecord:
     forwards_per_s: float | None = None
     memory_bound_share: float | None = None
     bandwidth_bytes_per_s: float | None = None
+    floor_s: float | None = None
+    floor_rows: int | None = None
+
+    @property
+    def floor_share(self) -> float | None:
+        """The sweep's time over the compute-bound floor's (below 1: faster than the floor)."""
+        return self.wall_s / self.floor_s if self.wall_s is not None and self.floor_s else None
 
     def to_dict(self) -> dict[str, Any]:
         return {"wall_s": self.wall_s, "rows_per_forward": self.rows_per_forward,
                 "forwards_per_s": self.forwards_per_s, "memory_bound_share": self.memory_bound_share,
-                "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s}
+                "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s, "floor_s": self.floor_s,
+                "floor_rows": self.floor_rows}
 
 
 @dataclass
@@ -231,7 +241,9 @@ _CONFIGURATION = Record(
     rules=(_fidelity_agrees,),
     what="a configuration (an object with its evaluation)",
 )
-_SPEED = Record({name: Number(0, null=True) for name in SpeedRecord().to_dict()}, what="the sweep's speed")
+_SPEED = Record({**{name: Number(0, null=True) for name in SpeedRecord().to_dict()},
+                 "floor_s": optional(Number(0, null=True)), "floor_rows": optional(Int(1, null=True))},  # absent before
+                what="the sweep's speed")
 _SWEEP = Record(
     {
         "model": MODEL_CARD,

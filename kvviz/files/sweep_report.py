@@ -90,6 +90,10 @@ def speed_text(sweep: Sweep) -> str:
     tokens = max((c.summary()["tokens"] for c in sweep.configurations if c.run.records), default=0) + 1
     text = (f"{counted(len(sweep.configurations), 'configuration')} x {tokens:,} tokens in "
             f"{clock(speed.wall_s) if speed.wall_s is not None else UNKNOWN}")
+    if speed.floor_share is not None:
+        text += (f", {speed.floor_share:.2f} x the compute-bound floor ({clock(speed.floor_s)}: {tokens - 1:,} plain "
+                 f"forwards of one token for {counted(speed.floor_rows, 'row')} over a full cache of "
+                 f"{tokens // 2:,} tokens, timed after the text)")
     if speed.forwards_per_s is not None:
         text += (f"; forwards of one token: {speed.rows_per_forward:.1f} rows each, "
                  f"{speed.forwards_per_s:.1f} per second")

@@ -34,3 +34,26 @@ def test_the_kvviz_side_journals_its_steps_as_a_default_run_does(tiny_model, mon
     times = timed_run.kvviz_times(tiny_model, strategies.choose("dynamic", {}), "Hello", 4)
     assert len(times) == 4 and journaled == [2, 3, 4, 5]
     assert list(tmp_path.iterdir()) == []  # its journal removed with its folder
+
+
+def test_bench_sweep_prints_the_sweep_against_its_floor_and_plain_generate(tmp_path):
+    out = tmp_path / "bench.json"
+    result = kvviz("bench", "--sweep", "--model", "tiny", "--tokens", "40", "--strategies",
+                   "sliding:window=9,h2o:budget=12", "--new-tokens", "8", "--repeats", "1", "--floor-forwards", "2",
+                   "--out", out)
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(out.read_text())
+    labels = [c["label"] for c in figures["configurations"]]
+    assert labels == ["dynamic", "sliding (window=9)", "h2o (budget=12, recent=-1)"]
+    assert figures["floor_rows"] == 2 and figures["floor_tokens"] == 20 and figures["floor_s"] > 0
+    assert figures["floor_share"] == figures["wall_s"] / figures["floor_s"]
+    assert len(figures["generate_runs"]) == 1 and figures["generate_tokens_per_s"] > 0
+    for line in ("compute-bound floor:", "39 plain forwards of one token for 2 rows over a full cache of 20 tokens",
+                 "share of the floor:", "plain generate:", "machine: load average", repr(
+                     figures["configurations"][1]["perplexity"])):
+        assert line in result.stdout
+
+
+def test_bench_reading_refuses_a_text_too_short_to_predict(tmp_path):
+    result = kvviz("bench", "--eval", "--model", "tiny", "--tokens", "1", "--out", tmp_path / "bench.json")
+    assert result.returncode == 2 and "--tokens" in result.stderr and "Traceback" not in result.stderr

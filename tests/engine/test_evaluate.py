@@ -1,6 +1,7 @@
 """Teacher-forced evaluation through a strategy's cache: exact where the cache keeps everything, and
 faithful bookkeeping (evictions, sizes, cancellation, failures) where it does not."""
 
+import contextlib
 import threading
 
 import pytest
@@ -115,7 +116,8 @@ def test_snapkv_reads_the_first_half_as_its_prompt_and_compresses_it(tiny_model)
     nll, evaluation = nll_of(tiny_model, "snapkv", options, ids, record)
     dynamic, _ = nll_of(tiny_model, "dynamic", {}, ids, record)
     result = evaluation.result
-    assert result.method == {"mode": "token-by-token", "chunk": 1, "prompt": 30} and not evaluation.batchable()
+    assert result.method == {"mode": "token-by-token", "chunk": 1, "prompt": 30}
+    assert evaluation.batchable()  # after its prompt (test_evaluate_together)
     assert result.first_eviction == 30  # measured: after the prompt the cache held 12 of 30
     assert float((nll[:30] - dynamic[:30]).abs().max()) < TOLERANCE
     assert float((nll[30:] - dynamic[30:]).abs().max()) > TOLERANCE
@@ -158,6 +160,39 @@ def test_quantized_is_measured_and_predicted_at_every_token(tiny_model):
     assert all(r.cache_bytes == r.predicted_cache_bytes for r in records)
     assert records[-1].cache_bytes < (len(ids) - 1) * tiny_model.card["kv_bytes_per_token"]
     assert evaluation.result.first_eviction is None
+
+
+@pytest.mark.parametrize("backend", ["hqq", "quanto"])
+def test_a_quantized_cache_read_dequantizes_once_per_quantization_and_predicts_the_same(tiny_model, monkeypatch,
+                                                                                       backend):
+    """transformers' QuantizedLayer dequantizes all it holds at every update; reading a text, kvviz keeps that between
+    two quantizations (`Strategy.reading`): the same bits, fewer dequantizations, and the decode after it runs
+    transformers' own."""
+    from transformers.cache_utils import QuantizedLayer
+
+    ids, record = document_ids(tiny_model, 40)
+    options = {"backend": backend, "nbits": 4, "q_group_size": 32, "residual_length": 8}
+    calls = []
+    for cls in {type(layer) for layer in evaluate.Evaluation(tiny_model, strategies.choose("quantized", options), ids,
+                                                              record).run.cache.layers}:
+        assert issubclass(cls, QuantizedLayer)
+        dequantize = cls._dequantize
+        monkeypatch.setattr(cls, "_dequantize", lambda self, q, dequantize=dequantize: calls.append(1) or dequantize(
+            self, q))
+    nll, evaluation = nll_of(tiny_model, "quantized", options, ids, record)
+    once = len(calls)
+    strategy = evaluation.run.strategy
+    monkeypatch.setattr(type(strategy), "reading", lambda self, cache: contextlib.nullcontext())
+    calls.clear()
+    every_time, _ = nll_of(tiny_model, "quantized", options, ids, record)
+    assert torch.equal(nll, every_time)
+    layers = len(evaluation.run.cache.layers)
+    assert len(calls) == 2 * layers * (len(ids) - 2)  # keys and values, at every update but the first
+    assert once == 2 * layers * 5  # after each of the 5 quantizations: the first update, then every 8 tokens
+    calls.clear()
+    with torch.inference_mode():
+        evaluation.run.forward(torch.tensor([[ids[-1]]]))
+    assert len(calls) == 2 * layers
 
 
 def test_cancel_stops_between_tokens_and_keeps_what_was_measured(tiny_model):

@@ -1,8 +1,11 @@
-"""Fidelity against a full-precision reference, on the default model and a prompt of ~300 tokens."""
+"""Fidelity against a full-precision reference, on the default model and a prompt of ~300 tokens, and the exact
+cache's reading that a sweep compares with."""
 
 import pytest
+import torch
 
-from kvviz.engine import decode, strategies
+from kvviz.engine import decode, evaluate, fidelity, strategies
+from kvviz.files import documents
 
 PASSAGE = (
     "The printing press, developed by Johannes Gutenberg around 1440 in Mainz, combined movable metal type, "
@@ -60,3 +63,17 @@ def test_reference_time_kept_apart(summaries):
     for step in summaries["int4"]["steps"]:
         assert step.reference_ms > 0 and step.kl is not None
     assert summaries["int4"]["reference_perplexity"] > 1
+
+
+def test_the_exact_cache_s_own_reading_is_the_reference_stream_s(tiny_model):
+    """In a sweep the exact cache reads the text once: its evaluation offers what it read to the stream, the same
+    forwards in the same chunks, so every later comparison reads the same bits the stream would have read itself."""
+    ids, record, _ = evaluate.prepare(tiny_model, documents.builtin("alice"), [strategies.choose("dynamic")], 70)
+    exact = evaluate.Evaluation(tiny_model, strategies.choose("dynamic"), ids, record, chunk=16)
+    offered = fidelity.ReferenceStream(tiny_model.model, exact.ids, 16)
+    exact.reference, exact.offers = offered, True
+    list(exact)
+    assert offered.fed == 69 and offered.offered and exact.kl == [0.0] * 69 and all(exact.top1)
+    own = fidelity.ReferenceStream(tiny_model.model, exact.ids, 16)
+    assert torch.equal(offered.logprobs(3, 66), own.logprobs(3, 66))
+    assert own.fed == 69  # it reads no further than the last prediction, in the same chunks as the evaluation

@@ -13,6 +13,8 @@ from kvviz.files import documents, frontier
 from kvviz.files import sweep as sweep_file
 from kvviz.files.formats import read_kept
 from kvviz.files.jsonfile import KeptFileError
+from kvviz.files.sweep_report import speed_text
+from kvviz.present import clock
 
 TOKENS = 96
 CONFIGS = ["sink:sink_tokens=4:window=20", "h2o:budget=24", "tova:budget=48", "sliding:window=33",
@@ -47,6 +49,28 @@ def test_every_configuration_reads_the_whole_text_and_is_compared(swept):
     assert reference["mean_kl"] < 1e-6 and reference["top1"] == 1.0
     assert max(c.summary()["mean_kl"] for c in result.configurations) > 1e-3  # eviction does cost something
     assert {c.measured_rows for c in result.configurations} >= {1, 4}  # batches of at most 4 rows, and alone
+
+
+def test_the_sweep_is_timed_against_its_compute_bound_floor(swept, tmp_path):
+    run, _ = swept
+    speed = run.sweep.speed
+    assert speed.floor_rows == len(CONFIGS) and speed.floor_s > 0
+    assert speed.floor_share == speed.wall_s / speed.floor_s
+    assert f"x the compute-bound floor ({clock(speed.floor_s)}: {TOKENS - 1} plain forwards of one token for 7 rows " \
+           f"over a full cache of {TOKENS // 2} tokens" in speed_text(run.sweep)
+    assert read_kept(run.sweep.save(tmp_path / "sweep.json")).speed == speed
+    # rows of a batch that hold every token until they first evict start there, from the one that holds them longest
+    assert [c.run.method.get("shared") for c in run.sweep.configurations[1:5]] == [24, None, 24, 24]
+
+
+def test_the_floor_is_plain_forwards_of_the_rows_over_half_the_text(tiny_model):
+    ids, record = prepared(tiny_model, [])
+    exact = evaluate.Evaluation(tiny_model, strategies.choose("dynamic"), ids, record)
+    list(exact)
+    times = sweep.floor_forward_ms(exact.run, torch.tensor([[ids[48]]] * 5), 48, 3)
+    assert len(times) == 3 and all(t > 0 for t in times)
+    assert exact.run.cache.get_seq_length() == TOKENS - 1  # the exact cache itself is left as it was
+    assert sweep.floor_forward_ms(exact.run, torch.tensor([[ids[48]]]), TOKENS, 3) is None  # it holds fewer
 
 
 def test_the_frontier_is_what_no_other_configuration_beats_on_both(swept):

@@ -7,6 +7,7 @@ here, so that no other module compares strategy names.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -126,6 +127,10 @@ class Strategy:
     # True: rounds what it keeps to a few bits, so a difference in float rounding (a batched forward's) can
     # move a value to the neighbouring level; an evaluation feeds it alone
     quantizes: ClassVar[bool] = False
+    # True: until it first evicts (after `prompt_capacity` tokens fed one at a time) its cache holds nothing but
+    # the keys and values of every token it was fed, so that one filled with them by a switch is the cache it would
+    # have built itself, and a sweep starts it there from another cache that held them (`CacheRun.take_over`)
+    forkable: ClassVar[bool] = False
     # True: also runs an encoder-decoder's cache (self-attention keys and values beside cross-attention ones)
     encoder_decoder: ClassVar[bool] = False
 
@@ -181,6 +186,11 @@ class Strategy:
         """One-time preparation before the first step (kernel builds), timed apart from the steps;
         `notify(message)` says what is happening while it lasts. True if there was any."""
         return False
+
+    def reading(self, cache) -> AbstractContextManager:
+        """Around an evaluation's reading of a text through `cache` (nothing timed as a user's decode): the cache may
+        skip work whose result it already holds, as long as every bit it returns is the same."""
+        return nullcontext()
 
     def predictor(self, options: dict, geometry: Geometry, capacity: int) -> CachePredictor:
         """The size this strategy's cache should have after each step, from the config alone."""

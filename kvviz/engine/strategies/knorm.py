@@ -24,6 +24,7 @@ class KeyNorm(EvictionStrategy):
         Option("skip_layers", "int", 2, "first layers kept whole, not compressed", minimum=0),
     )
     reads_attention = False
+    forkable = True
 
     def model_problem(self, model, geometry, options):
         if options["skip_layers"] >= geometry.num_layers:

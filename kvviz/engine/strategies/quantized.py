@@ -2,6 +2,8 @@
 
 import importlib.util
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -155,5 +157,41 @@ class Quantized(Strategy):
         layers = [layer_class(**kwargs) for _ in range(geometry.num_layers)]
         return cache_utils.Cache(layers=keep_own_layers(model, layers))
 
+    def reading(self, cache):
+        return dequantized_once(cache)
+
     def predictor(self, options, geometry, capacity):
         return QuantizedPredictor(geometry, options)
+
+
+@contextmanager
+def dequantized_once(cache) -> Iterator[None]:
+    """Inside, each quantized layer of `cache` dequantizes what it holds quantized once per quantization, where
+    transformers' QuantizedLayer dequantizes all of it at every update: between two quantizations those are the same
+    tensors, so the same bits come back (and are never written to: the layer concatenates them)."""
+    from transformers.cache_utils import QuantizedLayer
+
+    layers = [layer for layer in getattr(cache, "layers", ()) if isinstance(layer, QuantizedLayer)]
+    for layer in layers:
+        layer._dequantize = _once(layer._dequantize)  # shadows the method on this object only
+    try:
+        yield
+    finally:
+        for layer in layers:
+            del layer._dequantize
+
+
+def _once(dequantize):
+    """`dequantize`, remembering its result for the last two quantized tensors (a layer's keys and values)."""
+    kept: dict[int, tuple] = {}  # id of a quantized tensor -> (that tensor, its dequantization)
+
+    def once(quantized):
+        hit = kept.get(id(quantized))
+        if hit is not None and hit[0] is quantized:
+            return hit[1]
+        if len(kept) == 2:
+            del kept[next(iter(kept))]
+        kept[id(quantized)] = quantized, dequantize(quantized)
+        return kept[id(quantized)][1]
+
+    return once

@@ -42,6 +42,7 @@ class Sink(Strategy):
         Option("window", "int", 252, "most recent tokens kept", minimum=1),
     )
     evicts = True
+    forkable = True
     renumbers_positions = True
     keeps_first_tokens = True
 

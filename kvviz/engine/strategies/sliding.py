@@ -21,6 +21,7 @@ class Sliding(Strategy):
     reference = "transformers' DynamicSlidingWindowLayer (the window of Longformer and Mistral)"
     options = (Option("window", "int", 256, "tokens each step attends to, the current one included", minimum=2),)
     evicts = True
+    forkable = True
 
     def model_problem(self, model, geometry, options):
         return attention_layers_problem(geometry, "keeps a window of keys and values", latent=True)

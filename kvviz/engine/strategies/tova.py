@@ -21,6 +21,7 @@ class TOVA(EvictionStrategy):
         "attention averaged over all heads, one choice per layer"
     )
     options = (budget_option(),)
+    forkable = True
 
     def prompt_kept(self, options) -> str:
         return f"the {options['budget']:,} tokens its last token attends to most (averaged over the heads)"
