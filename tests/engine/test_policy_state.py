@@ -83,8 +83,8 @@ def test_options_follow_the_papers(tiny_model):
     assert strategies.choose("knorm").options["skip_layers"] == 2
     h2o = strategies.choose("h2o", {"budget": 8, "recent": 0})  # heavy hitters only
     layer = strategies.get("h2o").make_layer(0, h2o.options)
-    assert layer.recent == 0
-    assert strategies.get("h2o").make_layer(0, strategies.choose("h2o", {"budget": 8}).options).recent == 4
+    assert layer.scorer.recent == 0
+    assert strategies.get("h2o").make_layer(0, strategies.choose("h2o", {"budget": 8}).options).scorer.recent == 4
     listing = {s["name"]: s for s in (strategy.to_dict() for strategy in strategies.all_strategies())}
     assert "SnapKV (Li et al., NeurIPS 2024)" in listing["snapkv"]["reference"]
     assert all(s["reference"] for s in listing.values())
