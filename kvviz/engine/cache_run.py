@@ -199,7 +199,7 @@ class CacheRun:
 
     def switch_refusal(self, choice: StrategyChoice) -> str | None:
         """Why this cache cannot become `choice` now, or None (the model's context is `positions_after`'s to check)."""
-        return refusal(self.choice.name, choice, self.model, self.evicted)
+        return refusal(self.choice, choice, self.model, self.evicted)
 
     def positions_after(self, choice: StrategyChoice, tokens: int) -> int:
         """The positions a run switched to `choice` now numbers its tokens with, once `tokens` more are fed."""

@@ -37,6 +37,7 @@ import torch
 from kvviz.engine import attention_scores
 from kvviz.engine.layers import KvvizLayer
 from kvviz.engine.strategies.eviction import (
+    ADAPTIVE_SAFEGUARD,
     CRITICAL_EPSILON,
     CRITICAL_FIRST_STAGE,
     Schedule,
@@ -44,6 +45,8 @@ from kvviz.engine.strategies.eviction import (
     Scorer,
     chunk_kept,
 )
+
+PAD = 2**62  # the position of a padding slot of a ragged layer laid out as a rectangle: past any position
 
 
 class EvictionLayer(KvvizLayer):
@@ -54,7 +57,7 @@ class EvictionLayer(KvvizLayer):
     is_croppable = False
 
     def __init__(self, index: int, scorer: Scorer, schedule: Schedule, chunk: int = 0,
-                 critical: torch.Tensor | None = None):
+                 critical: torch.Tensor | None = None, adaptive: bool = False):
         super().__init__()
         self.index = index  # the decoder layer this cache layer belongs to (attention requests name it)
         self.scorer = scorer
@@ -62,6 +65,11 @@ class EvictionLayer(KvvizLayer):
         self.budget = schedule.budget
         self.chunk = chunk  # ChunkKV's chunk length (0: single tokens)
         self.output_weight = critical  # CriticalKV: the attention's output projection weight (None: not critical)
+        self.adaptive = adaptive  # AdaKV: the budget shared among the KV heads, which then hold different numbers
+        # ragged (after an adaptive choice): tokens each batch row's KV heads hold [batch, kv_heads], their keys,
+        # values, positions and token state laid end to end ([held tokens of every head, ...]); None: rectangular
+        self.lengths: torch.Tensor | None = None
+        self.valid: torch.Tensor | None = None  # during a ragged feed: the slots of the returned keys that hold tokens
         self.state = ScheduleState()
         self.positions: torch.Tensor | None = None  # [batch, kv_heads, held], absolute positions
         self.fed_positions: torch.Tensor | None = None  # positions of the keys the last update() returned
@@ -87,6 +95,9 @@ class EvictionLayer(KvvizLayer):
             self.lazy_initialization(key_states, value_states)
         new = key_states.shape[-2]
         batch, kv_heads = key_states.shape[:2]
+        if self.lengths is not None:  # ragged: laid out as a rectangle for this feed's attention
+            laid_out = self.lay_out()
+            self.valid = torch.cat([laid_out, laid_out.new_ones((batch, kv_heads, new))], dim=-1)
         fresh = torch.arange(self.seen, self.seen + new, device=self.device).expand(batch, kv_heads, new)
         full_keys = torch.cat([self.keys, key_states], dim=-2)
         full_values = torch.cat([self.values, value_states], dim=-2)
@@ -101,13 +112,55 @@ class EvictionLayer(KvvizLayer):
         return self.get_seq_length() + query_length, 0
 
     def get_seq_length(self) -> int:
-        return 0 if self.keys is None else self.keys.shape[-2]
+        """Key slots the next feed's attention sees before its own tokens (a ragged layer's longest head)."""
+        if self.keys is None:
+            return 0
+        return int(self.lengths.max()) if self.keys.dim() == 2 else self.keys.shape[-2]
+
+    def tokens_held(self) -> int:
+        if self.keys is not None and self.keys.dim() == 2:  # ragged: the same total as a rectangle of the budget
+            return self.keys.shape[0] // self.lengths.numel()
+        if self.valid is not None:
+            return int(self.valid.sum()) // (self.valid.shape[0] * self.valid.shape[1])
+        return self.get_seq_length()
+
+    @property
+    def key_mask(self) -> torch.Tensor | None:
+        """During a ragged feed, which key slots hold tokens ``[batch, kv_heads, keys]`` (the padding is masked out
+        of attention: `attention_scores.sdpa_with_scores`); None otherwise."""
+        return self.valid
+
+    def lay_out(self) -> torch.Tensor:
+        """Lay the ragged storage out as rectangles ``[batch, kv_heads, longest, ...]``, each head's tokens last and
+        padding before them (zeros, at position PAD), so that every head's newest tokens share the last slots;
+        returns which slots hold tokens."""
+        batch, kv_heads = self.lengths.shape
+        valid = self.valid_slots()
+        longest = valid.shape[-1]
+
+        def rectangle(flat: torch.Tensor, fill) -> torch.Tensor:
+            out = flat.new_full((batch, kv_heads, longest, *flat.shape[1:]), fill)
+            out[valid] = flat
+            return out
+
+        self.keys, self.values = rectangle(self.keys, 0), rectangle(self.values, 0)
+        self.positions = rectangle(self.positions, PAD)
+        self.token_state = {name: rectangle(tensor, 0) for name, tensor in self.token_state.items()}
+        return valid
+
+    def keep_ragged(self, kept: torch.Tensor) -> None:
+        """Keep the slots where `kept` ``[batch, kv_heads, slots]``, each head its own number, laid end to end."""
+        self.keys, self.values, self.positions = self.keys[kept], self.values[kept], self.positions[kept]
+        self.token_state = {name: tensor[kept] for name, tensor in self.token_state.items()}
+        self.lengths = kept.sum(dim=-1)
+        self.valid = self.fed_positions = None
 
     def get_max_length(self) -> int:
         return -1 if self.schedule.interval == 0 else self.budget  # prompt-only policies append without limit
 
     def reset(self) -> None:
         self.keys = self.values = self.positions = self.fed_positions = self.position_ids = None
+        self.lengths = self.valid = None
         self.is_initialized = False
         self.token_state = {}
         self.state = ScheduleState()
@@ -131,8 +184,10 @@ class EvictionLayer(KvvizLayer):
         self.scorer.appended(self, new)
         if self.output_weight is not None:
             self._add_output_norms(new)
-        self.target = self.schedule.compress_to(self.state, self.index, self.get_seq_length(), new, self.seen)
-        if self.scorer.every_feed or (self.target is not None and self.scorer.reads_attention):
+        self.target = self.schedule.compress_to(self.state, self.index, self.tokens_held(), new, self.seen)
+        # a ragged layer's padding must be masked out of attention, and its storage laid end to end again after it
+        attention = self.scorer.every_feed or (self.target is not None and self.scorer.reads_attention)
+        if attention or self.valid is not None:
             self.ask_for_attention()
         elif self.target is not None:
             with self.timed():
@@ -145,6 +200,8 @@ class EvictionLayer(KvvizLayer):
                 self.scorer.observe(self, query, key, mask, scaling)
             if self.target is not None:
                 self.keep_top(self.scorer.scores(self, query, key, mask, scaling))
+            elif self.valid is not None:
+                self.keep_ragged(self.valid)
 
     def ask_for_attention(self) -> None:
         # a request stands for one forward (`attention_scores.one_forward`): one still unanswered at the next feed
@@ -161,8 +218,14 @@ class EvictionLayer(KvvizLayer):
         """Keep the `target` tokens the scores rank highest (as chunks where `chunk`), the output norms first
         weighing them where `critical`."""
         target, self.target = self.target, None
-        if self.output_weight is not None:
-            scores = critical_scores(scores, self.token_state["output_norms"], target)
+        norms = self.token_state.get("output_norms")
+        if self.adaptive:
+            valid = self.valid if self.valid is not None else torch.ones_like(self.positions, dtype=torch.bool)
+            scores = scores.expand(valid.shape).masked_fill(~valid, float("-inf"))
+            self.keep_ragged(adaptive_kept(scores, target, norms, valid))
+            return
+        if norms is not None:
+            scores = critical_scores(scores, norms, target)
         if self.chunk:
             self.keep(chunk_indices(scores, target, self.chunk))
         elif scores.shape[-1] == target + 1:  # one token goes (a decoding step): cheaper than a top-k
@@ -226,13 +289,21 @@ class EvictionLayer(KvvizLayer):
         return spent
 
     def held_positions(self) -> torch.Tensor:
+        if self.positions.dim() == 1:  # ragged: each head's positions, padded at the front with PAD
+            return self.positions.new_full(self.valid_slots().shape, PAD).masked_scatter(self.valid_slots(),
+                                                                                         self.positions)[0]
         return self.positions[0]
+
+    def valid_slots(self) -> torch.Tensor:
+        """Of a ragged layer laid out as a rectangle, the slots that hold tokens ``[batch, kv_heads, longest]``."""
+        longest = int(self.lengths.max())
+        return torch.arange(longest, device=self.device) >= (longest - self.lengths)[..., None]
 
     def attended_positions(self, n_keys: int, total: int) -> torch.Tensor:
         return self.fed_positions[0]
 
     def policy_tensors(self) -> tuple[torch.Tensor | None, ...]:
-        return (self.positions, self.fed_positions, *self.token_state.values())
+        return (self.positions, self.fed_positions, self.lengths, *self.token_state.values())
 
     def query_positions(self, new: int) -> torch.Tensor:
         """Position ids of the last feed's `new` tokens ``[1, new]``: as the model numbered them when it said so,
@@ -271,3 +342,28 @@ def critical_scores(scores: torch.Tensor, norms: torch.Tensor, target: int) -> t
     chosen = scores.topk(first, dim=-1).indices
     weighted = (scores + CRITICAL_EPSILON) * norms
     return weighted.scatter(-1, chosen, torch.finfo(weighted.dtype).max)
+
+
+def adaptive_kept(scores: torch.Tensor, target: int, norms: torch.Tensor | None, valid: torch.Tensor) -> torch.Tensor:
+    """AdaKV's choice (kvpress's `AdaKVPress`, with `norms` its `CriticalAdaKVPress`): which slots of ``[batch,
+    kv_heads, slots]`` to keep, `target` per KV head on average. Each head's best `ADAPTIVE_SAFEGUARD` share of the
+    target is kept first; then the worst of all heads together are dropped, `kv_heads * target` kept in all. Scores
+    of padding slots (not `valid`) are -inf: they go first."""
+    batch, kv_heads, slots = scores.shape
+    top = torch.finfo(scores.dtype).max
+    safe = max(1, int(target * ADAPTIVE_SAFEGUARD))
+    scores = scores.scatter(-1, scores.topk(safe, dim=-1).indices, top)
+    if norms is not None:  # CriticalKV per head: each head's budget, half of it by the scores, the rest weighted
+        chosen = scores.reshape(batch, -1).topk(target * kv_heads, dim=-1).indices // slots
+        budgets = torch.bincount(chosen.flatten(), minlength=kv_heads)  # one batch row, as kvpress
+        first = (budgets * CRITICAL_FIRST_STAGE).long().tolist()
+        best = scores.topk(max(first), dim=-1, sorted=True).indices
+        for head, count in enumerate(first):
+            scores[:, head].scatter_(-1, best[:, head, :count], top)
+        scores = ((scores + CRITICAL_EPSILON) * norms).masked_fill(~valid, float("-inf"))
+        best = scores.topk(int(budgets.max()), dim=-1, sorted=True).indices
+        for head, count in enumerate(budgets.tolist()):
+            scores[:, head].scatter_(-1, best[:, head, :count], top)
+    pruned = (-scores.reshape(batch, -1)).topk(kv_heads * (slots - target), dim=1).indices
+    return torch.ones((batch, kv_heads * slots), dtype=torch.bool, device=scores.device).scatter(
+        1, pruned, False).view(batch, kv_heads, slots)

@@ -25,6 +25,7 @@ from kvviz.engine.strategies.sink import Sink
 from kvviz.engine.strategies.sliding import Sliding
 from kvviz.engine.strategies.snapkv import SnapKV
 from kvviz.engine.strategies.static import Static
+from kvviz.engine.strategies.think import ThinK
 from kvviz.engine.strategies.tova import TOVA
 from kvviz.errors import OptionError
 
@@ -48,6 +49,7 @@ STRATEGIES: dict[str, Strategy] = {
         PyramidKV(),
         KeyDiff(),
         LagKV(),
+        ThinK(),
         Random(),
         Offloaded(),
         OffloadedStatic(),

@@ -171,6 +171,11 @@ class Strategy:
     def model_problem(self, model, geometry: Geometry, options: dict) -> str | None:
         return None
 
+    def switch_from_problem(self, options: dict) -> str | None:
+        """Why a cache of this strategy with `options` that has evicted tokens cannot be switched to another, or
+        None."""
+        return None
+
     # -- the cache -----------------------------------------------------------------------------------
 
     def make_cache(self, model, options: dict, capacity: int):

@@ -152,29 +152,36 @@ class BudgetPredictor(CachePredictor):
     """Each compressed layer holds what it was fed until its schedule cuts it (`Schedule`); the first `whole` layers
     keep everything (DynamicLayer). Beside keys and values a compressed layer's policy keeps the position of every
     token it holds and of every key the latest feed returned (one tensor when the policy chose nothing in that feed;
-    `EvictionLayer`), and `score_bytes` per token held and KV head (H2O's accumulated attention, CriticalKV's norms)."""
+    `EvictionLayer`), and `score_bytes` per token held and KV head (H2O's accumulated attention, CriticalKV's norms).
+    Once an adaptive layer has chosen, its KV heads hold different numbers of tokens, laid end to end: the positions of
+    what it holds and the number each head holds, and no more the positions of what a feed returned."""
 
-    def __init__(self, geometry, schedule: Schedule, score_bytes: int = 0, whole: int = 0, chunk: int = 0):
+    def __init__(self, geometry, schedule: Schedule, score_bytes: int = 0, whole: int = 0, chunk: int = 0,
+                 adaptive: bool = False):
         super().__init__(geometry)
         self.schedule = schedule
         self.score_bytes = score_bytes
         self.whole = whole
         self.chunk = chunk
+        self.adaptive = adaptive
         n = geometry.num_layers
         self.held = [0] * n  # per layer: tokens held
         self.returned = [0] * n  # per layer: tokens the latest feed returned to attention (held before it, and new)
         self.chose = [False] * n  # per layer: whether the policy gathered what it keeps in the latest feed
         self.scored = [0] * n  # per layer: tokens with a score
         self.states = [ScheduleState() for _ in range(n)]
+        self.ragged = [False] * n  # per layer: an adaptive choice made its KV heads hold different numbers
 
     def advance(self, i, new, received) -> None:
         if received:  # kept as given, unscored, until the next feed (the prompt again) chooses
             self.held[i], self.returned[i], self.chose[i], self.scored[i] = new, new, False, 0
             self.states[i] = ScheduleState()
+            self.ragged[i] = False
             return
         self.returned[i] = self.held[i] + new
         target = self.schedule.compress_to(self.states[i], i, self.returned[i], new, self.seen[i])
         self.chose[i] = target is not None
+        self.ragged[i] = self.ragged[i] or (self.chose[i] and self.adaptive)
         if target is None:
             self.held[i] = self.returned[i]
         else:
@@ -190,7 +197,10 @@ class BudgetPredictor(CachePredictor):
         for i in range(self.whole, self.geometry.num_layers):
             if not self.geometry.layer_token_bytes[i]:  # a state layer: transformers' own, no policy
                 continue
-            positions = self.returned[i] + (self.held[i] if self.chose[i] else 0)
+            if self.ragged[i]:  # the positions held, and the number each head holds
+                positions = self.held[i] + 1
+            else:
+                positions = self.returned[i] + (self.held[i] if self.chose[i] else 0)
             total += POSITION_BYTES * positions + self.score_bytes * self.scored[i]
         return total * self.geometry.batch * self.geometry.kv_heads
 
@@ -223,8 +233,13 @@ class EvictionStrategy(Strategy):
 
         problem = attention_layers_problem(geometry, "evicts keys and values by importance")
         problem = problem or only_full_attention(geometry)
-        if problem is None and self.reads_attention:
+        if problem is None and (self.reads_attention or options.get("adaptive")):
             problem = attention_scores.unsupported(model)
+        if problem is None and options.get("critical"):
+            try:
+                output_projection(model, 0)
+            except ValueError as exc:
+                problem = f"with critical=true needs each attention's output projection: {exc}"
         return problem
 
     def make_layer(self, index: int, options: dict, model=None):
@@ -235,14 +250,14 @@ class EvictionStrategy(Strategy):
         geometry = None if model is None else Geometry.of(model.config, model.dtype)
         output = output_projection(model, index) if options.get("critical") else None
         return EvictionLayer(index, self.make_scorer(index, options, model), self.schedule(options, geometry),
-                             chunk=options.get("chunk", 0), critical=output)
+                             chunk=options.get("chunk", 0), critical=output, adaptive=options.get("adaptive", False))
 
     def make_cache(self, model, options, capacity):
         from transformers.cache_utils import Cache, DynamicLayer
 
         from kvviz.engine import attention_scores
 
-        if self.reads_attention:
+        if self.reads_attention or options.get("adaptive"):  # an adaptive layer's padding is masked in attention
             attention_scores.install(model)
         n_layers = Geometry.of(model.config, model.dtype).num_layers
         whole = self.whole_layers(options)
@@ -252,10 +267,17 @@ class EvictionStrategy(Strategy):
     def predictor(self, options, geometry, capacity):
         score_bytes = self.score_bytes + (NORM_BYTES if options.get("critical") else 0)
         return BudgetPredictor(geometry, self.schedule(options, geometry), score_bytes=score_bytes,
-                               whole=self.whole_layers(options), chunk=options.get("chunk", 0))
+                               whole=self.whole_layers(options), chunk=options.get("chunk", 0),
+                               adaptive=options.get("adaptive", False))
 
     def prompt_capacity(self, options) -> int:
         return options["budget"]
+
+    def switch_from_problem(self, options):
+        if options.get("adaptive"):
+            return (f"{self.name!r} with adaptive=true keeps a different number of tokens in each KV head, which no "
+                    "other cache can take over; start a new run")
+        return None
 
 
 def check_scoring_options(name: str, options: dict) -> str | None:

@@ -54,18 +54,24 @@ class FutureQueries(Scorer):
         mean = statistic.mean(dim=2)  # [batch, heads, dim]
         rotation = self.average_rotation(query, int(positions[0, -1]) + 1, dim)
         mean = mean @ rotation.T
-        keys = key[:, :, self.sinks :].repeat_interleave(heads // kv_heads, dim=1)  # [batch, heads, n, dim]
+        # the sinks (positions, which are the first held keys) and the padding of heads that hold fewer (adaptive)
+        # are left out of the softmax, as kvpress leaves out its first keys
+        left_out = layer.positions < self.sinks
+        if layer.key_mask is not None:
+            left_out = left_out | ~layer.key_mask
+        group = heads // kv_heads
+        keys = key.repeat_interleave(group, dim=1)  # [batch, heads, held, dim]
         logits = (keys @ mean[..., None]).squeeze(-1) / math.sqrt(dim)
         if self.covariance:
             centered = statistic - statistic.mean(dim=2, keepdim=True)
             covariance = centered.transpose(-1, -2) @ centered / statistic.shape[2]
             covariance = rotation @ covariance @ rotation.T
             logits = logits + ((keys @ covariance) * keys).sum(dim=-1) / dim / 2
-        scores = logits.softmax(dim=-1).view(batch, kv_heads, heads // kv_heads, -1).mean(dim=2)
+        logits = logits.masked_fill(left_out.repeat_interleave(group, dim=1), float("-inf"))
+        scores = logits.softmax(dim=-1).view(batch, kv_heads, group, held).mean(dim=2)
         if self.value_norm:
-            scores = (scores + self.epsilon) * layer.values[:, :, self.sinks :].norm(dim=-1)
-        scores = torch.cat([scores.new_zeros((batch, kv_heads, held - scores.shape[-1])), scores], dim=-1)
-        return force(scores, torch.arange(held, device=scores.device) < self.sinks)
+            scores = (scores + self.epsilon) * layer.values.norm(dim=-1)
+        return force(scores, layer.positions < self.sinks)
 
     def average_rotation(self, like: torch.Tensor, start: int, dim: int) -> torch.Tensor:
         """RoPE's rotation matrix averaged over positions start .. start + future - 1 ``[dim, dim]``."""

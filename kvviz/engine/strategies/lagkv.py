@@ -66,6 +66,13 @@ class LagKV(EvictionStrategy):
     )
     scorer = LagRelative
 
+    def check_options(self, options):
+        if options["adaptive"] and options["decode_interval"]:
+            return ("options 'adaptive' and 'decode_interval' of strategy 'lagkv' cannot go together: LagKV cuts each "
+                    "KV head's tokens into partitions from its first, and after an adaptive choice the heads hold "
+                    "different numbers; compress the prompt only (decode_interval=0) or drop adaptive")
+        return super().check_options(options)
+
     def prompt_kept(self, options) -> str:
         return (f"its first {options['sink_tokens']} tokens, its last whole partition of {options['lag']} and what "
                 f"follows, and the rest of {options['budget']:,} by the partition scores")
