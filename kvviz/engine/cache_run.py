@@ -72,8 +72,9 @@ class CacheRun:
     `capacity` is the number of token slots the run needs (what a static cache preallocates).
     """
 
-    def __init__(self, model, choice: StrategyChoice, capacity: int):
+    def __init__(self, model, choice: StrategyChoice, capacity: int, tokenizer=None):
         self.model = model
+        self.tokenizer = tokenizer  # the model's (a strategy that reads text of its own needs it: KVzip)
         self.geometry = Geometry.of(model.config, model.dtype)
         self.capacity = capacity
         self.position = 0  # the position id the model numbers the next fed token with
@@ -94,6 +95,9 @@ class CacheRun:
         problem = strategy.unsupported(self.model, choice.options)
         if problem:
             raise OptionError(f"strategy {choice.name!r} {problem}")
+        if strategy.needs_tokenizer and self.tokenizer is None:
+            raise OptionError(f"strategy {choice.name!r} has the model read text of its own, and this run was given "
+                              "no tokenizer to write it with")
         cache = strategy.make_cache(self.model, choice.options, self.capacity)
         return choice, strategy, cache, strategy.predictor(choice.options, self.geometry, self.capacity)
 
@@ -146,6 +150,8 @@ class CacheRun:
             view = AttentionView(self.cache, self.carried, self.geometry.num_layers, total)
         with attention_scores.watching(view):
             logits = self.call(input_ids, forward, logits_to_keep)
+        if self.cache is not None:
+            self.strategy.after_forward(self, input_ids)
         self.attention = view
         self.fed(n)
         return logits

@@ -47,6 +47,9 @@ def refusal(running: StrategyChoice, target: StrategyChoice, model, evicted: boo
             return problem
     if not strategy.has_cache:
         return f"switching to no cache would recompute every step from scratch; start a new run with {target.name!r}"
+    problem = strategy.switch_to_problem(target.options)
+    if problem:
+        return problem
     if keeps_state_in_modules(model.config):
         return (f"a switch moves what the cache's layers hold, and this model ({type(model).__name__}) keeps the "
                 "states of its recurrent layers in its own modules; start a new run")

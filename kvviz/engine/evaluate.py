@@ -178,7 +178,7 @@ class Evaluation:
                               f"{context_length(loaded.model):,}, not {len(token_ids):,}; cut the document first")
         self.model = loaded.model
         self.ids = torch.tensor([token_ids], device=self.model.device)
-        self.run = CacheRun(self.model, choice, capacity_for(choice, len(token_ids)))
+        self.run = CacheRun(self.model, choice, capacity_for(choice, len(token_ids)), tokenizer=loaded.tokenizer)
         self.run.check_memory()
         # a cache that keeps every token exactly may take many per forward, unless the model reads that as a new prompt
         self.chunk = max(1, chunk) if self.run.strategy.exact and not feed_refusal(self.model) else 1

@@ -148,6 +148,12 @@ class EvictionLayer(KvvizLayer):
         self.token_state = {name: rectangle(tensor, 0) for name, tensor in self.token_state.items()}
         return valid
 
+    def drop_newest(self, n: int) -> None:
+        """Forget the `n` newest tokens (KVzip's reading again, whose keys are not the context's)."""
+        self.keys, self.values = self.keys[:, :, :-n].clone(), self.values[:, :, :-n].clone()
+        self.positions = self.fed_positions = self.positions[..., :-n].clone()
+        self.seen -= n
+
     def keep_ragged(self, kept: torch.Tensor) -> None:
         """Keep the slots where `kept` ``[batch, kv_heads, slots]``, each head its own number, laid end to end."""
         self.keys, self.values, self.positions = self.keys[kept], self.values[kept], self.positions[kept]

@@ -15,6 +15,7 @@ from kvviz.engine.strategies.expected_attention import ExpectedAttention
 from kvviz.engine.strategies.h2o import H2O
 from kvviz.engine.strategies.keydiff import KeyDiff
 from kvviz.engine.strategies.knorm import KeyNorm
+from kvviz.engine.strategies.kvzip import KVzip
 from kvviz.engine.strategies.lagkv import LagKV
 from kvviz.engine.strategies.none import NoCache
 from kvviz.engine.strategies.offloaded import Offloaded, OffloadedStatic
@@ -49,6 +50,7 @@ STRATEGIES: dict[str, Strategy] = {
         PyramidKV(),
         KeyDiff(),
         LagKV(),
+        KVzip(),
         ThinK(),
         Random(),
         Offloaded(),
