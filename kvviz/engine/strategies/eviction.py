@@ -273,6 +273,11 @@ class EvictionStrategy(Strategy):
     def prompt_capacity(self, options) -> int:
         return options["budget"]
 
+    def prompt_note(self, options, tokens):
+        note = super().prompt_note(options, tokens)
+        ratio = kvpress_ratio(options["budget"], tokens)
+        return note and f"{note} (kvpress's compression ratio for this prompt: {ratio:.2f})"
+
     def switch_from_problem(self, options):
         if options.get("adaptive"):
             return (f"{self.name!r} with adaptive=true keeps a different number of tokens in each KV head, which no "
@@ -303,9 +308,3 @@ def output_projection(model, index: int):
         if getattr(module, "layer_idx", None) == index and hasattr(module, "o_proj"):
             return module.o_proj.weight
     raise ValueError(f"layer {index} of {type(model).__name__} has no attention output projection (o_proj)")
-
-
-def rotary_embedding(model):
-    """The model's rotary position embedding module (`rotary_emb`), or None."""
-    base = getattr(model, "base_model", model)
-    return getattr(base, "rotary_emb", None)

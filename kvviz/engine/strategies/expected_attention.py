@@ -19,20 +19,8 @@ import math
 
 import torch
 
-from kvviz.engine.strategies.base import Option
-from kvviz.engine.strategies.eviction import (
-    EvictionStrategy,
-    Scorer,
-    budget_option,
-    force,
-    rotary_embedding,
-    scoring_options,
-)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+from kvviz.engine.strategies.base import Option, rotary_embedding, rotary_inv_freq
+from kvviz.engine.strategies.eviction import EvictionStrategy, Scorer, budget_option, force, scoring_options
 
 
 class FutureQueries(Scorer):
@@ -45,6 +33,8 @@ class FutureQueries(Scorer):
         self.epsilon = epsilon
 
     def scores(self, layer, query, key, mask, scaling):
+        from transformers.models.llama.modeling_llama import rotate_half
+
         batch, heads, new, dim = query.shape
         kv_heads, held = key.shape[1], key.shape[2]
         positions = layer.query_positions(new)
@@ -111,7 +101,7 @@ class ExpectedAttention(EvictionStrategy):
         return super().check_options(options)
 
     def model_problem(self, model, geometry, options):
-        if getattr(rotary_embedding(model), "inv_freq", None) is None:
+        if rotary_inv_freq(model) is None:
             return "needs a model with one rotary position embedding (RoPE) to average over future positions"
         return super().model_problem(model, geometry, options)
 
