@@ -79,7 +79,8 @@ test-vllm: $(STAMP)
 # kvpress, the reference library of KV-cache compression, in its own venv (kvpress 0.5.5 pins transformers<5.3):
 # its presses run on fixed prompts with the tiny and the default model, and kvviz's strategies must keep the positions
 # they kept and answer the needles they answered (tests/kvpress). The script does nothing when the venv already works.
-# KVVIZ_KVPRESS_BUDGETS=128,256,512 compares at those budgets (the needle table); 256 by default.
+# KVVIZ_KVPRESS_BUDGETS=128,256,512 compares at those budgets (the needle table; 256 by default), and
+# KVVIZ_KVPRESS_CASES=kvzip,think only those comparisons (tests/kvpress/cases.py; all by default).
 KVPRESS_VENV := .venv-kvpress
 
 test-kvpress: $(STAMP)

@@ -42,13 +42,20 @@ from transformers import AutoModelForCausalLM, DynamicCache
 KEYWORDS = ("class", "kwargs", "budget", "attention")
 
 
-def build_press(spec: dict):
-    """A kvpress press from its spec: class name, keyword arguments, and nested presses under any other key."""
+def build_press(spec: dict, model, length: int):
+    """A kvpress press from its spec: class name, keyword arguments, and nested presses under any other key; each
+    press with a budget compresses a prompt of `length` tokens to it."""
     kwargs = dict(spec.get("kwargs", {}))
     for key, value in spec.items():
         if key not in KEYWORDS and isinstance(value, dict):
-            kwargs[key] = build_press(value)
-    return getattr(kvpress, spec["class"])(**kwargs)
+            kwargs[key] = build_press(value, model, length)
+    press = getattr(kvpress, spec["class"])(**kwargs)
+    if isinstance(press, kvpress.KVzipPress):
+        units = model.config.num_key_value_heads * (1 if press.layerwise else model.config.num_hidden_layers)
+        press.compression_ratio = pruned_ratio(spec["budget"], length, units)
+    elif "budget" in spec:
+        press.compression_ratio = ratio_for(spec["budget"], length)
+    return press
 
 
 def ratio_for(budget: int, length: int) -> float:
@@ -56,7 +63,20 @@ def ratio_for(budget: int, length: int) -> float:
     int(length * (1 - ratio)), and float rounding may take one off)."""
     ratio = 1.0 - budget / length
     while int(length * (1 - ratio)) < budget:
-        ratio = float(torch.nextafter(torch.tensor(ratio, dtype=torch.float64), torch.tensor(0.0, dtype=torch.float64)))
+        ratio = next_float(ratio, 0.0)
+    return ratio
+
+
+def next_float(value: float, toward: float) -> float:
+    return float(torch.nextafter(torch.tensor(value, dtype=torch.float64), torch.tensor(toward, dtype=torch.float64)))
+
+
+def pruned_ratio(budget: int, length: int, units: int) -> float:
+    """The ratio at which a press that prunes int(units * length * ratio) of all its layers' and heads' pairs at once
+    (KVzip) prunes units * (length - budget): `budget` per layer and KV head on average."""
+    ratio, goal = 1.0 - budget / length, units * (length - budget)
+    while int(units * length * ratio) != goal:
+        ratio = next_float(ratio, 1.0 if int(units * length * ratio) < goal else 0.0)
     return ratio
 
 
@@ -67,9 +87,7 @@ def attention_modules(model):
 def prepared(model, spec: dict, length: int):
     """The press of `spec`, its budget turned into a ratio for `length` tokens, set up on `model` as
     `BasePress.__call__` sets it up (without the hooks)."""
-    press = build_press(spec)
-    if "budget" in spec:
-        press.compression_ratio = ratio_for(spec["budget"], length)
+    press = build_press(spec, model, length)
     press.post_init_from_model(model)
     for module in attention_modules(model):
         module.rotary_emb = model.model.rotary_emb
@@ -229,8 +247,9 @@ def main(request_path: str, answer_path: str) -> int:
     for prompt in request["prompts"]:
         ids = torch.tensor([prompt["ids"]])
         started = time.perf_counter()
-        alone = [case for case in request["cases"] if case["press"]["class"] in ALONE]
-        shared = [case for case in request["cases"] if case not in alone]
+        cases = [case for case in request["cases"] if case["id"] in prompt.get("only", [case["id"]])]
+        alone = [case for case in cases if case["press"]["class"] in ALONE]
+        shared = [case for case in cases if case not in alone]
         results = [run_alone(model, ids, case, new_tokens) for case in alone]
         for attention in sorted({case["press"].get("attention", "sdpa") for case in shared}):
             group = [case for case in shared if case["press"].get("attention", "sdpa") == attention]

@@ -17,15 +17,32 @@ class Case:
     kvpress: dict  # the press (packaging/kvpress/reference.py's form), without its budget
     note: str = ""  # where the two sides' defaults differ, and which one the comparison takes
     differs: str = ""  # a documented difference in what is kept ("newest": kvpress always keeps the newest token)
+    chat: bool = False  # the prompt in the model's chat template (KVzip: kvpress takes the first tokens for its header)
 
     def id(self, budget: int) -> str:
         return f"{self.name}@{budget}"
 
     def spec(self, budget: int) -> str:
-        return self.kvviz.format(budget=budget, window=budget - 4)
+        return self.kvviz.format(budget=budget, window=budget - 4, half=budget // 2)
+
+    def prompt(self, needle: str) -> str:
+        """The name of the prompt this case reads for the needle prompt `needle`."""
+        return f"{needle}/chat" if self.chat else needle
 
     def press(self, budget: int) -> dict:
-        return {**self.kvpress, "budget": budget} if "{budget}" in self.kvviz else self.kvpress
+        """The press, its budgets (the top press's, or a nested one's where it names "budget") filled in."""
+        if "{budget}" not in self.kvviz:
+            return self.kvpress
+        if "budget" not in str(self.kvpress):
+            return {**self.kvpress, "budget": budget}
+        return fill(self.kvpress, budget)
+
+
+def fill(spec, budget: int):
+    """`spec` with every "budget" and "half" placeholder set from `budget`."""
+    if isinstance(spec, dict):
+        return {key: fill(value, budget) for key, value in spec.items()}
+    return {"budget": budget, "half": budget // 2}.get(spec, spec) if isinstance(spec, str) else spec
 
 
 SNAPKV = {"class": "SnapKVPress", "kwargs": {"window_size": 32, "kernel_size": 5}}  # kvviz's snapkv defaults
@@ -50,6 +67,9 @@ CASES = [
     Case("think", "think:key_channels=0.5",
          {"class": "ThinKPress", "kwargs": {"key_channel_compression_ratio": 0.5, "window_size": 32}},
          "kvpress's default share is 0 (nothing pruned): 0.5 on both sides; no budget (every token kept)"),
+    Case("kvzip", "kvzip:budget={budget}", {"class": "KVzipPress"},
+         "kvpress takes the first tokens of any prompt for the chat template's header: the prompts are in the template",
+         chat=True),
     Case("random", "random:budget={budget}:seed=0", {"class": "RandomPress", "kwargs": {"seed": 0}},
          "kvpress's RandomPress draws unseeded by default: seed=0 on both sides"),
     Case("chunk", "snapkv:budget={budget}:chunk=20",
@@ -58,6 +78,17 @@ CASES = [
     Case("adaptive", "snapkv:budget={budget}:adaptive=true", {"class": "AdaKVPress", "press": SNAPKV}),
     Case("adaptive_critical", "snapkv:budget={budget}:adaptive=true:critical=true",
          {"class": "CriticalAdaKVPress", "press": SNAPKV}),
+    Case("decoding", "knorm:budget={budget}:skip_layers=0:decode_interval=4:decode_target={half}",
+         {"class": "PrefillDecodingPress", "prefilling_press": {"class": "KnormPress", "budget": "budget"},
+          "decoding_press": {"class": "DecodingPress", "base_press": {"class": "KnormPress"},
+                             "kwargs": {"compression_interval": 4, "target_size": "half",
+                                        "hidden_states_buffer_size": 0}}},
+         "kvpress's DecodingPress scores with a buffer of recent inputs, 256 by default; key norm reads none: 0"),
+    Case("decoding_fraction", "keydiff:budget={budget}:decode_interval=4:decode_fraction=0.5",
+         {"class": "PrefillDecodingPress", "prefilling_press": {"class": "KeyDiffPress", "budget": "budget"},
+          "decoding_press": {"class": "CompressionRatioDecodingPress", "base_press": {"class": "KeyDiffPress"},
+                             "kwargs": {"compression_interval": 4, "target_compression_ratio": 0.5,
+                                        "hidden_states_buffer_size": 0}}}),
     Case("adaptive_expected", "expected_attention:budget={budget}:adaptive=true",
          {"class": "AdaKVPress", "press": {"class": "ExpectedAttentionPress"}}),
 ]

@@ -20,6 +20,12 @@ KVPRESS_PYTHON = _PYTHON if _PYTHON and Path(_PYTHON).is_file() else None  # the
 NEW_TOKENS = 12  # the answer after RULER's prefix: ": 1234567." and a little more
 
 
+def cases() -> list[Case]:
+    """The cases compared: all, or those KVVIZ_KVPRESS_CASES names (e.g. kvzip,think)."""
+    named = os.environ.get("KVVIZ_KVPRESS_CASES")
+    return [case for case in CASES if not named or case.name in named.split(",")]
+
+
 def budgets() -> tuple[int, ...]:
     """The budgets compared: 256, or KVVIZ_KVPRESS_BUDGETS (e.g. 128,256,512 for the needle table)."""
     return tuple(int(b) for b in os.environ.get("KVVIZ_KVPRESS_BUDGETS", "256").split(","))
@@ -33,21 +39,23 @@ class Answer:
     kept: list[list[list[int]]] | None
     tokens: list[int]
     channels: list[list[list[int]]] | None = None
+    decoded: list[list[list[int]]] | None = None  # what is kept after decoding (a press that compresses then)
 
 
-def kvpress_answers(python: str, folder: Path, prompts: list[tuple[str, list[int]]], work: Path) -> dict:
-    """{(prompt, case id): Answer} from kvpress, every case at every budget, and the versions it ran."""
+def kvpress_answers(python: str, folder: Path, prompts: list[tuple[str, list[int], list[str]]], work: Path) -> dict:
+    """{(prompt, case id): Answer} from kvpress, each prompt (name, token ids, the case ids that read it), and the
+    versions it ran."""
     request = {"model": str(folder), "max_new_tokens": NEW_TOKENS,
-               "prompts": [{"name": name, "ids": ids} for name, ids in prompts],
+               "prompts": [{"name": name, "ids": ids, "only": only} for name, ids, only in prompts],
                "cases": [{"id": case.id(budget), "press": case.press(budget)}
-                         for case in CASES for budget in budgets()]}
+                         for case in cases() for budget in budgets()]}
     (work / "request.json").write_text(json.dumps(request))
     done = subprocess.run([python, str(REFERENCE), str(work / "request.json"), str(work / "answer.json")],
                           capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert done.returncode == 0, f"kvpress's reference run failed:\n{done.stderr[-4000:]}"
     answer = json.loads((work / "answer.json").read_text())
-    results = {(r["prompt"], r["case"]): Answer(r.get("kept"), r["tokens"], r.get("zeroed_channels"))
-               for r in answer["results"]}
+    results = {(r["prompt"], r["case"]): Answer(r.get("kept"), r["tokens"], r.get("zeroed_channels"),
+                                                r.get("kept_after_decoding")) for r in answer["results"]}
     return {"answers": results, "versions": {k: answer[k] for k in ("kvpress", "transformers", "torch")}}
 
 
@@ -56,7 +64,7 @@ def kvviz_answer(loaded, ids: list[int], spec: str) -> Answer:
     from kvviz.engine import strategies
     from kvviz.engine.cache_run import CacheRun
 
-    run = CacheRun(loaded.model, strategies.parse_spec(spec), len(ids) + NEW_TOKENS)
+    run = CacheRun(loaded.model, strategies.parse_spec(spec), len(ids) + NEW_TOKENS, tokenizer=loaded.tokenizer)
     kv_heads = loaded.model.config.num_key_value_heads
     with torch.inference_mode():
         logits = run.forward(torch.tensor([ids]))
@@ -65,9 +73,10 @@ def kvviz_answer(loaded, ids: list[int], spec: str) -> Answer:
         tokens = [int(logits[0, -1].argmax())]
         for _ in range(NEW_TOKENS - 1):
             tokens.append(int(run.forward(torch.tensor([[tokens[-1]]]))[0, -1].argmax()))
+        decoded = [held_by_head(layer, run.seen, kv_heads) for layer in run.cache.layers]
     if all(c is not None for c in channels):
         return Answer(None, tokens, channels)
-    return Answer(kept, tokens)
+    return Answer(kept, tokens, decoded=decoded)
 
 
 def held_by_head(layer, seen: int, kv_heads: int) -> list[list[int]]:
