@@ -38,7 +38,26 @@ LOSSLESS = {"dynamic", "static"}  # targets that keep what they get exactly and 
 PROMPT, BEFORE, AFTER = 20, 4, 6
 
 
+# kvpress's presses and wrappers, switched from and to a few of the above (every pair would take minutes)
+PRESSES = {
+    "expected_attention": ("expected_attention", {"budget": "12"}),
+    "pyramidkv": ("pyramidkv", {"budget": "12", "window": "4", "kernel": "3"}),
+    "keydiff": ("keydiff", {"budget": "12", "decode_interval": "1"}),
+    "lagkv": ("lagkv", {"budget": "12", "lag": "4"}),
+    "kvzip": ("kvzip", {"budget": "12"}),
+    "think": ("think", {}),
+    "random": ("random", {"budget": "12"}),
+    "adaptive": ("snapkv", {"budget": "12", "window": "4", "kernel": "3", "adaptive": "true"}),
+    "chunk": ("h2o", {"budget": "12", "chunk": "4"}),
+    "critical": ("knorm", {"budget": "12", "critical": "true", "skip_layers": "0", "decode_interval": "2",
+                           "decode_target": "10"}),
+}
+EVICTING |= set(PRESSES) - {"think"}
+
+
 def choice(label):
+    if label in PRESSES:
+        return strategies.choose(*PRESSES[label])
     name = "quantized" if label == "hqq" else label
     return strategies.choose(name, OPTIONS[label])
 
@@ -56,6 +75,10 @@ def expected_refusal(source, target):
         return "has already evicted tokens, and a static cache cannot hold the gaps they leave"
     if source in EVICTING and target == "sink":
         return "the attention sinks are the first tokens, and this run's cache has already evicted them"
+    if target == "kvzip":
+        return "kvzip scores a prompt by having the model read it again, and a switch moves only keys and values"
+    if source == "adaptive":
+        return "keeps a different number of tokens in each KV head, which no other cache can take over"
     return None
 
 
@@ -94,7 +117,7 @@ def switch_and_check(loaded, source, target, ids, before_steps=BEFORE, prompt=PR
     steps, feed the rest; check every step (see the module docstring)."""
     model, kv_heads = loaded.model, loaded.card["num_kv_heads"]
     with torch.inference_mode():
-        run = CacheRun(model, choice(source), ids.shape[-1])
+        run = CacheRun(model, choice(source), ids.shape[-1], tokenizer=loaded.tokenizer)
         run.forward(ids[:, :prompt])
         for i in range(prompt, prompt + before_steps):
             run.forward(ids[:, i : i + 1])
@@ -127,6 +150,13 @@ def switch_and_check(loaded, source, target, ids, before_steps=BEFORE, prompt=PR
 
 @pytest.mark.parametrize("source,target", list(itertools.product(AVAILABLE, AVAILABLE)))
 def test_switch(tiny_model, source, target):
+    ids = torch.randint(0, 1000, (1, PROMPT + BEFORE + AFTER), generator=torch.Generator().manual_seed(0))
+    switch_and_check(tiny_model, source, target, ids)
+
+
+@pytest.mark.parametrize("source,target", [*((press, partner) for press in PRESSES for partner in ("dynamic", "tova")),
+                                           *(("dynamic", press) for press in PRESSES)])
+def test_switch_from_and_to_kvpress_s_presses(tiny_model, source, target):
     ids = torch.randint(0, 1000, (1, PROMPT + BEFORE + AFTER), generator=torch.Generator().manual_seed(0))
     switch_and_check(tiny_model, source, target, ids)
 
