@@ -62,7 +62,6 @@ class EvictionLayer(KvvizLayer):
         self.index = index  # the decoder layer this cache layer belongs to (attention requests name it)
         self.scorer = scorer
         self.schedule = schedule
-        self.budget = schedule.budget
         self.chunk = chunk  # ChunkKV's chunk length (0: single tokens)
         self.output_weight = critical  # CriticalKV: the attention's output projection weight (None: not critical)
         self.adaptive = adaptive  # AdaKV: the budget shared among the KV heads, which then hold different numbers
@@ -162,7 +161,8 @@ class EvictionLayer(KvvizLayer):
         self.valid = self.fed_positions = None
 
     def get_max_length(self) -> int:
-        return -1 if self.schedule.interval == 0 else self.budget  # prompt-only policies append without limit
+        schedule = self.schedule  # the most it holds after a compression; -1 where it grows between them
+        return -1 if not schedule.interval or schedule.fraction else max(schedule.budget, schedule.target)
 
     def reset(self) -> None:
         self.keys = self.values = self.positions = self.fed_positions = self.position_ids = None
@@ -189,7 +189,7 @@ class EvictionLayer(KvvizLayer):
         """Called by `update()` once `new` tokens were appended: choose now, or ask for attention."""
         self.scorer.appended(self, new)
         if self.output_weight is not None:
-            self._add_output_norms(new)
+            self._add_output_norms()
         self.target = self.schedule.compress_to(self.state, self.index, self.tokens_held(), new, self.seen)
         # a ragged layer's padding must be masked out of attention, and its storage laid end to end again after it
         attention = self.scorer.every_feed or (self.target is not None and self.scorer.reads_attention)
@@ -239,17 +239,18 @@ class EvictionLayer(KvvizLayer):
         else:
             self.keep(top_indices(scores, target))
 
-    def _add_output_norms(self, new: int) -> None:
-        """CriticalKV's per-token weights of the `new` tokens: the L1 norm of each value through the output
-        projection, averaged over the query heads of its KV head (kvpress's `vwl1norm`), kept as they enter."""
-        values = self.values[:, :, -new:]
+    def _add_output_norms(self) -> None:
+        """CriticalKV's per-token weights of the tokens that have none yet (those just fed, or all that a live switch
+        moved in): the L1 norm of each value through the output projection, averaged over the query heads of its KV
+        head (kvpress's `vwl1norm`), kept as they enter."""
+        before = self.token_state.get("output_norms")
+        values = self.values[:, :, 0 if before is None else before.shape[-1] :]
         batch, kv_heads, _, head_dim = values.shape
         heads = self.output_weight.shape[1] // head_dim
         group = heads // kv_heads
         # o_proj: hidden = W @ concat(heads); head h's block maps its head_dim channels to the hidden size
         weight = self.output_weight.t().reshape(kv_heads, group, head_dim, -1).to(values.dtype)
         norms = torch.einsum("bktd,kgdh->bkgth", values, weight).abs().sum(dim=-1).mean(dim=2)
-        before = self.token_state.get("output_norms")
         self.token_state["output_norms"] = norms if before is None else torch.cat([before, norms], dim=-1)
 
     @contextmanager

@@ -15,6 +15,7 @@ from kvviz.engine import decode, strategies
 from kvviz.engine.cache_run import CacheRun, model_forward
 from kvviz.engine.eviction_layers import EvictionLayer
 from kvviz.engine.layers import SinkLayer
+from kvviz.engine.strategies.eviction import Schedule
 from kvviz.errors import OptionError
 from kvviz.files.trace import SlotState
 
@@ -77,8 +78,8 @@ def expected_refusal(source, target):
         return "the attention sinks are the first tokens, and this run's cache has already evicted them"
     if target == "kvzip":
         return "kvzip scores a prompt by having the model read it again, and a switch moves only keys and values"
-    if source == "adaptive":
-        return "keeps a different number of tokens in each KV head, which no other cache can take over"
+    if source in ("adaptive", "kvzip"):
+        return "keeps a different number of tokens in each KV head"
     return None
 
 
@@ -97,7 +98,8 @@ def check_step(run, kv_heads):
     maps = []
     for record in records:
         held = holdings(record, kv_heads, run.seen)
-        assert len(held) == run.seen and held.sum() == kv_heads * record.seq_len
+        # KV heads that hold different numbers (adaptive, kvzip) give their mean, floored, as the tokens held
+        assert len(held) == run.seen and 0 <= held.sum() - kv_heads * record.seq_len < kv_heads
         maps.append(held)
     return maps
 
@@ -108,7 +110,7 @@ def unbounded(cache):
         if isinstance(layer, SinkLayer):
             layer.window = 10**9
         elif isinstance(layer, EvictionLayer):
-            layer.budget = 10**9
+            layer.schedule = Schedule(budget=10**9)  # nothing more compressed after the prompt
     return cache
 
 

@@ -16,7 +16,9 @@ class Case:
     kvviz: str  # its spec, with {budget} where the budget goes
     kvpress: dict  # the press (packaging/kvpress/reference.py's form), without its budget
     note: str = ""  # where the two sides' defaults differ, and which one the comparison takes
-    differs: str = ""  # a documented difference in what is kept ("newest": kvpress always keeps the newest token)
+    # a documented difference in what is kept: "newest" (kvpress always keeps the newest token), "ties" (a later
+    # compression breaks ties between equal scores in the order the cache holds its keys: see sides.explained)
+    differs: str = ""
     chat: bool = False  # the prompt in the model's chat template (KVzip: kvpress takes the first tokens for its header)
 
     def id(self, budget: int) -> str:
@@ -48,6 +50,8 @@ def fill(spec, budget: int):
 SNAPKV = {"class": "SnapKVPress", "kwargs": {"window_size": 32, "kernel_size": 5}}  # kvviz's snapkv defaults
 
 CASES = [
+    Case("exact", "dynamic", {"class": "KnormPress", "kwargs": {"compression_ratio": 0.0}},
+         "the full cache: kvpress with a press that compresses nothing"),
     Case("h2o", "h2o:budget={budget}:recent=0:average=true", {"class": "ObservedAttentionPress", "attention": "eager"},
          "kvpress's ObservedAttention keeps no recent window and averages each token's attention over the queries that "
          "saw it: kvviz's h2o with recent=0 and average=true"),
@@ -83,7 +87,9 @@ CASES = [
           "decoding_press": {"class": "DecodingPress", "base_press": {"class": "KnormPress"},
                              "kwargs": {"compression_interval": 4, "target_size": "half",
                                         "hidden_states_buffer_size": 0}}},
-         "kvpress's DecodingPress scores with a buffer of recent inputs, 256 by default; key norm reads none: 0"),
+         "kvpress's DecodingPress buffers 256 recent inputs by default, key norm reads none: 0. Differences: equal key "
+         "norms (the same token twice in the first layer) ranked in another order at a compression while decoding, "
+         "and what the tokens decoded after it then keep", differs="ties"),
     Case("decoding_fraction", "keydiff:budget={budget}:decode_interval=4:decode_fraction=0.5",
          {"class": "PrefillDecodingPress", "prefilling_press": {"class": "KeyDiffPress", "budget": "budget"},
           "decoding_press": {"class": "CompressionRatioDecodingPress", "base_press": {"class": "KeyDiffPress"},

@@ -65,7 +65,11 @@ def kvviz_answer(loaded, ids: list[int], spec: str) -> Answer:
     from kvviz.engine.cache_run import CacheRun
 
     run = CacheRun(loaded.model, strategies.parse_spec(spec), len(ids) + NEW_TOKENS, tokenizer=loaded.tokenizer)
-    kv_heads = loaded.model.config.num_key_value_heads
+    return greedy(run, ids, loaded.model.config.num_key_value_heads)
+
+
+def greedy(run, ids: list[int], kv_heads: int) -> Answer:
+    """`ids` prefilled through `run`, what each layer kept of them, the greedy tokens, what each layer holds then."""
     with torch.inference_mode():
         logits = run.forward(torch.tensor([ids]))
         kept = [held_by_head(layer, len(ids), kv_heads) for layer in run.cache.layers]
@@ -96,11 +100,23 @@ def differences(kvviz: list[list[list[int]]], kvpress: list[list[list[int]]]) ->
             for head, (mine, theirs) in enumerate(zip(heads_mine, heads_theirs, strict=True)) if mine != theirs]
 
 
-def explained(case: Case, prompt_tokens: int, difference: tuple[int, int, set, set]) -> bool:
-    """Whether a difference is the documented one of `case` (`Case.differs`)."""
-    _, _, mine, theirs = difference
+def explained(case: Case, fed: list[int], difference: tuple[int, int, set, set], parted: int | None = None) -> bool:
+    """Whether a difference is the documented one of `case` (`Case.differs`); `fed`: the token ids fed, in order.
+
+    "ties" (key norm, compressing while decoding): in the first layer a key depends on its token alone, turned by
+    RoPE, which keeps its norm, so the same token at two positions is an exact tie; kvpress holds the keys a
+    compression kept in top-k order, kvviz in position order, so a compression during decoding may break it the other
+    way. From then on the first layer holds other positions, so every key decoded after that compression differs, in
+    every layer, and may rank otherwise. Explained: in layer 0, the tokens kept by one side only are the very tokens
+    kept by the other only; in a later layer, the difference involves a position decoded from `parted` on (the first
+    position decoded after a compression at which layer 0 parted; None: it never did)."""
+    layer, _, mine, theirs = difference
     if case.differs == "newest":  # kvpress keeps the newest token whatever it scores; kvviz ranks it (TOVA's code)
-        return theirs == {prompt_tokens - 1} and len(mine) == 1
+        return theirs == {len(fed) - 1} and len(mine) == 1
+    if case.differs == "ties":
+        if layer == 0:
+            return sorted(fed[p] for p in mine) == sorted(fed[p] for p in theirs)
+        return parted is not None and max(mine | theirs) >= parted
     return False
 
 

@@ -105,6 +105,10 @@ class KVzip(EvictionStrategy):
         return (f"its first {options['sink_tokens']} tokens and {options['budget']:,} per layer and KV head on "
                 "average, those the model attends to most when it repeats the prompt")
 
+    def switch_from_problem(self, options):
+        return ("'kvzip' keeps a different number of tokens in each KV head and layer, which no other cache can take "
+                "over; start a new run")
+
     def switch_to_problem(self, options):
         return ("kvzip scores a prompt by having the model read it again, and a switch moves only keys and values; "
                 "start a new run")

@@ -31,7 +31,7 @@ class PyramidSchedule(Schedule):
             top = tokens - self.window
             bottom = self.budget * 2 - top
         if not tokens >= top >= bottom >= self.window:
-            return max(1, round(self.budget))
+            return self.budget
         steps = (top - bottom) / (self.layers - 1) if self.layers > 1 else 0.0
         return round(top - index * steps)
 
