@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kvviz-installed
 
-.PHONY: run test lint bench clean test-vllm test-families
+.PHONY: run test lint bench clean test-vllm test-families test-kvpress
 
 SETUP_LOG := $(VENV)/setup.log
 # kvviz's own warm-up of the quantized strategy: quanto builds its kernels into its package folder
@@ -80,3 +80,14 @@ VLLM_VENV := .venv-vllm
 test-vllm: $(STAMP)
 	packaging/vllm/build-venv.sh $(VLLM_VENV)
 	HF_HUB_OFFLINE=1 QT_QPA_PLATFORM=offscreen KVVIZ_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(PY) -m pytest -q -s tests/attach/test_vllm_integration.py
+
+# kvpress, the reference library of KV-cache compression, in its own venv (kvpress 0.5.5 pins transformers<5.3):
+# its presses run on fixed prompts with the tiny and the default model, and kvviz's strategies must keep the positions
+# they kept and answer the needles they answered (tests/kvpress). The script does nothing when the venv already works.
+# KVVIZ_KVPRESS_BUDGETS=128,256,512 compares at those budgets (the needle table; 256 by default), and
+# KVVIZ_KVPRESS_CASES=kvzip,think only those comparisons (tests/kvpress/cases.py; all by default).
+KVPRESS_VENV := .venv-kvpress
+
+test-kvpress: $(STAMP)
+	packaging/kvpress/build-venv.sh $(KVPRESS_VENV)
+	HF_HUB_OFFLINE=1 KVVIZ_KVPRESS_PYTHON=$(CURDIR)/$(KVPRESS_VENV)/bin/python $(PY) -m pytest -q -s tests/kvpress

@@ -63,7 +63,7 @@ def check_switch_order(first, switches, model) -> None:
 
     current = first
     for step, choice in switches.items():
-        problem = refusal(current.name, choice, model, evicted=None)
+        problem = refusal(current, choice, model, evicted=None)
         if problem:
             raise OptionError(f"--switch-at {step}: cannot switch from {current.name!r} to {choice.name!r}: {problem}")
         current = choice

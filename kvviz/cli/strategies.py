@@ -17,9 +17,10 @@ def command(args) -> int:
     if args.json:
         print(json.dumps(listing, indent=2))
         return 0
+    width = max(len(s["name"]) for s in listing) + 2
     for s in listing:
         state = "" if s["available"] else f"  [unavailable: {s['reason']}]"
-        print(f"{s['name']:<17} {s['description']}{state}\n{'':<19}follows {s['reference']}")
+        print(f"{s['name']:<{width}}{s['description']}{state}\n{'':<{width}}follows {s['reference']}")
         for o in s["options"]:
-            print(f"{'':<19}{o['name']}={o['default']}  {o['help']}")
+            print(f"{'':<{width}}{o['name']}={o['default']}  {o['help']}")
     return 0

@@ -80,12 +80,17 @@ def watching(view: AttentionConsumer | None) -> Iterator[None]:
 
 
 def sdpa_with_scores(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    """transformers' SDPA attention, then the attention handed to whoever asked for this layer's."""
-    output = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                    **kwargs)
+    """transformers' SDPA attention, then the attention handed to whoever asked for this layer's. A cache layer whose
+    KV heads hold different numbers of tokens (a `key_mask`: AdaKV's) has its padding masked out first."""
     view = getattr(_local, "view", None)
     pending = getattr(_local, "pending", None)
     requests = pending.get(module.layer_idx) if pending else None
+    key_mask = next((getattr(consumer, "key_mask", None) for keys, consumer in (requests or {}).values()
+                     if keys is key), None)
+    if key_mask is not None:
+        attention_mask = with_key_mask(attention_mask, key_mask, query)
+    output = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                    **kwargs)
     if view is None and not requests:
         return output
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
@@ -96,6 +101,18 @@ def sdpa_with_scores(module, query, key, value, attention_mask, dropout=0.0, sca
             del requests[asker]
             consumer.attended(module.layer_idx, query, key, attention_mask, scale)
     return output
+
+
+def with_key_mask(mask, key_mask: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+    """Transformers' attention mask (None: causal from the first key, or no mask for one query) combined with
+    which keys each KV head holds ``[batch, kv_heads, keys]``: a boolean mask ``[batch, heads, queries, keys]``."""
+    batch, heads, new = query.shape[:3]
+    kv_heads, n_keys = key_mask.shape[1:]
+    if mask is None:  # the newest query sees every key, each earlier one a key fewer
+        mask = torch.ones((new, n_keys), dtype=torch.bool, device=query.device).tril(diagonal=n_keys - new)[None, None]
+    elif mask.dtype != torch.bool:
+        mask = mask == 0
+    return mask[..., :n_keys] & key_mask.repeat_interleave(heads // kv_heads, dim=1)[:, :, None, :]
 
 
 AttentionInterface.register(NAME, sdpa_with_scores)
@@ -153,9 +170,9 @@ def attention_received(query: torch.Tensor, key: torch.Tensor, mask, scaling: fl
             if new > 1:  # SDPA's is_causal: query i sees keys 0 .. i
                 hidden = torch.arange(n_keys, device=query.device)[None, :] > torch.arange(start, stop)[:, None]
                 logits = logits.masked_fill(hidden, float("-inf"))
-        elif mask.dtype == torch.bool:
-            logits = logits.masked_fill(~mask[:, :, None, start:stop, :n_keys], float("-inf"))
-        else:
-            logits = logits + mask[:, :, None, start:stop, :n_keys]
+        else:  # [batch, 1 or heads, new, keys]: one mask for every head, or one per head (`with_key_mask`)
+            part = mask[..., start:stop, :n_keys]
+            part = part[:, :, None] if part.shape[1] == 1 else part.view(batch, kv_heads, group, queries, n_keys)
+            logits = logits.masked_fill(~part, float("-inf")) if part.dtype == torch.bool else logits + part
         total += logits.softmax(dim=-1, dtype=torch.float32).sum(dim=-2)
     return total

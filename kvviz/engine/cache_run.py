@@ -72,8 +72,9 @@ class CacheRun:
     `capacity` is the number of token slots the run needs (what a static cache preallocates).
     """
 
-    def __init__(self, model, choice: StrategyChoice, capacity: int):
+    def __init__(self, model, choice: StrategyChoice, capacity: int, tokenizer=None):
         self.model = model
+        self.tokenizer = tokenizer  # the model's (a strategy that reads text of its own needs it: KVzip)
         self.geometry = Geometry.of(model.config, model.dtype)
         self.capacity = capacity
         self.position = 0  # the position id the model numbers the next fed token with
@@ -94,6 +95,9 @@ class CacheRun:
         problem = strategy.unsupported(self.model, choice.options)
         if problem:
             raise OptionError(f"strategy {choice.name!r} {problem}")
+        if strategy.needs_tokenizer and self.tokenizer is None:
+            raise OptionError(f"strategy {choice.name!r} has the model read text of its own, and this run was given "
+                              "no tokenizer to write it with")
         cache = strategy.make_cache(self.model, choice.options, self.capacity)
         return choice, strategy, cache, strategy.predictor(choice.options, self.geometry, self.capacity)
 
@@ -146,6 +150,8 @@ class CacheRun:
             view = AttentionView(self.cache, self.carried, self.geometry.num_layers, total)
         with attention_scores.watching(view):
             logits = self.call(input_ids, forward, logits_to_keep)
+        if self.cache is not None:
+            self.strategy.after_forward(self, input_ids)
         self.attention = view
         self.fed(n)
         return logits
@@ -199,7 +205,7 @@ class CacheRun:
 
     def switch_refusal(self, choice: StrategyChoice) -> str | None:
         """Why this cache cannot become `choice` now, or None (the model's context is `positions_after`'s to check)."""
-        return refusal(self.choice.name, choice, self.model, self.evicted)
+        return refusal(self.choice, choice, self.model, self.evicted)
 
     def positions_after(self, choice: StrategyChoice, tokens: int) -> int:
         """The positions a run switched to `choice` now numbers its tokens with, once `tokens` more are fed."""
@@ -222,7 +228,7 @@ class CacheRun:
         quantized, as if they had been fed here one at a time: for a strategy whose cache holds nothing but those
         keys and values until it first evicts (`Strategy.forkable`), the very cache it would have built. It takes a
         copy: `other` goes on as it was."""
-        if self.seen or other.evicted or other.strategy.quantizes or not self.strategy.forkable:
+        if self.seen or other.evicted or other.strategy.quantizes or not self.strategy.forks(self.choice.options):
             raise RuntimeError(f"{self.choice.label()} cannot take over the cache of {other.choice.label()} after "
                                f"{other.seen} tokens: it holds them no longer as fed, or this strategy keeps more")
         _, self.carried = convert(copy.deepcopy(other.cache), self.cache, other.carried, other.position, other.seen)

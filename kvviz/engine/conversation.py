@@ -159,7 +159,7 @@ class Conversation:
 
     def _new_run(self, choice: StrategyChoice) -> CacheRun:
         capacity = choice.options.get("max_cache_len") or min(self.context or STATIC_SLOTS, STATIC_SLOTS)
-        run = CacheRun(self.model, choice, capacity)
+        run = CacheRun(self.model, choice, capacity, tokenizer=self.tokenizer)
         if run.strategy.preallocates:
             run.check_memory()
         return run
@@ -390,7 +390,7 @@ class Conversation:
         record, logits = turn.record, turn.decoder.prefill_logits
         if record is None or logits is None:
             return
-        fresh = CacheRun(self.model, self.run.choice, self.run.capacity)
+        fresh = CacheRun(self.model, self.run.choice, self.run.capacity, tokenizer=self.tokenizer)
         ids = torch.tensor([turn.decoder.prompt_ids], device=self.model.device)
         with torch.inference_mode():
             started = time.perf_counter()

@@ -26,13 +26,13 @@ from kvviz.engine.own_caches import keeps_state_in_modules
 from kvviz.engine.strategies import StrategyChoice, get
 
 
-def refusal(current: str, target: StrategyChoice, model, evicted: bool | None) -> str | None:
-    """Why the live cache of strategy `current` cannot become `target` now, or None if it can.
+def refusal(running: StrategyChoice, target: StrategyChoice, model, evicted: bool | None) -> str | None:
+    """Why the live cache of strategy `running` cannot become `target` now, or None if it can.
 
     `evicted` says whether the current cache has dropped any token already, as measured (`CacheRun.evicted`);
     None before a run, when it is not known yet: what depends on it is then left to the switch itself.
     """
-    source, strategy = get(current), get(target.name)
+    current, source, strategy = running.name, get(running.name), get(target.name)
     ok, reason = strategy.available()
     if not ok:
         return f"{target.name!r} is not available here: {reason}"
@@ -41,8 +41,15 @@ def refusal(current: str, target: StrategyChoice, model, evicted: bool | None) -
         return f"{target.name!r} {problem}"
     if not source.has_cache:
         return "a run without a cache has nothing to convert; start a new run with a cache instead"
+    if evicted:
+        problem = source.switch_from_problem(running.options)
+        if problem:
+            return problem
     if not strategy.has_cache:
         return f"switching to no cache would recompute every step from scratch; start a new run with {target.name!r}"
+    problem = strategy.switch_to_problem(target.options)
+    if problem:
+        return problem
     if keeps_state_in_modules(model.config):
         return (f"a switch moves what the cache's layers hold, and this model ({type(model).__name__}) keeps the "
                 "states of its recurrent layers in its own modules; start a new run")
@@ -74,6 +81,8 @@ def held_states(layer) -> tuple[torch.Tensor, torch.Tensor]:
     if isinstance(layer, StaticLayer):
         held = held_tokens(layer)
         return layer.keys[:, :, :held], layer.values[:, :, :held]
+    if isinstance(layer, KvvizLayer):
+        return layer.held_states()
     return layer.keys, layer.values
 
 

@@ -138,7 +138,7 @@ class Decoder:
                 _check_context(self.model, get(choice.name).positions_needed(choice.options, total),
                                self.prompt_tokens, settings.max_new_tokens)
             self.capacity = capacity_for(choice, total)
-            self.run = CacheRun(self.model, choice, self.capacity)
+            self.run = CacheRun(self.model, choice, self.capacity, tokenizer=self.tokenizer)
             self.run.check_memory()
         self.encoder_decoder = self.run.geometry.encoder_decoder
         if reference and self.encoder_decoder:

@@ -180,7 +180,7 @@ class Evaluation:
                               f"{context_length(loaded.model):,}, not {len(token_ids):,}; cut the document first")
         self.model = loaded.model
         self.ids = torch.tensor([token_ids], device=self.model.device)
-        self.run = CacheRun(self.model, choice, capacity_for(choice, len(token_ids)))
+        self.run = CacheRun(self.model, choice, capacity_for(choice, len(token_ids)), tokenizer=loaded.tokenizer)
         self.run.check_memory()
         # a cache that keeps every token exactly may take many per forward, unless the model reads that as a new prompt
         self.chunk = max(1, chunk) if self.run.strategy.exact and not feed_refusal(self.model) else 1
@@ -375,7 +375,7 @@ def starts(evaluations: list[Evaluation], share: bool) -> tuple[list[int], int |
     (`Evaluation.whole_until`) for the longest shared (`Evaluation.share`)."""
     first = [e.prompt for e in evaluations]
     whole = [e.whole_until or 0 for e in evaluations]
-    forkable = [i for i, e in enumerate(evaluations) if whole[i] and e.run.strategy.forkable]
+    forkable = [i for i, e in enumerate(evaluations) if whole[i] and e.run.strategy.forks(e.run.choice.options)]
     last = evaluations[0].predictions - 1  # the last one starts with at least one token to read in the batch
 
     def saved(donor: int) -> int:

@@ -60,16 +60,18 @@ def spans(positions: torch.Tensor, states: list[tuple[SlotState, int]],
     """The cache map of one layer: slot-state spans over positions 0 .. seen-1, and, where KV heads hold different
     positions, spans of how many KV heads hold each position (None where every head holds the same).
 
-    `positions` ``[kv_heads or 1, held]``: the position of each held key; `states`: run-length pairs giving the
-    state of the held keys in key order (the same in every head). A position no head holds is EVICTED.
+    `positions` ``[kv_heads or 1, held]``: the position of each held key (past `seen` in a slot that holds none: the
+    padding of KV heads that hold fewer than others); `states`: run-length pairs giving the state of the held keys in
+    key order (the same in every head). A position no head holds is EVICTED.
     """
     positions = positions.cpu()
+    held = (positions < seen).reshape(-1)
+    kept = positions.reshape(-1)[held]
     state = torch.full((seen,), int(SlotState.EVICTED), dtype=torch.int8)
     entries = torch.tensor([int(s) for s, _ in states], dtype=torch.int8).repeat_interleave(
         torch.tensor([n for _, n in states]))
-    state[positions.reshape(-1)] = entries.repeat(positions.shape[0])
+    state[kept] = entries.repeat(positions.shape[0])[held]
     if not bool((positions != positions[:1]).any()):
         return run_lengths(state), None
-    holders = torch.zeros(seen, dtype=torch.long).index_add_(0, positions.reshape(-1),
-                                                             torch.ones(positions.numel(), dtype=torch.long))
+    holders = torch.zeros(seen, dtype=torch.long).index_add_(0, kept, torch.ones(kept.numel(), dtype=torch.long))
     return run_lengths(state), run_lengths(holders)

@@ -22,6 +22,15 @@ class KvvizLayer(CacheLayerMixin):
         """Run-length pairs (state, count) giving what each held key is on the cache map, in key order."""
         return [(SlotState.FULL, self.get_seq_length())]
 
+    def tokens_held(self) -> int:
+        """Tokens each KV head holds (on average, where heads hold different numbers: AdaKV)."""
+        return self.get_seq_length()
+
+    def held_states(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values held, ``[batch, kv_heads, held, head_dim]`` at full width, in key order (what a live
+        switch moves to another cache)."""
+        return self.keys, self.values
+
     def attended_positions(self, n_keys: int, total: int) -> torch.Tensor:
         """Absolute positions of the `n_keys` keys the last `update()` returned, ``[kv_heads or 1, n_keys]``,
         once `total` positions are numbered (what the attention view draws them at)."""

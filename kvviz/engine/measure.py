@@ -86,7 +86,9 @@ def held_tokens(layer) -> int:
         return min(layer.cumulative_length_int, layer.max_cache_len)
     if isinstance(layer, StaticLayer):
         return int(layer.cumulative_length)
-    if isinstance(layer, (DynamicLayer, KvvizLayer)):
+    if isinstance(layer, KvvizLayer):
+        return layer.tokens_held()
+    if isinstance(layer, DynamicLayer):
         return layer.keys.shape[-2] if layer.keys is not None and layer.keys.dim() == 4 else 0
     raise TypeError(f"kvviz cannot measure cache layers of type {type(layer).__name__}")
 

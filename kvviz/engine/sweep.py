@@ -51,13 +51,18 @@ def default_grid(model, tokens: int) -> tuple[list[StrategyChoice], list[str]]:
     """The configurations a sweep of `tokens` tokens tries by default, and why others were left out: the exact
     cache; each quantized backend installed at int8, int4 and int2 where it has them; a sliding window, attention
     sinks and each eviction policy keeping an eighth, a quarter and a half of the measured length (but SnapKV, which
-    compresses only the first half, given as its prompt, never keeping all of it)."""
+    compresses only the first half, given as its prompt, never keeping all of it); and at a quarter, the leaders of
+    kvpress's leaderboard and its baseline (Expected Attention, alone and AdaKV's, KVzip, random). Those compress the
+    first half as their prompt, so each reads the text alone: one budget each keeps a default sweep near its time."""
     specs: list[tuple[str, dict]] = [("dynamic", {})]
     specs += [("quantized", {"backend": backend, "nbits": nbits}) for backend, nbits in QUANTIZED]
     for fraction in FRACTIONS:
         budget = max(8, round(fraction * tokens))
         specs += [("sliding", {"window": budget + 1}), ("sink", {"sink_tokens": 4, "window": budget - 4})]
         specs += [(name, {"budget": budget}) for name in EVICTING]
+    quarter = max(8, round(0.25 * tokens))
+    specs += [(name, {"budget": quarter}) for name in ("expected_attention", "kvzip", "random")]
+    specs.append(("expected_attention", {"budget": quarter, "adaptive": True}))
     choices, skipped = [], []
     for name, options in specs:
         try:

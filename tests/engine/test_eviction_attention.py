@@ -13,7 +13,6 @@ from transformers.models.llama.modeling_llama import eager_attention_forward
 
 from kvviz.engine import decode, models, strategies
 from kvviz.engine.attention_scores import attention_received
-from kvviz.engine.eviction_layers import H2OLayer, KeyNormLayer, SnapKVLayer, TOVALayer
 from kvviz.files import trace as trace_format
 from kvviz.files.trace import ATTENTION_SINK_POSITIONS, SlotState
 
@@ -66,12 +65,17 @@ def feed(layer, n, query_heads=HEADS, seed=0):
     return query, full_keys
 
 
+def policy_layer(name, **options):
+    """Decoder layer 0's cache layer of policy `name` with `options`, built without a model."""
+    return strategies.get(name).make_layer(0, strategies.choose(name, options).options)
+
+
 def kept(layer):
     return [sorted(row.tolist()) for row in layer.positions[0]]
 
 
 def test_tova_keeps_what_the_newest_query_attends_to_most_in_every_head():
-    layer = TOVALayer(0, budget=10)
+    layer = policy_layer("tova", budget=10)
     feed(layer, 8)
     query, keys = feed(layer, 5, seed=1)
     newest = eager_weights(query, keys, causal_additive(5, 13))[0, :, -1].mean(dim=0)  # over all query heads
@@ -88,7 +92,7 @@ def test_tova_keeps_what_the_newest_query_attends_to_most_in_every_head():
 
 @pytest.mark.parametrize("recent", [4, 0], ids=["recent-and-heavy", "heavy-only"])
 def test_h2o_keeps_recent_and_heaviest_by_accumulated_attention_per_head(recent):
-    layer = H2OLayer(0, budget=10, recent=recent)
+    layer = policy_layer("h2o", budget=10, recent=recent)
     group = HEADS // KV_HEADS
     positions = [[] for _ in range(KV_HEADS)]
     sums = [torch.zeros(0) for _ in range(KV_HEADS)]
@@ -107,7 +111,7 @@ def test_h2o_keeps_recent_and_heaviest_by_accumulated_attention_per_head(recent)
                 sums[head] = sums[head][index]
         seen += n
         assert kept(layer) == positions, step
-        torch.testing.assert_close(layer.sums[0], torch.stack(sums))
+        torch.testing.assert_close(layer.token_state["sums"][0], torch.stack(sums))
     if recent:
         assert positions[0] != positions[1]  # chosen per head
     else:  # no recent window: the newest token, attended by one query only, is the lightest and goes at once
@@ -116,7 +120,7 @@ def test_h2o_keeps_recent_and_heaviest_by_accumulated_attention_per_head(recent)
 
 @pytest.mark.parametrize("pooling,pool", [("average", F.avg_pool1d), ("max", F.max_pool1d)])
 def test_snapkv_keeps_window_and_pooled_top_of_the_prompt_then_appends(pooling, pool):
-    layer = SnapKVLayer(0, budget=12, window=4, kernel=3, pooling=pooling)
+    layer = policy_layer("snapkv", budget=12, window=4, kernel=3, pooling=pooling)
     query, keys = feed(layer, 30)
     weights = eager_weights(query, keys, causal_additive(30, 30))[0, :, -4:, :26]  # window's queries on the rest
     per_kv_head = weights.sum(dim=1).view(KV_HEADS, HEADS // KV_HEADS, 26).mean(dim=1)
@@ -128,7 +132,7 @@ def test_snapkv_keeps_window_and_pooled_top_of_the_prompt_then_appends(pooling, 
 
 
 def test_knorm_keeps_the_lowest_norm_keys_per_head():
-    layer = KeyNormLayer(0, budget=6)
+    layer = policy_layer("knorm", budget=6)
     keys = torch.randn(1, KV_HEADS, 15, DIM)
     layer.update(keys, torch.randn(1, KV_HEADS, 15, DIM))
     expected = [sorted((-keys[0, head].norm(dim=-1)).topk(6).indices.tolist()) for head in range(KV_HEADS)]

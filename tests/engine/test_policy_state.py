@@ -18,9 +18,17 @@ def run(loaded, name, options, new_tokens=12):
     return list(decoder), decoder
 
 
-@pytest.mark.parametrize("name,options", [("h2o", {"budget": 12, "recent": 0}), ("tova", {"budget": 12}),
-                                          ("snapkv", {"budget": 12, "window": 4, "pooling": "max"}),
-                                          ("knorm", {"budget": 12, "skip_layers": 1})])
+@pytest.mark.parametrize("name,options", [
+    ("h2o", {"budget": 12, "recent": 0}), ("tova", {"budget": 12}),
+    ("snapkv", {"budget": 12, "window": 4, "pooling": "max"}), ("knorm", {"budget": 12, "skip_layers": 1}),
+    ("expected_attention", {"budget": 12, "decode_interval": 3, "decode_target": 10}),
+    ("pyramidkv", {"budget": 12, "window": 2, "beta": 2}), ("lagkv", {"budget": 12, "lag": 3}),
+    ("keydiff", {"budget": 12, "decode_interval": 2, "decode_fraction": 0.5}), ("random", {"budget": 12}),
+    ("kvzip", {"budget": 12}), ("think", {"key_channels": 0.25}),
+    ("h2o", {"budget": 12, "adaptive": True, "critical": True}), ("tova", {"budget": 12, "chunk": 5}),
+    ("snapkv", {"budget": 12, "window": 4, "adaptive": True, "decode_interval": 2}),
+], ids=["h2o", "tova", "snapkv", "knorm", "expected_attention", "pyramidkv", "lagkv", "keydiff", "random", "kvzip",
+        "think", "h2o-adaptive-critical", "tova-chunk", "snapkv-adaptive-decoding"])
 def test_policy_bytes_measured_as_predicted_and_kept_in_the_trace(tiny_model, tmp_path, name, options):
     steps, decoder = run(tiny_model, name, options)
     assert all(s.policy_bytes == s.predicted_policy_bytes > 0 for s in steps)
@@ -84,8 +92,8 @@ def test_options_follow_the_papers(tiny_model):
     assert strategies.choose("knorm").options["skip_layers"] == 2
     h2o = strategies.choose("h2o", {"budget": 8, "recent": 0})  # heavy hitters only
     layer = strategies.get("h2o").make_layer(0, h2o.options)
-    assert layer.recent == 0
-    assert strategies.get("h2o").make_layer(0, strategies.choose("h2o", {"budget": 8}).options).recent == 4
+    assert layer.scorer.recent == 0
+    assert strategies.get("h2o").make_layer(0, strategies.choose("h2o", {"budget": 8}).options).scorer.recent == 4
     listing = {s["name"]: s for s in (strategy.to_dict() for strategy in strategies.all_strategies())}
     assert "SnapKV (Li et al., NeurIPS 2024)" in listing["snapkv"]["reference"]
     assert all(s["reference"] for s in listing.values())

@@ -8,7 +8,8 @@ from kvviz.engine.strategies import OptionError
 def test_every_strategy_listed_with_description_and_options():
     names = [s.name for s in strategies.all_strategies()]
     assert names == ["none", "dynamic", "static", "quantized", "sliding", "sink", "h2o", "tova", "snapkv", "knorm",
-                     "offloaded", "offloaded-static"]
+                     "expected_attention", "pyramidkv", "keydiff", "lagkv", "kvzip", "think", "random", "offloaded",
+                     "offloaded-static"]
     for s in strategies.all_strategies():
         listing = s.to_dict()
         assert listing["description"]

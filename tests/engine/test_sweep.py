@@ -197,3 +197,7 @@ def test_the_default_grid_covers_every_strategy_family_at_three_budgets(tiny_mod
         ("quanto", 4), ("quanto", 2), ("hqq", 8), ("hqq", 4), ("hqq", 2)}
     assert [c.options["budget"] for c in choices if c.name == "snapkv"] == [250, 500]  # 1,000 would keep its prompt
     assert len(skipped) == 1 and "would never evict" in skipped[0]
+    leaders = [(c.name, c.options["budget"], c.options.get("adaptive")) for c in choices
+               if c.name in ("expected_attention", "kvzip", "random")]  # kvpress's leaders and baseline, at a quarter
+    assert leaders == [("expected_attention", 500, False), ("kvzip", 500, None), ("random", 500, False),
+                       ("expected_attention", 500, True)]

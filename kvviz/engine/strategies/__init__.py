@@ -11,15 +11,22 @@ from typing import Any
 
 from kvviz.engine.strategies.base import Option, Strategy, StrategyChoice
 from kvviz.engine.strategies.dynamic import Dynamic
+from kvviz.engine.strategies.expected_attention import ExpectedAttention
 from kvviz.engine.strategies.h2o import H2O
+from kvviz.engine.strategies.keydiff import KeyDiff
 from kvviz.engine.strategies.knorm import KeyNorm
+from kvviz.engine.strategies.kvzip import KVzip
+from kvviz.engine.strategies.lagkv import LagKV
 from kvviz.engine.strategies.none import NoCache
 from kvviz.engine.strategies.offloaded import Offloaded, OffloadedStatic
+from kvviz.engine.strategies.pyramidkv import PyramidKV
 from kvviz.engine.strategies.quantized import Quantized
+from kvviz.engine.strategies.random import Random
 from kvviz.engine.strategies.sink import Sink
 from kvviz.engine.strategies.sliding import Sliding
 from kvviz.engine.strategies.snapkv import SnapKV
 from kvviz.engine.strategies.static import Static
+from kvviz.engine.strategies.think import ThinK
 from kvviz.engine.strategies.tova import TOVA
 from kvviz.errors import OptionError
 
@@ -39,6 +46,13 @@ STRATEGIES: dict[str, Strategy] = {
         TOVA(),
         SnapKV(),
         KeyNorm(),
+        ExpectedAttention(),
+        PyramidKV(),
+        KeyDiff(),
+        LagKV(),
+        KVzip(),
+        ThinK(),
+        Random(),
         Offloaded(),
         OffloadedStatic(),
     )

@@ -133,6 +133,12 @@ class Strategy:
     forkable: ClassVar[bool] = False
     # True: also runs an encoder-decoder's cache (self-attention keys and values beside cross-attention ones)
     encoder_decoder: ClassVar[bool] = False
+    # True: its cache reads text of its own (KVzip asks the model to repeat the prompt): a run needs the tokenizer
+    needs_tokenizer: ClassVar[bool] = False
+
+    def forks(self, options: dict) -> bool:
+        """Whether a cache of these options is `forkable`."""
+        return self.forkable
 
     # -- options -------------------------------------------------------------------------------------
 
@@ -174,6 +180,19 @@ class Strategy:
         return self.model_problem(model, geometry, options)
 
     def model_problem(self, model, geometry: Geometry, options: dict) -> str | None:
+        return None
+
+    def switch_to_problem(self, options: dict) -> str | None:
+        """Why a live cache cannot be switched to this strategy with `options`, or None."""
+        return None
+
+    def after_forward(self, run, input_ids: torch.Tensor) -> None:
+        """What the cache does once a forward of `input_ids` through it has run (`CacheRun.forward`): KVzip reads the
+        prompt again there."""
+
+    def switch_from_problem(self, options: dict) -> str | None:
+        """Why a cache of this strategy with `options` that has evicted tokens cannot be switched to another, or
+        None."""
         return None
 
     # -- the cache -----------------------------------------------------------------------------------
@@ -234,6 +253,18 @@ class Strategy:
             "reason": reason,
             "options": [o.to_dict() for o in self.options],
         }
+
+
+def rotary_embedding(model):
+    """The model's rotary position embedding module (`rotary_emb`), or None."""
+    base = getattr(model, "base_model", model)
+    return getattr(base, "rotary_emb", None)
+
+
+def rotary_inv_freq(model) -> torch.Tensor | None:
+    """The inverse RoPE frequencies shared by all layers, if the model has exactly one rotary embedding."""
+    inv_freq = getattr(rotary_embedding(model), "inv_freq", None)
+    return inv_freq if isinstance(inv_freq, torch.Tensor) else None
 
 
 def only_full_attention(geometry: Geometry) -> str | None:

@@ -4,27 +4,38 @@ Keys with a low L2 norm tend to draw high attention, so once a layer holds more 
 head keeps the `budget` keys with the lowest norm (RoPE rotates keys, which keeps their norm). It needs no
 attention scores: the choice is made as soon as the new tokens are appended, after this step's attention
 already saw them. The first `skip_layers` layers are left whole (plain DynamicLayers): the authors found their
-attention unlike the norm's ranking and compress from layer 2 on.
+attention unlike the norm's ranking and compress from layer 2 on (kvpress's KnormPress compresses every layer:
+skip_layers=0).
 """
 
 from __future__ import annotations
 
 from kvviz.engine.strategies.base import Option
-from kvviz.engine.strategies.eviction import EvictionStrategy, budget_option
+from kvviz.engine.strategies.eviction import EvictionStrategy, Scorer, budget_option, scoring_options
+
+
+class LowNorm(Scorer):
+    reads_attention = False
+
+    def scores(self, layer, query, key, mask, scaling):
+        return -layer.keys.float().norm(dim=-1)  # [batch, kv_heads, held]
 
 
 class KeyNorm(EvictionStrategy):
     name = "knorm"
     description = "key norm: per KV head, keep the budget keys with the lowest L2 norm (no attention needed)"
     reference = (
-        "Devoto et al., EMNLP 2024, as the authors' code: the first two layers are not compressed (skip_layers=2)"
+        "Devoto et al., EMNLP 2024, as the authors' code: the first two layers are not compressed (skip_layers=2; "
+        "kvpress's KnormPress: skip_layers=0)"
     )
     options = (
         budget_option(),
         Option("skip_layers", "int", 2, "first layers kept whole, not compressed", minimum=0),
+        *scoring_options(decode_interval=1),
     )
     reads_attention = False
     forkable = True
+    scorer = LowNorm
 
     def model_problem(self, model, geometry, options):
         if options["skip_layers"] >= geometry.num_layers:
@@ -41,8 +52,3 @@ class KeyNorm(EvictionStrategy):
         whole = options["skip_layers"]
         return (f"per KV head the {options['budget']:,} keys with the lowest norm"
                 + (f" (the first {whole} layers keep all of it)" if whole else ""))
-
-    def make_layer(self, index, options):
-        from kvviz.engine.eviction_layers import KeyNormLayer
-
-        return KeyNormLayer(index, options["budget"])

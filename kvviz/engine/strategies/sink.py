@@ -1,6 +1,5 @@
 """StreamingLLM attention sinks: the first tokens plus a recent window, kept keys re-rotated."""
 
-import torch
 
 from kvviz.engine.geometry import Geometry
 from kvviz.engine.predict import CachePredictor
@@ -10,15 +9,8 @@ from kvviz.engine.strategies.base import (
     attention_layers_problem,
     keep_own_layers,
     only_full_attention,
+    rotary_inv_freq,
 )
-
-
-def rotary_inv_freq(model) -> torch.Tensor | None:
-    """The inverse RoPE frequencies shared by all layers, if the model has exactly one rotary embedding."""
-    base = getattr(model, "base_model", model)
-    rotary = getattr(base, "rotary_emb", None)
-    inv_freq = getattr(rotary, "inv_freq", None)
-    return inv_freq if isinstance(inv_freq, torch.Tensor) else None
 
 
 class SinkPredictor(CachePredictor):
