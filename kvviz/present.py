@@ -103,9 +103,22 @@ def options_text(options: Mapping[str, Any] | None, separator: str = ", ") -> st
     return separator.join(f"{k}={v}" for k, v in (options or {}).items())
 
 
+# The options every scoring policy takes beside its own (kvviz.engine.strategies.eviction.scoring_options) at the
+# values that leave the policy as its paper has it: a label names them only when set otherwise, so that "h2o
+# (budget=250, recent=-1)" is not followed by six wrappers that are off. decode_interval's such value is 1 for the
+# policies that evict at every step over their budget, 0 for the others (a test holds the engine to this table).
+WRAPPERS_OFF = {"adaptive": False, "chunk": 0, "critical": False, "decode_target": 0, "decode_fraction": 0.0}
+EVICT_EVERY_STEP = ("h2o", "tova", "knorm")
+
+
+def _wrappers_off(name: str) -> dict[str, Any]:
+    return {**WRAPPERS_OFF, "decode_interval": 1 if name in EVICT_EVERY_STEP else 0}
+
+
 def strategy_label(strategy: Mapping[str, Any] | None, defaults: Mapping[str, Mapping[str, Any]] | None = None,
                    limit: int | None = None) -> str:
-    """A strategy with its options as one line, everywhere a strategy is named: "sink (sink_tokens=4, window=60)".
+    """A strategy with its options as one line, everywhere a strategy is named: "sink (sink_tokens=4, window=60)";
+    a scoring policy's wrappers and decoding schedule only when set (`WRAPPERS_OFF`).
 
     defaults: each strategy's option defaults ({name: {option: default}}); given, only the options set away from
     them are named ("sink (window=124)", as `--strategies` would be written), for a strategy it lists. limit: at most
@@ -113,6 +126,9 @@ def strategy_label(strategy: Mapping[str, Any] | None, defaults: Mapping[str, Ma
     strategy = strategy or {}
     name = str(strategy.get("name") or "?")
     options = dict(strategy.get("options") or {})
+    if "decode_interval" in options:  # a scoring policy
+        off = _wrappers_off(name)
+        options = {k: v for k, v in options.items() if k not in off or off[k] != v}
     known = (defaults or {}).get(name)
     if known is not None:
         options = {k: v for k, v in options.items() if k not in known or known[k] != v}

@@ -21,7 +21,8 @@ import torch
 from transformers import AttentionInterface
 
 from kvviz.engine import attention_scores
-from kvviz.engine.cache_run import CacheRun, model_forward
+from kvviz.engine.cache_run import CacheRun
+from kvviz.engine.forward import model_forward
 from kvviz.engine.geometry import Geometry
 
 NAME = "kvviz_rows"

@@ -38,7 +38,7 @@ from transformers.utils import (
     WEIGHTS_NAME,
 )
 
-from kvviz.engine.cache_run import model_forward
+from kvviz.engine.forward import model_forward
 from kvviz.errors import ModelError
 
 Progress = Callable[[str, "float | None"], None]

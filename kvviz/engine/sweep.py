@@ -23,9 +23,10 @@ from collections.abc import Callable, Iterator
 import torch
 
 from kvviz.engine import machine
-from kvviz.engine.cache_run import CacheRun, model_forward
+from kvviz.engine.cache_run import CacheRun
 from kvviz.engine.evaluate import Evaluation, evaluate_together, prompt_tokens
 from kvviz.engine.fidelity import ReferenceStream
+from kvviz.engine.forward import model_forward
 from kvviz.engine.geometry import Geometry
 from kvviz.engine.models import LoadedModel
 from kvviz.engine.strategies import StrategyChoice, choose, get

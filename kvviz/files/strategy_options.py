@@ -11,7 +11,7 @@ accepted as plain values.
 
 from __future__ import annotations
 
-from kvviz.files.schema import MAX_INT, Flag, Int, Json, Record, Text, at, maybe
+from kvviz.files.schema import MAX_INT, Flag, Int, Json, Number, Record, Text, at, maybe
 
 
 def _int(low: int, high: int = MAX_INT) -> Int:
@@ -19,6 +19,10 @@ def _int(low: int, high: int = MAX_INT) -> Int:
 
 
 _MAX_CACHE_LEN = _int(0)
+_POOLING = Text(("average", "max"))
+# what every scoring policy takes beside its own options: the wrappers and compression during decoding
+_SCORING = {"adaptive": Flag(), "chunk": _int(0), "critical": Flag(), "decode_interval": _int(0),
+            "decode_target": _int(0), "decode_fraction": Number(0.0, 1.0)}
 
 OPTIONS: dict[str, dict] = {
     "none": {},
@@ -28,10 +32,19 @@ OPTIONS: dict[str, dict] = {
                   "q_group_size": _int(1), "axis_key": _int(-1, 1), "axis_value": _int(-1, 1)},
     "sliding": {"window": _int(2)},
     "sink": {"sink_tokens": _int(0), "window": _int(1)},
-    "h2o": {"budget": _int(2), "recent": _int(-1)},
-    "tova": {"budget": _int(1)},
-    "snapkv": {"budget": _int(2), "window": _int(1), "kernel": _int(1), "pooling": Text(("average", "max"))},
-    "knorm": {"budget": _int(1), "skip_layers": _int(0)},
+    "h2o": {"budget": _int(2), "recent": _int(-1), "average": Flag(), **_SCORING},
+    "tova": {"budget": _int(1), **_SCORING},
+    "snapkv": {"budget": _int(2), "window": _int(1), "kernel": _int(1), "pooling": _POOLING, **_SCORING},
+    "knorm": {"budget": _int(1), "skip_layers": _int(0), **_SCORING},
+    "expected_attention": {"budget": _int(1), "future": _int(1), "sink_tokens": _int(0), "covariance": Flag(),
+                           "value_norm": Flag(), "epsilon": Number(0.0, None), **_SCORING},
+    "pyramidkv": {"budget": _int(2), "window": _int(1), "kernel": _int(1), "pooling": _POOLING, "beta": _int(1),
+                  **_SCORING},
+    "keydiff": {"budget": _int(1), **_SCORING},
+    "lagkv": {"budget": _int(1), "lag": _int(2), "sink_tokens": _int(0), **_SCORING},
+    "kvzip": {"budget": _int(1), "sink_tokens": _int(0), "layerwise": Flag(), "repeat_chunk": _int(1)},
+    "think": {"key_channels": Number(0.0, 0.99), "window": _int(1)},
+    "random": {"budget": _int(1), "seed": _int(0), **_SCORING},
     "offloaded": {},
     "offloaded-static": {"max_cache_len": _MAX_CACHE_LEN},
 }

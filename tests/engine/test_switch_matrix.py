@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from kvviz.engine import decode, strategies
-from kvviz.engine.cache_run import CacheRun, model_forward
+from kvviz.engine.cache_run import CacheRun
 from kvviz.engine.eviction_layers import EvictionLayer
+from kvviz.engine.forward import model_forward
 from kvviz.engine.layers import SinkLayer
-from kvviz.engine.strategies.eviction import Schedule
+from kvviz.engine.scoring import Schedule
 from kvviz.errors import OptionError
 from kvviz.files.trace import SlotState
 

@@ -4,7 +4,7 @@ attention function installed when a policy reads attention, and the size rule of
 bookkeeping.
 
 Each policy (h2o, tova, snapkv, knorm, expected_attention, ...) is a module of its own: its strategy (an
-`EvictionStrategy`: options, checks, what it keeps) and its scorer (an `eviction_layers.Scorer`: what it ranks held
+`EvictionStrategy`: options, checks, what it keeps) and its scorer (an `scoring.Scorer`: what it ranks held
 tokens by), which the one `eviction_layers.EvictionLayer` runs. A policy may leave its first layers whole, as plain
 DynamicLayers (key norm, as its authors do).
 
@@ -23,13 +23,11 @@ window; key norm needs none). That step's record shows the budget.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar
-
-import torch
 
 from kvviz.engine.geometry import Geometry
 from kvviz.engine.predict import CachePredictor
+from kvviz.engine.scoring import ADAPTIVE_SAFEGUARD, Schedule, ScheduleState, Scorer, chunk_kept
 from kvviz.engine.strategies.base import (
     Option,
     Strategy,
@@ -40,9 +38,6 @@ from kvviz.engine.strategies.base import (
 
 POSITION_BYTES = 8  # an int64 position, what an EvictionLayer keeps per token and KV head
 NORM_BYTES = 4  # critical=1: the float32 norm of each held token's value through the output projection, per KV head
-ADAPTIVE_SAFEGUARD = 0.2  # AdaKV: each head keeps at least this share of the layer's per-head budget (kvpress's)
-CRITICAL_FIRST_STAGE = 0.5  # CriticalKV: share of the budget chosen by the policy's scores alone (kvpress's)
-CRITICAL_EPSILON = 1e-4  # CriticalKV: added to the scores before they are weighted by the output norms (kvpress's)
 
 
 def budget_option(minimum: int = 1) -> Option:
@@ -72,80 +67,6 @@ def scoring_options(decode_interval: int = 0) -> tuple[Option, ...]:
 def kvpress_ratio(budget: int, tokens: int) -> float:
     """kvpress's compression ratio that keeps `budget` of a prompt of `tokens` tokens (0 when it keeps them all)."""
     return max(0.0, 1.0 - budget / tokens) if tokens else 0.0
-
-
-@dataclass
-class ScheduleState:
-    """Where one layer is in its schedule."""
-
-    prompt: bool = True  # the next feed is the prompt (the first feed, or the first after a live switch)
-    since: int = 0  # tokens fed since the prompt or the last compression after it
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """When a layer compresses, and to how many tokens; the layer and its size rule both follow it."""
-
-    budget: int
-    interval: int = 0
-    target: int = 0
-    fraction: float = 0.0
-
-    @classmethod
-    def of(cls, options: dict) -> Schedule:
-        return cls(options["budget"], options.get("decode_interval", 0), options.get("decode_target", 0),
-                   options.get("decode_fraction", 0.0))
-
-    def prompt_budget(self, index: int, tokens: int) -> int:
-        """Tokens layer `index` keeps of a prompt of `tokens` tokens (PyramidKV gives layers their own)."""
-        return self.budget
-
-    def compress_to(self, state: ScheduleState, index: int, held: int, new: int, seen: int) -> int | None:
-        """The tokens layer `index` keeps after a feed of `new` tokens left it holding `held` of the `seen` seen, or
-        None when it keeps them all (advances `state`)."""
-        if state.prompt:
-            state.prompt, state.since = False, 0
-            target = self.prompt_budget(index, held)
-        else:
-            state.since += new
-            if not self.interval or state.since < self.interval:
-                return None
-            state.since = 0
-            target = max(1, int(seen * self.fraction)) if self.fraction else (self.target or self.budget)
-        return target if held > target else None
-
-
-def chunk_kept(held: int, target: int, chunk: int) -> int:
-    """Tokens a chunked choice keeps of `held` for a target of `target`: the newest partial chunk (held % chunk
-    tokens, still filling) and as many whole chunks as fit beside it."""
-    partial = held % chunk
-    return partial + max(0, target - partial) // chunk * chunk
-
-
-class Scorer:
-    """What a policy ranks held tokens by; each policy's strategy module defines one."""
-
-    reads_attention: ClassVar[bool] = True  # scores from the attention the feed's queries paid (else keys alone)
-    every_feed: ClassVar[bool] = False  # observes the attention of every feed, not only of those that compress
-
-    def appended(self, layer, new: int) -> None:
-        """`new` tokens were appended to the layer (per-token state grows with them)."""
-
-    def observe(self, layer, query, key, mask, scaling: float) -> None:
-        """The attention of a feed that `every_feed` asked for (before `scores`, when the feed compresses)."""
-
-    def scores(self, layer, query, key, mask, scaling: float) -> torch.Tensor:
-        """Scores of the held tokens, ``[batch, kv_heads or 1, held]``: the highest are kept. `query` and `key` as the
-        feed's attention saw them (`attention_scores.attention_received`), None for a scorer that reads no attention."""
-        raise NotImplementedError
-
-
-def force(scores: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
-    """`scores` with the tokens where `kept` (a mask broadcast to them) raised above every other score, as kvpress
-    does (the highest score plus one): a policy's window or sinks, always kept."""
-    if not bool(kept.any()) or bool(kept.all()):
-        return scores
-    return scores.masked_fill(kept, float(scores.masked_fill(kept, float("-inf")).max()) + 1.0)
 
 
 class BudgetPredictor(CachePredictor):

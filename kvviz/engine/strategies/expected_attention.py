@@ -19,8 +19,9 @@ import math
 
 import torch
 
+from kvviz.engine.scoring import Scorer, force
 from kvviz.engine.strategies.base import Option, rotary_embedding, rotary_inv_freq
-from kvviz.engine.strategies.eviction import EvictionStrategy, Scorer, budget_option, force, scoring_options
+from kvviz.engine.strategies.eviction import EvictionStrategy, budget_option, scoring_options
 
 
 class FutureQueries(Scorer):

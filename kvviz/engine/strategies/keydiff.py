@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 
-from kvviz.engine.strategies.eviction import EvictionStrategy, Scorer, budget_option, scoring_options
+from kvviz.engine.scoring import Scorer
+from kvviz.engine.strategies.eviction import EvictionStrategy, budget_option, scoring_options
 
 
 class Distinct(Scorer):

@@ -23,15 +23,10 @@ from dataclasses import dataclass
 
 import torch
 
+from kvviz.engine.forward import model_forward
+from kvviz.engine.scoring import Schedule, ScheduleState, Scorer
 from kvviz.engine.strategies.base import Option
-from kvviz.engine.strategies.eviction import (
-    BudgetPredictor,
-    EvictionStrategy,
-    Schedule,
-    ScheduleState,
-    Scorer,
-    budget_option,
-)
+from kvviz.engine.strategies.eviction import BudgetPredictor, EvictionStrategy, budget_option
 
 FIRST_ASK = "\n\nRepeat the previous context exactly."
 NEXT_ASK = "\n\nRepeat the part of the previous context exactly, starting with"
@@ -147,8 +142,6 @@ def chat_pieces(tokenizer) -> tuple[list[int], list[int]]:
 
 def read_again(run, layers, input_ids: torch.Tensor, options: dict) -> None:
     """The context read again in chunks, each layer's scorer collecting the attention its keys receive."""
-    from kvviz.engine.cache_run import model_forward
-
     tokenizer = run.tokenizer
     header, suffix = chat_pieces(tokenizer)
     ids = input_ids[0].tolist()

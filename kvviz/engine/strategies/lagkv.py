@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import torch
 
+from kvviz.engine.scoring import Scorer
 from kvviz.engine.strategies.base import Option
-from kvviz.engine.strategies.eviction import EvictionStrategy, Scorer, budget_option, scoring_options
+from kvviz.engine.strategies.eviction import EvictionStrategy, budget_option, scoring_options
 
 
 class LagRelative(Scorer):

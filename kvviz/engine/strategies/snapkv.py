@@ -18,8 +18,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kvviz.engine.scoring import Scorer, force
 from kvviz.engine.strategies.base import Option
-from kvviz.engine.strategies.eviction import EvictionStrategy, Scorer, budget_option, force, scoring_options
+from kvviz.engine.strategies.eviction import EvictionStrategy, budget_option, scoring_options
 
 POOLINGS = ("average", "max")
 POOLING = {"average": F.avg_pool1d, "max": F.max_pool1d}

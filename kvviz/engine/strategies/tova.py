@@ -11,7 +11,8 @@ attention ("a very slight difference from TOVA", its comment says); kvviz ranks 
 
 from __future__ import annotations
 
-from kvviz.engine.strategies.eviction import EvictionStrategy, Scorer, budget_option, scoring_options
+from kvviz.engine.scoring import Scorer
+from kvviz.engine.strategies.eviction import EvictionStrategy, budget_option, scoring_options
 
 
 class NewestQuery(Scorer):
