@@ -7,6 +7,9 @@ agreement). Configurations that can share a forward read the text together, `row
 text, a few decode steps are timed with it alone (its speed as a user would get it, batch 1), and its memory at
 the target is derived from its size rule (`target_memory`), checked against the cache measured at the end.
 
+Where the user gives questions (`Asked`: tasks kvviz writes, or the user's own), every configuration is asked them
+first, in each regime asked (`kvviz.engine.answering`), and its answers are scored beside its perplexity.
+
 Quantized caches share forwards here too, unlike in `kvviz eval`, unless `quantized_alone`: a batched forward's
 float rounding may move a value to the neighbouring quantization level, which moves a quantized configuration's
 perplexity by about 1 % (hqq int4 on the default model, 400 tokens of Alice: 30.91 alone, 30.62 in a batch), no
@@ -23,6 +26,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from kvviz.engine import machine
+from kvviz.engine.answering import Asking
 from kvviz.engine.evaluate import Evaluation, evaluate_together, prompt_tokens
 from kvviz.engine.fidelity import ReferenceStream
 from kvviz.engine.geometry import Geometry
@@ -32,7 +36,7 @@ from kvviz.engine.target_memory import target_memory
 from kvviz.errors import OptionError, failure
 from kvviz.files.evaluation import EvalRun, seconds_left
 from kvviz.files.frontier import parse_budget, parse_tolerance
-from kvviz.files.sweep import Configuration, Question, SpeedRecord, Sweep
+from kvviz.files.sweep import Asked, Configuration, Question, SpeedRecord, Sweep
 from kvviz.present import size
 
 # Batched rows per forward. The default model on this 2-core CPU (quiet machine): a plain forward of one token costs
@@ -45,15 +49,16 @@ EVICTING = ("h2o", "tova", "snapkv", "knorm")
 DECODE_STEPS = 8  # decode steps timed alone after the text, per configuration (the median is kept)
 
 
-def default_grid(model, tokens: int) -> tuple[list[StrategyChoice], list[str]]:
+def default_grid(model, tokens: int, budgets_of: int | None = None) -> tuple[list[StrategyChoice], list[str]]:
     """The configurations a sweep of `tokens` tokens tries by default, and why others were left out: the exact
     cache; each quantized backend installed at int8, int4 and int2 where it has them; a sliding window, attention
-    sinks and each eviction policy keeping an eighth, a quarter and a half of the measured length (but SnapKV, which
-    compresses only the first half, given as its prompt, never keeping all of it)."""
+    sinks and each eviction policy keeping an eighth, a quarter and a half of the measured length, or of
+    `budgets_of` tokens where given (the questions' length, when questions are asked), but SnapKV, which compresses
+    only the text's first half, given as its prompt, never keeping all of it."""
     specs: list[tuple[str, dict]] = [("dynamic", {})]
     specs += [("quantized", {"backend": backend, "nbits": nbits}) for backend, nbits in QUANTIZED]
     for fraction in FRACTIONS:
-        budget = max(8, round(fraction * tokens))
+        budget = max(8, round(fraction * (budgets_of or tokens)))
         specs += [("sliding", {"window": budget + 1}), ("sink", {"sink_tokens": 4, "window": budget - 4})]
         specs += [(name, {"budget": budget}) for name in EVICTING]
     choices, skipped = [], []
@@ -77,9 +82,10 @@ def default_grid(model, tokens: int) -> tuple[list[StrategyChoice], list[str]]:
 
 
 def ask(model, context: int | None = None, sequences: int = 1, budget: str = "free",
-        tolerance: str = "5%") -> Question:
+        tolerance: str = "5%", accuracy_tolerance: float = 0.05) -> Question:
     """The user's question, checked: `context` tokens per sequence (None: the model's maximum), `sequences` at once,
-    `budget` for the cache ("free": the device's free memory now) and `tolerance`. Raises OptionError."""
+    `budget` for the cache ("free": the device's free memory now), `tolerance`, and where questions are asked the
+    accuracy below the exact cache's they accept (a share). Raises OptionError."""
     limit = Geometry.of(model.config, model.dtype).context
     if context is None:
         if limit is None:
@@ -98,7 +104,7 @@ def ask(model, context: int | None = None, sequences: int = 1, budget: str = "fr
         budget_bytes, said = free, f"{size(free)} ({where})"
     else:
         budget_bytes, said = parse_budget(budget), budget.strip()
-    return Question(context, sequences, budget_bytes, said, parse_tolerance(tolerance))
+    return Question(context, sequences, budget_bytes, said, parse_tolerance(tolerance), accuracy_tolerance)
 
 
 def with_reference(choices: list[StrategyChoice]) -> list[StrategyChoice]:
@@ -115,7 +121,7 @@ class SweepRun:
 
     def __init__(self, loaded: LoadedModel, choices: list[StrategyChoice], token_ids: list[int], document: dict,
                  question: Question, cancel: threading.Event | None = None, rows: int = ROWS,
-                 quantized_alone: bool = False):
+                 quantized_alone: bool = False, asked: Asked | None = None):
         self.loaded = loaded
         self.model = loaded.model
         self.ids = token_ids
@@ -140,11 +146,16 @@ class SweepRun:
             self.sweep.configurations.append(config)
         if self.evaluations[0] is None:
             raise OptionError(f"the exact cache cannot read this text: {self.sweep.configurations[0].run.error}")
+        self.sweep.asked = asked
+        self.asking = None if asked is None else Asking(
+            loaded, with_reference(choices), asked.items, asked.regimes, asked.raw, self.rows, quantized_alone,
+            self._cancel)
         self.on_progress: Callable[[], None] = lambda: None  # called after every prediction (`progress` tells how far)
         self._forwards = 0  # token-by-token forwards (batched or alone) and their time, for the speed figures
         self._forward_ms = 0.0
         self._row_tokens = 0
         self._floor_bytes = 0.0
+        self._asking_s: float | None = None
 
     def cancel(self) -> None:
         self._cancel.set()
@@ -160,7 +171,11 @@ class SweepRun:
     def progress(self) -> tuple[int, int]:
         """(predictions made, predictions in all) over every configuration."""
         live = [e for e in self.evaluations if e is not None]
-        return sum(len(e.result.records) for e in live), sum(e.predictions for e in live)
+        done, total = sum(len(e.result.records) for e in live), sum(e.predictions for e in live)
+        if self.asking is not None:  # a question counts as a prediction
+            done += sum(len(answers) for answers in self.asking.answers)
+            total += self.asking.questions * len(self.asking.choices)
+        return done, total
 
     def groups(self) -> list[list[int]]:
         """Indices of the evaluations in the order they read: the exact cache first (alone), then batches of up to
@@ -178,6 +193,8 @@ class SweepRun:
         reference_chunk = self.evaluations[0].chunk
         stream = ReferenceStream(self.model, self.evaluations[0].ids, reference_chunk)
         try:
+            if self.asking is not None:
+                self._ask()
             for group in self.groups():
                 if self.cancelled:
                     break
@@ -201,6 +218,16 @@ class SweepRun:
         finally:
             self._settle()
             self.sweep.speed = self._speed(time.perf_counter() - started)
+
+    def _ask(self) -> None:
+        """Ask every configuration the questions (`Asking`), before the text is read: each configuration's row is
+        shown when it has read the text, with its answers."""
+        begun = time.perf_counter()
+        for _ in self.asking:
+            self.on_progress()
+        for config, answers in zip(self.sweep.configurations, self.asking.answers, strict=True):
+            config.answers = answers
+        self._asking_s = time.perf_counter() - begun
 
     def _settle(self) -> None:
         """After the sweep's end or its stop: each configuration holds as many comparisons as predictions (a stop
@@ -262,11 +289,11 @@ class SweepRun:
     def _speed(self, wall_s: float) -> SpeedRecord:
         bandwidth = machine.memory_bandwidth(self.model.device)
         if not self._forwards:
-            return SpeedRecord(wall_s=wall_s, bandwidth_bytes_per_s=bandwidth)
+            return SpeedRecord(wall_s=wall_s, bandwidth_bytes_per_s=bandwidth, answering_s=self._asking_s)
         seconds = self._forward_ms / 1000.0
         floor_s = self._floor_bytes / bandwidth if bandwidth else None
         return SpeedRecord(wall_s=wall_s, rows_per_forward=self._row_tokens / self._forwards,
                            forwards_per_s=self._forwards / seconds if seconds else None,
                            memory_bound_share=floor_s / seconds if floor_s and seconds else None,
-                           bandwidth_bytes_per_s=bandwidth)
+                           bandwidth_bytes_per_s=bandwidth, answering_s=self._asking_s)
 
