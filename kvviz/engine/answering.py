@@ -366,4 +366,5 @@ class Asking:
         positions = self.items[index].needle_positions(turn)
         if not positions:
             return tokens_held, None, None
-        return (tokens_held, *heads_holding(run.held(positions), len(positions)))
+        holding = heads_holding(run.held(positions), len(positions))
+        return tokens_held, holding.held, holding.layer_heads

@@ -8,6 +8,8 @@ time of every decoder layer and the measured and predicted size of the cache.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 import threading
 import time
@@ -33,6 +35,8 @@ from kvviz.errors import OptionError
 from kvviz.files.trace import Pin, StepRecord, Switch, Trace
 
 MAX_SEED = 2**63 - 1  # torch generators take a signed 64-bit seed
+ENCODER_PIN = ("a pinned span is a stretch of what the cache reads, and this encoder-decoder's prompt goes to its "
+               "encoder, not its cache; pin spans on a decoder-only model")
 
 
 @dataclass
@@ -216,8 +220,7 @@ class Decoder:
             self.run.check_memory()
         self.encoder_decoder = self.run.geometry.encoder_decoder
         if pins and self.encoder_decoder:
-            raise OptionError("a pinned span is a stretch of what the cache reads, and this encoder-decoder's prompt "
-                              "goes to its encoder, not its cache; pin spans on a decoder-only model")
+            raise OptionError(ENCODER_PIN)
         if reference and self.encoder_decoder:
             raise OptionError("the exact-cache reference runs decoder-only models; this model is an encoder-decoder, "
                               "and its dynamic cache is already exact: run without the reference (kvviz compare "
@@ -233,6 +236,23 @@ class Decoder:
     @property
     def choice(self) -> StrategyChoice:
         return self.run.choice
+
+    def pin_text(self, text: str) -> Pin:
+        """Pin the tokens of the first place `text` occurs in the prompt as the model reads it (its chat template
+        included), before the run starts; raises OptionError where it does not occur."""
+        if self.encoder_decoder:
+            raise OptionError(ENCODER_PIN)
+        pieces = self.trace.prompt_pieces
+        start = "".join(pieces).find(text) if text else -1
+        if start < 0:
+            raise OptionError(f"the text {text[:40]!r} does not occur in the prompt; pin a stretch of the prompt's own "
+                              "words")
+        ends = list(itertools.accumulate(len(piece) for piece in pieces))
+        first = bisect.bisect_right(ends, start)
+        last = bisect.bisect_left(ends, start + len(text))
+        pin = Pin(first, last + 1, text)
+        self.trace.pins.append(pin)
+        return pin
 
     # -- setup -------------------------------------------------------------------------------------
 

@@ -135,11 +135,29 @@ class Pin:
         return self.end - self.start
 
 
-def heads_holding(counts: list[list[int] | None], size: int) -> tuple[int, int]:
+@dataclass(frozen=True)
+class Holding:
+    """How many layer-heads hold all of a span's tokens, of the layers that hold tokens x their KV heads."""
+
+    held: int
+    layers: int
+    heads: int  # KV heads per layer
+
+    @property
+    def layer_heads(self) -> int:
+        return self.layers * self.heads
+
+    def text(self) -> str:
+        """ "held in 12 of 30 x 3 layer-heads" """
+        return f"held in {self.held} of {self.layers} x {self.heads} layer-heads"
+
+
+def heads_holding(counts: list[list[int] | None], size: int) -> Holding:
     """From per-layer, per-KV-head counts of a span's tokens held (`StepRecord.pins_held`, one pin's): the
-    layer-heads holding all `size` of them, and the layer-heads that hold tokens at all."""
-    heads = [count for layer in counts if layer is not None for count in layer]
-    return sum(1 for count in heads if count >= size), len(heads)
+    layer-heads holding all `size` of them, of the layers that hold tokens x their KV heads."""
+    layers = [layer for layer in counts if layer is not None]
+    held = sum(1 for layer in layers for count in layer if count >= size)
+    return Holding(held, len(layers), max((len(layer) for layer in layers), default=0))
 
 
 @dataclass
@@ -194,8 +212,7 @@ class Trace:
         summary["share_of_memory_bound"] = sum(floors) / sum(s.wall_ms for s in decode) if known else None
         held = self.steps[-1].pins_held if self.steps else None
         if self.pins and held:
-            summary["pins"] = [{**asdict(pin), **dict(zip(("held_heads", "layer_heads"),
-                                                           heads_holding(counts, pin.size), strict=True))}
+            summary["pins"] = [{**asdict(pin), **asdict(heads_holding(counts, pin.size))}
                                for pin, counts in zip(self.pins, held, strict=True)]
         return summary
 
