@@ -62,8 +62,8 @@ def regime_names(text: str) -> list[str]:
     names = [name.strip() for name in text.split(",") if name.strip()]
     unknown = [name for name in names if name not in REGIMES]
     if unknown or not names:
-        raise OptionError(f"no regime named {unknown[0]!r}" if unknown else "no regime named"
-                          f"; the regimes: {', '.join(REGIMES)}")
+        said = f"no regime named {unknown[0]!r}" if unknown else "no regime named"
+        raise OptionError(f"{said}; the regimes: {', '.join(REGIMES)}")
     return list(dict.fromkeys(names))
 
 
@@ -101,6 +101,8 @@ class Asking:
         self.seconds = dict.fromkeys(regimes, 0.0)  # time spent in each regime
         self.forwards = 0  # forwards run (shared and batched ones count once)
         self.on_progress: Callable[[], None] = lambda: None  # called after each forward of a decode-time reading
+        # called as each answer begins, the question fed: (regime, item index, question index, runs by configuration)
+        self.on_answering: Callable[[str, int, int, dict[int, CacheRun]], None] = lambda *args: None
         eos = self.model.generation_config.eos_token_id
         eos = self.tokenizer.eos_token_id if eos is None else eos
         self.eos = set(eos) if isinstance(eos, (list, tuple)) else {eos} - {None}
@@ -324,6 +326,7 @@ class Asking:
         """Write every run's answer to question `turn` from its `logits`, together, and record them."""
         held = held or {i: self._needle_held(index, turn, run) for i, run in runs.items()}
         prompt = {i: run.seen for i, run in runs.items()}
+        self.on_answering(regime, index, turn, runs)
         asked = item.turns[turn]
         written = {i: Written(runs[i], logits[i], []) for i in runs}
         while True:

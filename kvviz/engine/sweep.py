@@ -18,6 +18,7 @@ more than a run on another machine or thread count may; fed one at a time, they 
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import threading
 import time
@@ -146,10 +147,11 @@ class SweepRun:
             self.sweep.configurations.append(config)
         if self.evaluations[0] is None:
             raise OptionError(f"the exact cache cannot read this text: {self.sweep.configurations[0].run.error}")
-        self.sweep.asked = asked
         self.asking = None if asked is None else Asking(
             loaded, with_reference(choices), asked.items, asked.regimes, asked.raw, self.rows, quantized_alone,
             self._cancel)
+        # the items as asked: each needle placed on the tokens the model reads
+        self.sweep.asked = None if asked is None else dataclasses.replace(asked, items=self.asking.items)
         self.on_progress: Callable[[], None] = lambda: None  # called after every prediction (`progress` tells how far)
         self._forwards = 0  # token-by-token forwards (batched or alone) and their time, for the speed figures
         self._forward_ms = 0.0

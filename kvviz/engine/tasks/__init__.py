@@ -54,8 +54,8 @@ def task_names(text: str) -> list[str]:
     names = [name.strip() for name in text.split(",") if name.strip()]
     unknown = [name for name in names if name not in TASKS]
     if unknown or not names:
-        raise OptionError(f"no task named {unknown[0]!r}" if unknown else "no task named"
-                          f"; the tasks: {', '.join(TASKS)}")
+        said = f"no task named {unknown[0]!r}" if unknown else "no task named"
+        raise OptionError(f"{said}; the tasks: {', '.join(TASKS)}")
     return list(dict.fromkeys(names))
 
 
