@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kvviz-installed
 
-.PHONY: run test lint bench clean test-vllm
+.PHONY: run test lint bench bench-answers clean test-vllm
 
 SETUP_LOG := $(VENV)/setup.log
 # kvviz's own warm-up of the quantized strategy: quanto builds its kernels into its package folder
@@ -38,6 +38,9 @@ test: lint
 
 bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/kvviz bench --model default --new-tokens 128 --repeats 3
+
+bench-answers: $(STAMP)
+	HF_HUB_OFFLINE=1 $(VENV)/bin/kvviz answer-bench --model default --items 10 --length 1000 --raw --decode-time
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache

@@ -148,9 +148,7 @@ class Asking:
         runs = self._fresh(item)
         self._prefill(runs, self._read[index])
         self._freeze(runs)
-        for turn in range(len(item.turns)):
-            last = turn == len(item.turns) - 1
-            asked = {i: run if last else run.copy() for i, run in runs.items()}
+        for turn, asked in self._copies(runs, item):
             self._ask(index, item, turn, "query-agnostic", asked, self.rendering.question(item, turn), True)
 
     def _aware(self, index: int, item: QAItem) -> None:
@@ -161,11 +159,22 @@ class Asking:
             self._answer(index, item, turn, "query-aware", runs, logits, True)
 
     def _decode_time(self, index: int, item: QAItem) -> None:
+        runs = self._fresh(item)
         context = self._read[index]
+        self._token_by_token(runs, context, len(context) // 2)
+        for turn, asked in self._copies(runs, item):
+            logits = self._token_by_token(asked, self.rendering.question(item, turn), 0)
+            self._answer(index, item, turn, "decode-time", asked, logits, True)
+
+    def _copies(self, runs: dict[int, CacheRun], item: QAItem) -> Iterator[tuple[int, dict[int, CacheRun]]]:
+        """Each question's own copy of the runs, which have read the context (the last question takes the runs
+        themselves); a configuration that failed on one question is asked no more."""
         for turn in range(len(item.turns)):
-            runs = self._fresh(item)
-            logits = self._token_by_token(runs, context + self.rendering.question(item, turn), len(context) // 2)
-            self._answer(index, item, turn, "decode-time", runs, logits, True)
+            last = turn == len(item.turns) - 1
+            asked = {i: run if last else run.copy() for i, run in runs.items()}
+            yield turn, asked
+            for i in set(runs) - set(asked):
+                del runs[i]
 
     def _multi_turn(self, index: int, item: QAItem) -> None:
         runs = self._fresh(item)
