@@ -225,11 +225,14 @@ class SweepRun:
         """Ask every configuration the questions (`Asking`), before the text is read: each configuration's row is
         shown when it has read the text, with its answers."""
         begun = time.perf_counter()
-        for _ in self.asking:
-            self.on_progress()
         for config, answers in zip(self.sweep.configurations, self.asking.answers, strict=True):
-            config.answers = answers
-        self._asking_s = time.perf_counter() - begun
+            config.answers = answers  # filled as the questions are answered: a stop keeps what was
+        self.asking.on_progress = self.on_progress
+        try:
+            for _ in self.asking:
+                self.on_progress()
+        finally:
+            self._asking_s = time.perf_counter() - begun
 
     def _settle(self) -> None:
         """After the sweep's end or its stop: each configuration holds as many comparisons as predictions (a stop
