@@ -46,7 +46,7 @@ from kvviz.engine.qa_prompt import Rendering
 from kvviz.engine.shared_prefill import prefill_together, unshared
 from kvviz.engine.strategies import StrategyChoice, capacity_for, choose, get
 from kvviz.errors import OptionError, failure
-from kvviz.files.qa import REGIMES, AnswerRecord, QAItem
+from kvviz.files.qa import REGIMES, AnswerRecord, QAItem, chosen
 from kvviz.files.scoring import clean, score
 from kvviz.files.trace import heads_holding
 
@@ -59,12 +59,7 @@ class Stopped(Exception):
 
 def regime_names(text: str) -> list[str]:
     """`--regime NAME[,NAME]`, checked; raises OptionError naming the regimes."""
-    names = [name.strip() for name in text.split(",") if name.strip()]
-    unknown = [name for name in names if name not in REGIMES]
-    if unknown or not names:
-        said = f"no regime named {unknown[0]!r}" if unknown else "no regime named"
-        raise OptionError(f"{said}; the regimes: {', '.join(REGIMES)}")
-    return list(dict.fromkeys(names))
+    return chosen(text, REGIMES, "regime")
 
 
 @dataclass

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvviz.errors import OptionError
 from kvviz.files.schema import Int, ListOf, Number, Record, Refusal, Text, describe, optional, path_text
 from kvviz.files.scoring import METRICS
 
@@ -27,6 +28,17 @@ NEEDLE_ROLES = ("answer", "distractor")  # the text a question asks for, or text
 REGIMES = ("query-agnostic", "query-aware", "decode-time", "multi-turn")
 MAX_NEW_TOKENS = 4096  # the most tokens an answer may be given
 MAX_FILE_BYTES = 256 * 2**20
+
+
+def chosen(text: str, accepted, kind: str) -> list[str]:
+    """Names from a comma-separated list (`--task a,b`, `--regime ...`), each among `accepted`, in order, once each.
+    Raises OptionError naming the first unknown one and what is accepted."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in accepted]
+    if unknown or not names:
+        said = f"no {kind} named {unknown[0]!r}" if unknown else f"no {kind} named"
+        raise OptionError(f"{said}; the {kind}s: {', '.join(accepted)}")
+    return list(dict.fromkeys(names))
 
 
 class QAFileError(ValueError):

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 from kvviz.engine.tasks import ruler, scbench
 from kvviz.errors import OptionError
-from kvviz.files.qa import QAItem
+from kvviz.files.qa import QAItem, chosen
 
 MAX_SIZE = 10**6  # haystack units no item needs (a million noise lines is far past any model's context)
 
@@ -51,12 +51,7 @@ TASKS: dict[str, Recipe] = {r.name: r for r in (
 
 def task_names(text: str) -> list[str]:
     """`--task NAME[,NAME]`, checked; raises OptionError naming the tasks there are."""
-    names = [name.strip() for name in text.split(",") if name.strip()]
-    unknown = [name for name in names if name not in TASKS]
-    if unknown or not names:
-        said = f"no task named {unknown[0]!r}" if unknown else "no task named"
-        raise OptionError(f"{said}; the tasks: {', '.join(TASKS)}")
-    return list(dict.fromkeys(names))
+    return chosen(text, TASKS, "task")
 
 
 def write(recipe: Recipe, seed: int, index: int, size: int, turns: int) -> QAItem:
