@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 
 from kvviz.errors import OptionError
 from kvviz.files.qa import QAItem
+from kvviz.files.trace import Pin
 
 _SENTINELS = ("kvvizfirstuserturn", "kvvizassistantturn", "kvvizseconduserturn")
 
@@ -98,6 +99,14 @@ class Rendering:
             return self.encode(before + asked.question + asked.answer_prefix)
         before = self.chat.to_question if follows_answer else ("\n" if item.context else "")
         return self.encode(before + asked.question + self.chat.to_answer + asked.answer_prefix)
+
+    def prompt(self, item: QAItem, turn: int = 0) -> tuple[list[int], list[Pin]]:
+        """Question `turn` as one prompt (the context, then the question to the end of its answer prefix) and the
+        needles it asks for as pinned spans of it: what a run of the item shows (`Decoder`'s `prompt_ids`, `pins`)."""
+        placed = self.placed(item)
+        pins = [Pin(*needle.tokens, item.context[needle.start : needle.end]) for needle in placed.needles
+                if needle.role == "answer" and needle.turn in (turn, None) and needle.tokens]
+        return self.context(item) + self.question(item, turn), pins
 
     def tokens(self, item: QAItem) -> int:
         """The tokens a multi-turn reading of the whole item takes at most: the context, every question after the

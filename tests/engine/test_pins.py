@@ -92,3 +92,19 @@ def test_a_span_is_pinned_by_its_text(tiny_model):
     assert "".join(decoder.trace.prompt_pieces[pin.start : pin.end]).strip() == "w12 w13"
     with pytest.raises(OptionError, match="does not occur in the prompt"):
         decoder.pin_text("w99")
+
+
+def test_a_task_item_runs_with_its_needle_pinned(tiny_model):
+    from kvviz.engine import tasks
+    from kvviz.engine.qa_prompt import Rendering
+
+    rendering = Rendering(tiny_model.tokenizer, raw=False)
+    (item,) = tasks.generate(["niah_single_1"], 1, 400, seed=1, turns=1, tokens=rendering.tokens)
+    ids, pins = rendering.prompt(item)
+    assert len(pins) == 1 and pins[0].label.startswith("One of the special magic numbers")
+    settings = decode.GenerationSettings(max_new_tokens=2, raw=True)
+    decoder = decode.Decoder(tiny_model, choose("sliding", {"window": 64}), settings, "", prompt_ids=ids, pins=pins)
+    (first, _) = list(decoder)
+    kept = sum(1 for p in range(pins[0].start, pins[0].end) if p >= len(ids) - 63)  # the window keeps the last 63
+    assert first.pins_held[0] == [[kept] * tiny_model.model.config.num_key_value_heads] * 4
+    assert decoder.trace.pins == pins
