@@ -37,7 +37,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--configs", default=GRID, metavar="LIST",
                         help="configurations (default: the issue's 12: the exact cache, 3 quantized, 2 sliding, "
                         "2 sink, 2 h2o, tova, snapkv)")
-    parser.add_argument("--decode-time", action="store_true", help="also time the decode-time regime")
+    parser.add_argument("--regime", default="query-agnostic,query-aware", metavar="NAME[,NAME]",
+                        help="the regimes timed together (default query-agnostic,query-aware)")
+    parser.add_argument("--decode-time", action="store_true", help="also time the decode-time regime, apart")
     parser.add_argument("--raw", action="store_true", help="read the items as plain text, without the chat template")
     parser.add_argument("--out", type=Path, metavar="FILE", help="write the figures and answers as JSON")
 
@@ -49,9 +51,14 @@ def command(args) -> int:
     if args.out is not None:
         common.check_writable(args.out, "--out")
     from kvviz.engine import models, tasks
-    from kvviz.engine.answering import Asking
+    from kvviz.engine.answering import Asking, regime_names
     from kvviz.engine.cache_run import CacheRun
     from kvviz.engine.qa_prompt import Rendering
+
+    try:
+        timed = regime_names(args.regime)
+    except OptionError as exc:
+        raise UsageError(f"--regime: {exc}") from None
 
     loaded = models.load_model(args.model, dtype=args.dtype, device=args.device,
                                progress=lambda message, fraction: common.log(message))
@@ -68,7 +75,7 @@ def command(args) -> int:
             common.log(f"{choice.label()} cannot run here: {exc}")
     figures = {"model": loaded.card["name"], "items": len(items), "length": args.length,
                "configurations": [c.label() for c in choices], "regimes": {}}
-    runs = [["query-agnostic", "query-aware"]] + ([["decode-time"]] if args.decode_time else [])
+    runs = [timed] + ([["decode-time"]] if args.decode_time and "decode-time" not in timed else [])
     answers: dict[str, list] = {}
     for regimes in runs:
         asking = Asking(loaded, choices, items, regimes, rendering.raw)
@@ -83,7 +90,7 @@ def command(args) -> int:
         print(f"{' + '.join(regimes)}: {clock(wall)} ({wall:.1f} s), {asking.forwards:,} forwards")
         for regime in regimes:
             answers[regime] = [[a.to_dict() for a in mine if a.regime == regime] for mine in asking.answers]
-    print("\nconfiguration | " + " | ".join(f"{regime} needles" for regime in answers))
+    print("\nconfiguration | " + " | ".join(f"{regime} answered" for regime in answers))
     for i, choice in enumerate(choices):
         cells = []
         for regime in answers:

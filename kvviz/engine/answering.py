@@ -141,9 +141,8 @@ class Asking:
 
     def _agnostic(self, index: int, item: QAItem) -> None:
         runs = self._fresh(item)
-        self._prefill(runs, self._read[index])
-        self._freeze(runs)
-        for turn, asked in self._copies(runs, item):
+        self._read_context(runs, index, "query-agnostic")
+        for turn, asked in self._copies(runs, index, "query-agnostic"):
             self._ask(index, item, turn, "query-agnostic", asked, self.rendering.question(item, turn), True)
 
     def _aware(self, index: int, item: QAItem) -> None:
@@ -155,18 +154,37 @@ class Asking:
 
     def _decode_time(self, index: int, item: QAItem) -> None:
         runs = self._fresh(item)
-        context = self._read[index]
-        self._token_by_token(runs, context, len(context) // 2)
-        for turn, asked in self._copies(runs, item):
+        self._read_context(runs, index, "decode-time")
+        for turn, asked in self._copies(runs, index, "decode-time"):
             logits = self._token_by_token(asked, self.rendering.question(item, turn), 0)
             self._answer(index, item, turn, "decode-time", asked, logits, True)
 
-    def _copies(self, runs: dict[int, CacheRun], item: QAItem) -> Iterator[tuple[int, dict[int, CacheRun]]]:
+    def _read_context(self, runs: dict[int, CacheRun], index: int, regime: str) -> None:
+        """The item's context read as `regime` reads it before a question: prefilled and compressed, the policy
+        then stopped (query-agnostic), or one token at a time (decode-time)."""
+        context = self._read[index]
+        if regime == "decode-time":
+            self._token_by_token(runs, context, len(context) // 2)
+        else:
+            self._prefill(runs, context)
+            self._freeze(runs)
+
+    def _copies(self, runs: dict[int, CacheRun], index: int, regime: str) -> Iterator[tuple[int, dict[int, CacheRun]]]:
         """Each question's own copy of the runs, which have read the context (the last question takes the runs
-        themselves); a configuration that failed on one question is asked no more."""
-        for turn in range(len(item.turns)):
-            last = turn == len(item.turns) - 1
-            asked = {i: run if last else run.copy() for i, run in runs.items()}
+        themselves). A cache that cannot be copied (optimum-quanto's packed tensors refuse a deep copy) reads the
+        context again; a configuration that failed on one question is asked no more."""
+        turns = len(self.items[index].turns)
+        for turn in range(turns):
+            asked = dict(runs) if turn == turns - 1 else {}
+            for i, run in runs.items():
+                if i in asked:
+                    continue
+                try:
+                    asked[i] = run.copy()
+                except Exception:  # noqa: BLE001 - read again instead
+                    again = {i: CacheRun(self.model, run.choice, run.capacity)}
+                    self._read_context(again, index, regime)
+                    asked.update(again)
             yield turn, asked
             for i in set(runs) - set(asked):
                 del runs[i]

@@ -154,3 +154,10 @@ def test_regimes_are_named_and_checked():
     assert regime_names("multi-turn, query-agnostic") == ["multi-turn", "query-agnostic"]
     with pytest.raises(OptionError, match="no regime named 'online'; the regimes: query-agnostic"):
         regime_names("online")
+
+
+def test_a_cache_that_cannot_be_copied_reads_the_context_again(tiny_model, items):
+    quanto = parse_spec("quantized:backend=quanto:nbits=4:residual_length=8")
+    asking = Asking(tiny_model, [quanto, choose("dynamic")], items[:1], ["query-agnostic", "decode-time"], raw=True)
+    list(asking)  # two questions of one context: the first on a copy, which optimum-quanto's tensors refuse
+    assert len(asking.answers[0]) == 4 and all(a.error is None and a.score is not None for a in asking.answers[0])
