@@ -67,7 +67,6 @@ class Written:
     """One configuration's answer as it is written: its tokens, whether it is over, and the token it picked last
     and has not fed (the next turn of a conversation feeds it first)."""
 
-    run: CacheRun
     logits: torch.Tensor  # ``[vocab]``: what the next token is picked from
     tokens: list[int]
     done: bool = False
@@ -350,7 +349,7 @@ class Asking:
         prompt = {i: run.seen for i, run in runs.items()}
         self.on_answering(regime, index, turn, runs)
         asked = item.turns[turn]
-        written = {i: Written(runs[i], logits[i], []) for i in runs}
+        written = {i: Written(logits[i], []) for i in runs}
         while True:
             for w in written.values():
                 if w.done:
