@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kvviz-installed
 
-.PHONY: run test lint bench clean test-vllm test-families test-kvpress
+.PHONY: run test lint bench bench-answers clean test-vllm test-families test-kvpress
 
 SETUP_LOG := $(VENV)/setup.log
 # kvviz's own warm-up of the quantized strategy: quanto builds its kernels into its package folder
@@ -43,6 +43,9 @@ test-families: $(STAMP)
 
 bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/kvviz bench --model default --new-tokens 128 --repeats 3
+
+bench-answers: $(STAMP)
+	HF_HUB_OFFLINE=1 $(VENV)/bin/kvviz answer-bench --model default --items 10 --length 1000 --raw --decode-time
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache

@@ -2,10 +2,12 @@
 memory each needs at the user's context and number of sequences, the frontier and the answer.
 
 Every configuration reads the text through its own cache and is compared at each prediction with the exact
-cache (`kvviz.engine.sweep`); its row is printed as soon as it has finished. Then the answer: the smallest
-cache within the tolerance and the best quality within the budget. `--out DIR` keeps the sweep
-(sweep.json, a kvviz-sweep file the window opens), sweep.csv, report.md and the frontier picture
-(frontier.png, frontier.svg). Ctrl-C or SIGTERM keeps and writes the configurations that finished.
+cache (`kvviz.engine.sweep`); its row is printed as soon as it has finished. With `--task` or `--qa` every
+configuration is also asked questions first (tasks kvviz writes, the user's own, or a kept conversation's), in the
+regimes asked, and its accuracy stands beside its perplexity. Then the answer: the smallest cache within the
+tolerance and the best quality within the budget, never one that answers worse than the accuracy tolerance.
+`--out DIR` keeps the sweep (sweep.json, a kvviz-sweep file the window opens), sweep.csv, report.md and the
+frontier picture (frontier.png, frontier.svg). Ctrl-C or SIGTERM keeps and writes the configurations that finished.
 
 Exit status: 0 when some configuration meets the tolerance and some fits the budget, 3 when none does (the
 nearest is named), 2 for a mistake in the arguments, 130/143 when stopped.
@@ -21,14 +23,15 @@ from pathlib import Path
 from kvviz import interrupts
 from kvviz.cli import common
 from kvviz.errors import OptionError, UsageError, failure
-from kvviz.files import documents, evaluation
-from kvviz.files.frontier import BUDGET_FORMS, TOLERANCE_FORMS, answer, frontier, memory, quality_loss
-from kvviz.files.sweep_report import COLUMNS, by_memory, cells, csv_row, keep, question_text, speed_text
+from kvviz.files import documents, evaluation, qa
+from kvviz.files.frontier import BUDGET_FORMS, TOLERANCE_FORMS, accuracy_loss, answer, frontier, memory, quality_loss
+from kvviz.files.sweep_report import by_memory, cells, columns, csv_row, keep, question_text, speed_text
 from kvviz.present import clock, counted
 
 PROGRESS_S = 10.0
 NOT_MET = 3  # exit status: no configuration meets the tolerance, or none fits the budget
 TOKENS = 2000
+ITEMS, LENGTH = 5, 1000  # generated items per task, and the tokens each is written to fit
 
 
 def add_parser(subparsers) -> None:
@@ -64,6 +67,33 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--quantized-alone", action="store_true",
                         help="feed quantized caches one at a time, as kvviz eval does (slower; in a batch, float "
                         "rounding moves a quantized cache's perplexity by about 1%%)")
+    asked = parser.add_argument_group("questions", "ask every configuration questions too, and score its answers")
+    given = asked.add_mutually_exclusive_group()
+    given.add_argument("--task", metavar="NAME[,NAME]",
+                       help="tasks kvviz writes: niah_single_1, niah_multikey_1, niah_multivalue, vt (RULER's) and "
+                       "scbench_kv (SCBench's)")
+    given.add_argument("--qa", type=Path, metavar="FILE",
+                       help="your own questions: a JSONL file with kvpress's columns (context, question, answers, "
+                       "optional answer_prefix and max_new_tokens), or a kept conversation (kvviz chat --trace), its "
+                       "messages asked again turn after turn")
+    asked.add_argument("--items", type=int, default=ITEMS, metavar="N", help=f"items per task (default {ITEMS})")
+    asked.add_argument("--length", type=int, default=LENGTH, metavar="TOKENS",
+                       help=f"tokens each task item is written to fit, questions and answers included (default "
+                       f"{LENGTH:,})")
+    asked.add_argument("--seed", type=int, default=0, metavar="S", help="what the task items are written from "
+                       "(default 0; the same seed writes the same items)")
+    asked.add_argument("--turns", type=int, default=1, metavar="N",
+                       help="questions per task item, each with its own needle (default 1; the multi-turn regime "
+                       "asks them one after another)")
+    regimes = asked.add_mutually_exclusive_group()
+    regimes.add_argument("--regime", metavar="NAME[,NAME]",
+                         help=f"how the questions are fed: {', '.join(qa.REGIMES)} (default query-agnostic)")
+    regimes.add_argument("--question-in-cache", action="store_true",
+                         help="the query-aware regime: context and question compressed together")
+    asked.add_argument("--raw", action="store_true", help="read context, question and answer prefix as plain text, "
+                       "without the chat template")
+    asked.add_argument("--accuracy-tolerance", type=float, default=5.0, metavar="POINTS",
+                       help="accuracy you accept to lose against the exact cache's, in points (default 5)")
     parser.add_argument("--out", type=Path, metavar="DIR",
                         help="write sweep.json, sweep.csv, report.md, frontier.png and frontier.svg")
     parser.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
@@ -93,19 +123,24 @@ def command(args) -> int:
     configs = common.strategy_list(args.configs) if args.configs else None
     if configs is not None and not configs:
         raise UsageError("--configs names no configuration; give e.g. dynamic,sink:window=252")
+    regimes = _regimes(args)
     document = _text(args)
+    questions = _questions(args)
     out = common.out_folder(args.out)
     from kvviz.engine import evaluate, models, sweep
 
     loaded = models.load_model(args.model, dtype=args.dtype, device=args.device,
                                progress=lambda message, fraction: common.log(message))
     try:
-        question = sweep.ask(loaded.model, args.context, args.sequences, args.budget, args.tolerance)
+        question = sweep.ask(loaded.model, args.context, args.sequences, args.budget, args.tolerance,
+                             args.accuracy_tolerance / 100.0)
+        asked = _asked(args, loaded, questions, regimes)
     except OptionError as exc:
         raise UsageError(str(exc)) from None
     tokens = args.tokens or TOKENS
     if configs is None:
-        configs, skipped = sweep.default_grid(loaded.model, tokens)
+        longest = _longest(asked, loaded) if asked else None
+        configs, skipped = sweep.default_grid(loaded.model, tokens, longest)
         for reason in skipped:
             common.log(f"left out: {reason}")
     ids, record, notice = evaluate.prepare(loaded, document, sweep.with_reference(configs), tokens)
@@ -114,9 +149,13 @@ def command(args) -> int:
     if notice:
         common.log(notice)
     run = sweep.SweepRun(loaded, configs, ids, record, question, rows=args.rows or sweep.ROWS,
-                         quantized_alone=args.quantized_alone)
+                         quantized_alone=args.quantized_alone, asked=asked)
     common.log(f"{loaded.card['name']}, text {document.name}, {counted(len(ids), 'token')}, "
                f"{counted(len(run.sweep.configurations), 'configuration')}; target: {question_text(run.sweep)}")
+    if asked:
+        common.log(f"asking {counted(sum(len(i.turns) for i in asked.items), 'question')} of "
+                   f"{counted(len(asked.items), 'item')} ({asked.source}) in {', '.join(asked.regimes)}, read "
+                   f"{'as plain text' if asked.raw else 'in the chat template'}")
     table = Table(run.sweep, args.json)
     run.on_progress = Progress(run).update
     interrupted = None
@@ -133,6 +172,75 @@ def command(args) -> int:
     if interrupted is not None:
         raise interrupted
     return 0 if said.met else NOT_MET
+
+
+def _regimes(args) -> list[str]:
+    from kvviz.engine.answering import regime_names
+
+    if args.question_in_cache:
+        return ["query-aware"]
+    try:
+        return regime_names(args.regime) if args.regime else ["query-agnostic"]
+    except OptionError as exc:
+        raise UsageError(f"--regime: {exc}") from None
+
+
+def _questions(args) -> list | None:
+    """The user's own questions (`--qa`), read and checked before any model is loaded; None without `--qa`. Refuses
+    the question options that cannot apply."""
+    if not 0 <= args.accuracy_tolerance <= 100:
+        raise UsageError(f"--accuracy-tolerance is in points from 0 to 100, not {args.accuracy_tolerance:g}")
+    for flag, value, default in (("--items", args.items, ITEMS), ("--length", args.length, LENGTH),
+                                 ("--turns", args.turns, 1)):
+        if value < 1:
+            raise UsageError(f"{flag} must be at least 1, not {value}")
+        if value != default and not args.task:
+            raise UsageError(f"{flag} sets how --task writes its items; give --task too")
+    if args.qa is None:
+        if (args.regime or args.question_in_cache or args.raw) and not args.task:
+            raise UsageError("--regime, --question-in-cache and --raw say how questions are asked; give --task or "
+                             "--qa too")
+        return None
+    try:
+        if _is_conversation(args.qa):
+            return [qa.from_conversation(args.qa)]
+        return qa.read_questions(args.qa)
+    except qa.QAFileError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _is_conversation(path: Path) -> bool:
+    """Whether the file is a kept conversation (one JSON object of the kvviz-conversation format), not a JSONL file."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    return b'"kvviz-conversation"' in head and head.lstrip().startswith(b"{") and not path.suffix == ".jsonl"
+
+
+def _asked(args, loaded, questions: list | None, regimes: list[str]):
+    """The questions to ask (an `Asked`), written for this model: the user's, or `--task`'s items; None for none."""
+    from kvviz.engine import tasks
+    from kvviz.engine.qa_prompt import Rendering
+    from kvviz.files.sweep import Asked
+
+    if args.task is None and questions is None:
+        return None
+    rendering = Rendering(loaded.tokenizer, args.raw)
+    if questions is not None:
+        return Asked(args.qa.name, regimes, rendering.raw, questions)
+    names = tasks.task_names(args.task)
+    items = tasks.generate(names, args.items, args.length, args.seed, args.turns, rendering.tokens)
+    return Asked(f"tasks {', '.join(names)}", regimes, rendering.raw, items, args.seed, args.length)
+
+
+def _longest(asked, loaded) -> int:
+    """The most tokens an item's reading takes: what the default grid's budgets are fractions of."""
+    from kvviz.engine.qa_prompt import Rendering
+
+    rendering = Rendering(loaded.tokenizer, asked.raw)
+    return max(rendering.tokens(item) for item in asked.items)
 
 
 def show_sweep(result, as_json: bool):
@@ -181,6 +289,9 @@ def _json(result, said) -> dict:
     for config in result.configurations:
         row = csv_row(result, config)
         row["quality_loss"] = quality_loss(result, config)
+        if result.asked:
+            row["accuracy_loss"] = accuracy_loss(result, config)
+            row["answers"] = [a.to_dict() for a in config.answers]
         rows.append(row)
     return {
         "model": result.model.get("name"),
@@ -189,11 +300,21 @@ def _json(result, said) -> dict:
         "speed": result.speed.to_dict(),
         "configurations": rows,
         "frontier": [c.label for c in frontier(result)],
+        "asked": _asked_json(result.asked),
         "answer": {"smallest": said.smallest.label if said.smallest else None,
                    "best": said.best.label if said.best else None, "met": said.met,
                    "sentences": said.sentences, "caveats": said.caveats},
         "cancelled": result.cancelled,
     }
+
+
+def _asked_json(asked) -> dict | None:
+    """What was asked, as --json prints it: the items without their contexts (in sweep.json with --out)."""
+    if asked is None:
+        return None
+    data = asked.to_dict()
+    data["items"] = [{k: v for k, v in item.items() if k != "context"} for item in data["items"]]
+    return data
 
 
 class Progress:
@@ -221,8 +342,8 @@ class Table:
         self.result = result
         self.as_json = as_json
         self.shown: set[int] = set()
-        self.keys = [key for key, _ in COLUMNS]
-        self.titles = dict(COLUMNS)
+        self.keys = [key for key, _ in columns(result)]
+        self.titles = dict(columns(result))
         if not as_json:
             print(" | ".join(self.titles[k] for k in self.keys), flush=True)
 

@@ -16,7 +16,20 @@ import sys
 import traceback
 
 from kvviz import __version__, interrupts
-from kvviz.cli import attach, bench, chat, chat_bench, choose, compare, demo, model, run, strategies, trace
+from kvviz.cli import (
+    answer_bench,
+    attach,
+    bench,
+    chat,
+    chat_bench,
+    choose,
+    compare,
+    demo,
+    model,
+    run,
+    strategies,
+    trace,
+)
 from kvviz.cli import eval as evaluate
 from kvviz.errors import ModelError, OptionError, UsageError
 
@@ -34,6 +47,7 @@ COMMANDS = {
     "trace": trace,
     "bench": bench,
     "chat-bench": chat_bench,
+    "answer-bench": answer_bench,
 }
 
 

@@ -26,7 +26,10 @@ def add_parser(subparsers) -> None:
     )
     run.add_argument("--trace", type=Path, help="write the trace here (default: kvviz-STRATEGY-TIME.json)")
     run.add_argument("--no-trace", action="store_true", help="do not write a trace file")
-    run.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    run.add_argument("--json", action="store_true", help="print the summary and the generated text as JSON on stdout")
+    run.add_argument("--pin", action="append", default=[], metavar="TEXT",
+                     help="watch a stretch of the prompt (its first occurrence): each step records, per layer and KV "
+                     "head, whether the cache still holds its tokens (repeatable)")
     run.add_argument("--quiet", action="store_true", help="do not stream the generated text")
 
 
@@ -50,6 +53,8 @@ def command(args) -> int:
     loaded = models.load_model(args.model, dtype=args.dtype, device=args.device, progress=common.progress)
     common.check_switch_order(choice, switches, loaded.model)
     decoder = decode.Decoder(loaded, choice, settings, prompt, reference=args.reference, notify=common.notice)
+    for text in args.pin:
+        decoder.pin_text(text)
     stream = not (args.json or args.quiet)
     if not args.json:
         print(f"kvviz: {loaded.card['name']}, {choice.label()}, prompt {decoder.prompt_tokens} tokens", file=sys.stderr)
@@ -92,7 +97,7 @@ def command(args) -> int:
     if args.json:
         out = {"model": loaded.card["name"], "strategy": decoder.trace.strategy, "prompt_tokens": decoder.prompt_tokens}
         out.update(summary, cancelled=decoder.trace.cancelled, compile_ms=decoder.trace.compile_ms,
-                   warm_up_ms=decoder.trace.warm_up_ms)
+                   warm_up_ms=decoder.trace.warm_up_ms, text=decoder.trace.text)
         out["trace"] = str(trace_path) if trace_path else None
         print(json.dumps(out, indent=2))
     else:
@@ -104,6 +109,7 @@ def command(args) -> int:
 
 def print_summary(trace, summary, trace_path) -> None:
     """A run's summary as lines for a person: `kvviz run` at the end, `kvviz trace FILE` for a kept trace."""
+    from kvviz.files.trace import Holding
     from kvviz.present import mib, ms, number, strategy_label
 
     rows = [
@@ -125,6 +131,10 @@ def print_summary(trace, summary, trace_path) -> None:
         rows.append(("fidelity", f"top-1 agreement {agreement:.3f}, mean KL {kl:.4f} nats, first divergence {first}"))
         rows.append(("reference", f"perplexity {summary['reference_perplexity']:.2f}; "
                      f"{ms(summary['reference_ms_mean'])} per step, not counted above"))
+    for pin in summary.get("pins", ()):
+        holding = Holding(pin["held"], pin["layers"], pin["heads"])
+        rows.append(("pinned", f"{pin['label'] or 'tokens'} (tokens {pin['start']}-{pin['end'] - 1}): "
+                     f"{holding.text()} at the end"))
     for switch in trace.switches:
         change = f"{switch.from_strategy} -> {strategy_label({'name': switch.to_strategy, 'options': switch.options})}"
         rows.append(("switch", f"before step {switch.step}: {change}"))

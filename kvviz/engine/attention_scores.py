@@ -57,6 +57,19 @@ def expect(layer_index: int, keys: torch.Tensor, consumer: AttentionConsumer) ->
     _requests().setdefault(layer_index, {})[id(consumer)] = (keys, consumer)
 
 
+def answered_with(layer_index: int, returned: list[torch.Tensor], used: torch.Tensor) -> None:
+    """Requests made for layer `layer_index` with any of `returned` are answered by the attention on `used` instead:
+    caches fed the same tokens in one forward each return their own tensor of the same keys, and attention runs on
+    one of them (`shared_prefill`)."""
+    requests = _requests().get(layer_index)
+    if not requests:
+        return
+    mine = {id(tensor) for tensor in returned}
+    for asker, (keys, consumer) in list(requests.items()):
+        if id(keys) in mine:
+            requests[asker] = (used, consumer)
+
+
 @contextmanager
 def one_forward() -> Iterator[None]:
     """Around one forward: the requests made inside and still unanswered at its end are dropped."""

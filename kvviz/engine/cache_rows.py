@@ -127,15 +127,16 @@ def attention_by_rows(model) -> Iterator[None]:
 
 
 def feed_together(runs: list[CacheRun], token_id: torch.Tensor) -> tuple[torch.Tensor, dict[int, Exception]]:
-    """Feed one token ``[1, 1]`` to every run's cache (each holding one) in one forward, inside
-    `attention_by_rows`; returns the logits ``[len(runs), 1, vocab]``, row b's from `runs[b]`'s cache, and the
-    failures by row (those rows' logits and caches are unusable; the others' are whole)."""
+    """Feed one token ``[1, 1]`` to every run's cache (each holding one), or one token each ``[len(runs), 1]``, in
+    one forward, inside `attention_by_rows`; returns the logits ``[len(runs), 1, vocab]``, row b's from `runs[b]`'s
+    cache, and the failures by row (those rows' logits and caches are unusable; the others' are whole)."""
     model = runs[0].model
     padding = -len(runs) % ROW_GROUP
     rows = _local.rows = CacheRows([run.cache for run in runs] + [None] * padding)
     positions = torch.cat([run.positions(1, token_id.device) for run in runs]
                           + [torch.zeros((padding, 1), dtype=torch.long, device=token_id.device)])
-    logits = model_forward(model, token_id.expand(len(runs) + padding, 1), rows, positions)
+    fed = token_id.expand(len(runs), 1)
+    logits = model_forward(model, torch.cat([fed, fed[:1].expand(padding, 1)]), rows, positions)
     for row, run in enumerate(runs):
         if row not in rows.failures:
             run.fed(1)

@@ -245,6 +245,11 @@ class CacheRun:
         records = measure.measure_cache(self.cache, self.seen, slots, self.carried)
         return records or [LayerRecord(0, 0, 0, 0) for _ in range(self.geometry.num_layers)]
 
+    def held(self, positions: list[int]) -> list[list[int] | None]:
+        """Per layer, per KV head: how many of these token positions (0 .. seen-1) the cache still holds, after any
+        eviction and live switch (`measure.positions_held`)."""
+        return measure.positions_held(self.cache, self.seen, positions, self.geometry.kv_heads, self.carried)
+
     def policy_bytes(self) -> int:
         """What the cache's policy keeps beside keys and values, as allocated (its state)."""
         return measure.policy_bytes(self.cache)

@@ -8,6 +8,8 @@ time of every decoder layer and the measured and predicted size of the cache.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 import threading
 import time
@@ -31,9 +33,11 @@ from kvviz.engine.machine import memory_bandwidth
 from kvviz.engine.models import LoadedModel
 from kvviz.engine.strategies import StrategyChoice, capacity_for, get
 from kvviz.errors import OptionError
-from kvviz.files.trace import StepRecord, Switch, Trace
+from kvviz.files.trace import Pin, StepRecord, Switch, Trace
 
 MAX_SEED = 2**63 - 1  # torch generators take a signed 64-bit seed
+ENCODER_PIN = ("a pinned span is a stretch of what the cache reads, and this encoder-decoder's prompt goes to its "
+               "encoder, not its cache; pin spans on a decoder-only model")
 
 
 @dataclass
@@ -98,10 +102,12 @@ class Decoder:
         notify: Callable[[str], None] | None = None,
         prompt_ids: list[int] | None = None,
         run: CacheRun | None = None,
+        pins: list[Pin] | None = None,
     ):
         """`prompt_ids`: the prompt's tokens as given (a conversation's templated history) instead of `prompt`
         encoded; `run`: a cache run that already holds the first `run.seen` of them (a conversation's kept cache),
-        continued with only the rest fed (the conversation checks the context and the cache's room per turn)."""
+        continued with only the rest fed (the conversation checks the context and the cache's room per turn);
+        `pins`: spans of the prompt's tokens whose holding each step records (`StepRecord.pins_held`)."""
         settings.check()
         self.notify = notify or (lambda message: None)  # what a long one-time pause is doing
         self.loaded = loaded
@@ -112,6 +118,10 @@ class Decoder:
         if not self.prompt_ids:
             raise OptionError("the prompt is empty; type some text to continue")
         self.prompt_tokens = len(self.prompt_ids)
+        for pin in pins or ():
+            if not 0 <= pin.start < pin.end <= self.prompt_tokens:
+                raise OptionError(f"the pinned span [{pin.start}, {pin.end}) is not within the prompt's "
+                                  f"{self.prompt_tokens:,} tokens; pin a span of the prompt")
         # what this cache does to a prompt it cannot keep whole (None: it keeps it), for the front ends to say
         self.prompt_note = get(choice.name).prompt_note(choice.options, self.prompt_tokens)
         self._cancel = threading.Event()
@@ -126,6 +136,7 @@ class Decoder:
             settings=asdict(settings),
             weight_bytes=loaded.card.get("weight_bytes"),
             bandwidth_bytes_per_s=memory_bandwidth(self.model.device),
+            pins=list(pins or ()),
         )
         if run is not None:  # a conversation's next turn continues the cache it kept
             self.capacity, self.run = run.capacity, run
@@ -141,6 +152,8 @@ class Decoder:
             self.run = CacheRun(self.model, choice, self.capacity, tokenizer=self.tokenizer)
             self.run.check_memory()
         self.encoder_decoder = self.run.geometry.encoder_decoder
+        if pins and self.encoder_decoder:
+            raise OptionError(ENCODER_PIN)
         if reference and self.encoder_decoder:
             raise OptionError("the exact-cache reference runs decoder-only models; this model is an encoder-decoder, "
                               "and its dynamic cache is already exact: run without the reference (kvviz compare "
@@ -156,6 +169,23 @@ class Decoder:
     @property
     def choice(self) -> StrategyChoice:
         return self.run.choice
+
+    def pin_text(self, text: str) -> Pin:
+        """Pin the tokens of the first place `text` occurs in the prompt as the model reads it (its chat template
+        included), before the run starts; raises OptionError where it does not occur."""
+        if self.encoder_decoder:
+            raise OptionError(ENCODER_PIN)
+        pieces = self.trace.prompt_pieces
+        start = "".join(pieces).find(text) if text else -1
+        if start < 0:
+            raise OptionError(f"the text {text[:40]!r} does not occur in the prompt; pin a stretch of the prompt's own "
+                              "words")
+        ends = list(itertools.accumulate(len(piece) for piece in pieces))
+        first = bisect.bisect_right(ends, start)
+        last = bisect.bisect_left(ends, start + len(text))
+        pin = Pin(first, last + 1, text)
+        self.trace.pins.append(pin)
+        return pin
 
     # -- setup -------------------------------------------------------------------------------------
 
@@ -372,6 +402,8 @@ class Decoder:
             position=(1 if self.encoder_decoder else self.prompt_tokens) + index,  # after the decoder's start token
             scoring_ms=self.run.scoring_ms,
         )
+        if self.trace.pins:
+            record.pins_held = [self.run.held(list(range(pin.start, pin.end))) for pin in self.trace.pins]
         if self.run.attention is not None:
             record.attention, record.attention_sink = self.run.attention.rows, self.run.attention.sink_share()
         if fidelity is not None:

@@ -36,7 +36,7 @@ import torch
 
 from kvviz.engine import attention_scores
 from kvviz.engine.layers import KvvizLayer
-from kvviz.engine.scoring import (
+from kvviz.engine.scorers import (
     ADAPTIVE_SAFEGUARD,
     CRITICAL_EPSILON,
     CRITICAL_FIRST_STAGE,

@@ -144,15 +144,42 @@ def _state_tensors(layer) -> list[torch.Tensor]:
 
 def _layer_spans(layer, held: int, states, seen: int, carried: Carried | None):
     """The cache map of one layer over positions 0 .. seen-1 (`held_positions.spans`)."""
-    if isinstance(layer, KvvizLayer):
-        return held_positions.spans(layer.held_positions(), layer.held_slots(), seen)
-    if carried is not None:  # what the switch moved in, then what was fed since: the newest `held` of them
-        fed = held_positions.fed_positions(carried, seen)
-        positions = fed[:, fed.shape[-1] - held :]
-        return held_positions.spans(positions, states, seen)
+    if isinstance(layer, KvvizLayer) or carried is not None:
+        slots = layer.held_slots() if isinstance(layer, KvvizLayer) else states
+        return held_positions.spans(layer_positions(layer, held, seen, carried), slots, seen)
     # filled by the run from the first token: the newest `held` tokens seen
     runs = [(SlotState.EVICTED, seen - held), *states]
     return [[int(state), int(count)] for state, count in runs if count > 0], None
+
+
+def layer_positions(layer, held: int, seen: int, carried: Carried | None) -> torch.Tensor:
+    """The positions (0 .. seen-1) of the tokens a layer holding `held` of them keeps, ``[kv_heads or 1, held]`` in
+    key order (one row when every KV head holds the same)."""
+    if isinstance(layer, KvvizLayer):
+        return layer.held_positions()
+    if carried is not None:  # what the switch moved in, then what was fed since: the newest `held` of them
+        fed = held_positions.fed_positions(carried, seen)
+        return fed[:, fed.shape[-1] - held :]
+    return torch.arange(seen - held, seen)[None]  # filled by the run from the first token: the newest `held`
+
+
+def positions_held(cache, seen: int, positions: list[int], kv_heads: int,
+                   carried: list[Carried | None] | None = None) -> list[list[int] | None]:
+    """Per layer, per KV head (`kv_heads` of them): how many of `positions` (tokens 0 .. seen-1) the cache still
+    holds once `seen` tokens were processed; None for a layer that holds no tokens (a state or KV-shared layer).
+    `carried` as in `measure_cache`."""
+    layers = cache_layers(cache) if cache is not None else []
+    carried = carried or [None] * len(layers)
+    wanted = torch.tensor(sorted(set(positions)), dtype=torch.long)
+    counts: list[list[int] | None] = []
+    for layer, moved in zip(layers, carried, strict=True):
+        if not _keeps_tokens(layer):
+            counts.append(None)
+            continue
+        held = layer_positions(layer, held_tokens(layer), seen, moved).cpu()
+        found = torch.isin(held, wanted).sum(dim=-1)  # [kv_heads or 1]
+        counts.append(found.expand(kv_heads).tolist() if found.shape[0] == 1 else found.tolist())
+    return counts
 
 
 def measure_cache(cache, seen: int, slots: bool = True,

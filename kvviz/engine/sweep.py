@@ -7,6 +7,9 @@ agreement). Configurations that can share a forward read the text together, `row
 text, a few decode steps are timed with it alone (its speed as a user would get it, batch 1), and its memory at
 the target is derived from its size rule (`target_memory`), checked against the cache measured at the end.
 
+Where the user gives questions (`Asked`: tasks kvviz writes, or the user's own), every configuration is asked them
+first, in each regime asked (`kvviz.engine.answering`), and its answers are scored beside its perplexity.
+
 Quantized caches share forwards here too, unlike in `kvviz eval`, unless `quantized_alone`: a batched forward's
 float rounding may move a value to the neighbouring quantization level, which moves a quantized configuration's
 perplexity by about 1 % (hqq int4 on the default model, 400 tokens of Alice: 30.91 alone, 30.62 in a batch), no
@@ -15,6 +18,7 @@ more than a run on another machine or thread count may; fed one at a time, they 
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import threading
 import time
@@ -23,6 +27,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from kvviz.engine import machine
+from kvviz.engine.answering import Asking
 from kvviz.engine.cache_run import CacheRun
 from kvviz.engine.evaluate import Evaluation, evaluate_together, prompt_tokens
 from kvviz.engine.fidelity import ReferenceStream
@@ -34,7 +39,7 @@ from kvviz.engine.target_memory import target_memory
 from kvviz.errors import OptionError, failure
 from kvviz.files.evaluation import EvalRun, seconds_left
 from kvviz.files.frontier import parse_budget, parse_tolerance
-from kvviz.files.sweep import Configuration, Question, SpeedRecord, Sweep
+from kvviz.files.sweep import Asked, Configuration, Question, SpeedRecord, Sweep
 from kvviz.present import size
 
 # Batched rows per forward. The default model on this 2-core CPU (quiet machine): a plain forward of one token costs
@@ -48,20 +53,21 @@ DECODE_STEPS = 8  # decode steps timed alone after the text, per configuration (
 FLOOR_FORWARDS = 8  # plain batched forwards timed after the text for the compute-bound floor (the median is kept)
 
 
-def default_grid(model, tokens: int) -> tuple[list[StrategyChoice], list[str]]:
+def default_grid(model, tokens: int, budgets_of: int | None = None) -> tuple[list[StrategyChoice], list[str]]:
     """The configurations a sweep of `tokens` tokens tries by default, and why others were left out: the exact
     cache; each quantized backend installed at int8, int4 and int2 where it has them; a sliding window, attention
-    sinks and each eviction policy keeping an eighth, a quarter and a half of the measured length (but SnapKV, which
-    compresses only the first half, given as its prompt, never keeping all of it); and at a quarter, the leaders of
+    sinks and each eviction policy keeping an eighth, a quarter and a half of the measured length, or of
+    `budgets_of` tokens where given (the questions' length, when questions are asked), but SnapKV, which compresses
+    only the text's first half, given as its prompt, never keeping all of it; and at a quarter, the leaders of
     kvpress's leaderboard and its baseline (Expected Attention, alone and AdaKV's, KVzip, random). Those compress the
     first half as their prompt, so each reads the text alone: one budget each keeps a default sweep near its time."""
     specs: list[tuple[str, dict]] = [("dynamic", {})]
     specs += [("quantized", {"backend": backend, "nbits": nbits}) for backend, nbits in QUANTIZED]
     for fraction in FRACTIONS:
-        budget = max(8, round(fraction * tokens))
+        budget = max(8, round(fraction * (budgets_of or tokens)))
         specs += [("sliding", {"window": budget + 1}), ("sink", {"sink_tokens": 4, "window": budget - 4})]
         specs += [(name, {"budget": budget}) for name in EVICTING]
-    quarter = max(8, round(0.25 * tokens))
+    quarter = max(8, round(0.25 * (budgets_of or tokens)))
     specs += [(name, {"budget": quarter}) for name in ("expected_attention", "kvzip", "random")]
     specs.append(("expected_attention", {"budget": quarter, "adaptive": True}))
     choices, skipped = [], []
@@ -85,9 +91,10 @@ def default_grid(model, tokens: int) -> tuple[list[StrategyChoice], list[str]]:
 
 
 def ask(model, context: int | None = None, sequences: int = 1, budget: str = "free",
-        tolerance: str = "5%") -> Question:
+        tolerance: str = "5%", accuracy_tolerance: float = 0.05) -> Question:
     """The user's question, checked: `context` tokens per sequence (None: the model's maximum), `sequences` at once,
-    `budget` for the cache ("free": the device's free memory now) and `tolerance`. Raises OptionError."""
+    `budget` for the cache ("free": the device's free memory now), `tolerance`, and where questions are asked the
+    accuracy below the exact cache's they accept (a share). Raises OptionError."""
     limit = Geometry.of(model.config, model.dtype).context
     if context is None:
         if limit is None:
@@ -106,7 +113,7 @@ def ask(model, context: int | None = None, sequences: int = 1, budget: str = "fr
         budget_bytes, said = free, f"{size(free)} ({where})"
     else:
         budget_bytes, said = parse_budget(budget), budget.strip()
-    return Question(context, sequences, budget_bytes, said, parse_tolerance(tolerance))
+    return Question(context, sequences, budget_bytes, said, parse_tolerance(tolerance), accuracy_tolerance)
 
 
 def floor_forward_ms(run: CacheRun, token_ids: torch.Tensor, tokens: int, forwards: int) -> list[float] | None:
@@ -147,7 +154,7 @@ class SweepRun:
 
     def __init__(self, loaded: LoadedModel, choices: list[StrategyChoice], token_ids: list[int], document: dict,
                  question: Question, cancel: threading.Event | None = None, rows: int = ROWS,
-                 quantized_alone: bool = False, floor_forwards: int = FLOOR_FORWARDS):
+                 quantized_alone: bool = False, floor_forwards: int = FLOOR_FORWARDS, asked: Asked | None = None):
         self.loaded = loaded
         self.model = loaded.model
         self.ids = token_ids
@@ -173,11 +180,17 @@ class SweepRun:
             self.sweep.configurations.append(config)
         if self.evaluations[0] is None:
             raise OptionError(f"the exact cache cannot read this text: {self.sweep.configurations[0].run.error}")
+        self.asking = None if asked is None else Asking(
+            loaded, with_reference(choices), asked.items, asked.regimes, asked.raw, self.rows, quantized_alone,
+            self._cancel)
+        # the items as asked: each needle placed on the tokens the model reads
+        self.sweep.asked = None if asked is None else dataclasses.replace(asked, items=self.asking.items)
         self.on_progress: Callable[[], None] = lambda: None  # called after every prediction (`progress` tells how far)
         self._forwards = 0  # token-by-token forwards (batched or alone) and their time, for the speed figures
         self._forward_ms = 0.0
         self._row_tokens = 0
         self._floor_bytes = 0.0
+        self._asking_s: float | None = None
 
     def cancel(self) -> None:
         self._cancel.set()
@@ -193,7 +206,11 @@ class SweepRun:
     def progress(self) -> tuple[int, int]:
         """(predictions made, predictions in all) over every configuration."""
         live = [e for e in self.evaluations if e is not None]
-        return sum(len(e.result.records) for e in live), sum(e.predictions for e in live)
+        done, total = sum(len(e.result.records) for e in live), sum(e.predictions for e in live)
+        if self.asking is not None:  # a question counts as a prediction
+            done += sum(len(answers) for answers in self.asking.answers)
+            total += self.asking.questions * len(self.asking.choices)
+        return done, total
 
     def groups(self) -> list[list[int]]:
         """Indices of the evaluations in the order they read: the exact cache first (alone), then batches of up to
@@ -213,6 +230,8 @@ class SweepRun:
         self.evaluations[0].offers = True  # the exact cache reads the text once, for itself and the stream
         finished = False
         try:
+            if self.asking is not None:
+                self._ask()
             for group in self.groups():
                 if self.cancelled:
                     break
@@ -240,6 +259,19 @@ class SweepRun:
             self.sweep.speed = self._speed(wall_s, None)
             if finished:
                 self.sweep.speed = self._speed(wall_s, self._floor())
+
+    def _ask(self) -> None:
+        """Ask every configuration the questions (`Asking`), before the text is read: each configuration's row is
+        shown when it has read the text, with its answers."""
+        begun = time.perf_counter()
+        for config, answers in zip(self.sweep.configurations, self.asking.answers, strict=True):
+            config.answers = answers  # filled as the questions are answered: a stop keeps what was
+        self.asking.on_progress = self.on_progress
+        try:
+            for _ in self.asking:
+                self.on_progress()
+        finally:
+            self._asking_s = time.perf_counter() - begun
 
     def _settle(self) -> None:
         """After the sweep's end or its stop: each configuration holds as many comparisons as predictions (a stop
@@ -314,7 +346,7 @@ class SweepRun:
 
     def _speed(self, wall_s: float, floor: tuple[int, float] | None) -> SpeedRecord:
         bandwidth = machine.memory_bandwidth(self.model.device)
-        speed = SpeedRecord(wall_s=wall_s, bandwidth_bytes_per_s=bandwidth)
+        speed = SpeedRecord(wall_s=wall_s, bandwidth_bytes_per_s=bandwidth, answering_s=self._asking_s)
         if floor is not None:
             speed.floor_rows = floor[0]
             speed.floor_s = floor[1] * self.evaluations[0].predictions / 1000.0

@@ -5,6 +5,11 @@ of configurations no other beats on both, and the answer in two sentences.
 Quality loss is the perplexity's rise over the exact cache's (a share) when the tolerance is on perplexity, or
 the mean KL divergence from the exact cache (nats) when it is on KL. Memory is the cache and its policy's state
 at the target context for the target number of sequences (`kvviz.engine.target_memory`).
+
+Where the sweep also asked questions (`Sweep.asked`), a configuration's accuracy in each regime stands beside its
+perplexity: the answer never names a configuration that answers more than the accuracy tolerance below the exact
+cache in any regime asked, and it says where perplexity and accuracy disagree (a cache within the perplexity
+tolerance that loses the answers, or one beyond it that keeps them).
 """
 
 from __future__ import annotations
@@ -64,6 +69,49 @@ def quality_loss(sweep: Sweep, config: Configuration) -> float | None:
     return config.summary()["mean_kl"] if config.finished else None
 
 
+def accuracy_loss(sweep: Sweep, config: Configuration) -> float | None:
+    """How far below the exact cache's accuracy the configuration answers in its worst regime (a share: 0.2 is 20
+    points); None where no questions were asked or an accuracy is unknown."""
+    reference = sweep.reference()
+    if sweep.asked is None or reference is None:
+        return None
+    losses = []
+    for regime in sweep.asked.regimes:
+        mine, exact = config.accuracy(regime), reference.accuracy(regime)
+        if mine is None or exact is None:
+            return None
+        losses.append(exact - mine)
+    return max(losses, default=None)
+
+
+def answers_well(sweep: Sweep, config: Configuration) -> bool:
+    """Whether the configuration answers within the accuracy tolerance of the exact cache in every regime asked
+    (True where no questions were asked)."""
+    if sweep.asked is None:
+        return True
+    loss = accuracy_loss(sweep, config)
+    return loss is not None and loss <= sweep.question.accuracy_tolerance + 1e-9
+
+
+def accuracy_text(sweep: Sweep, config: Configuration, regime: str) -> str:
+    """Its answers in a regime, as "3 of 5 needles" (partial scores count in part: "3.75 of 5")."""
+    records = config.answered(regime)
+    scores = [r.score for r in records]
+    if not records or None in scores:
+        return present.UNKNOWN
+    items = sweep.asked.items if sweep.asked else []
+    noun = "needles" if items and all(item.task.startswith("niah") for item in items) else "questions"
+    return f"{round(sum(scores), 2):g} of {len(scores)} {noun}"
+
+
+def worst_regime(sweep: Sweep, config: Configuration) -> str | None:
+    """The regime asked where the configuration answers least well against the exact cache (None: none known)."""
+    reference = sweep.reference()
+    known = [(reference.accuracy(r) - config.accuracy(r), r) for r in (sweep.asked.regimes if sweep.asked else ())
+             if reference and config.accuracy(r) is not None and reference.accuracy(r) is not None]
+    return max(known)[1] if known else None
+
+
 def memory(config: Configuration) -> int | None:
     """Cache and policy bytes at the target context and number of sequences."""
     return config.target.total_bytes if config.target else None
@@ -93,6 +141,9 @@ def loss_text(sweep: Sweep, config: Configuration) -> str:
         parts.append(f"KL {s['mean_kl']:.3g} nats")
     if s["top1"] is not None:
         parts.append(f"top-1 agreement {percent(s['top1'])}")
+    regime = worst_regime(sweep, config)
+    if regime is not None:
+        parts.append(f"{accuracy_text(sweep, config, regime)} answered ({regime})")
     return ", ".join(parts) or "quality unknown"
 
 
@@ -117,19 +168,23 @@ class Answer:
 
 def answer(sweep: Sweep) -> Answer:
     question = sweep.question
-    candidates = placed(sweep)
+    candidates = [c for c in placed(sweep) if answers_well(sweep, c)]
     where = f"{counted(question.sequences, 'sequence')} of {question.context:,} tokens"
     if not candidates:
-        return Answer(None, None, ["No configuration finished with both its quality and its memory measured, so "
-                                   "there is nothing to choose from yet."])
+        return Answer(None, None, ["No configuration finished with its quality, its memory and, where questions were "
+                                   "asked, its answers measured, so there is nothing to choose from yet."])
+    terms = question.tolerance.describe()
+    if sweep.asked is not None:
+        terms += (f", and answers within {100 * question.accuracy_tolerance:g} points of the exact cache's accuracy "
+                  f"in {', '.join(sweep.asked.regimes)}")
     within = [c for c in candidates if quality_loss(sweep, c) <= question.tolerance.value]
     smallest = min(within, key=lambda c: (memory(c), quality_loss(sweep, c))) if within else None
     if smallest is not None:
-        first = (f"The smallest cache within your tolerance ({question.tolerance.describe()}) is {smallest.label}: "
+        first = (f"The smallest cache within your tolerance ({terms}) is {smallest.label}: "
                  f"{size(memory(smallest))} for {where}, with {loss_text(sweep, smallest)}.")
     else:
         nearest = min(candidates, key=lambda c: quality_loss(sweep, c))
-        first = (f"No configuration meets your tolerance ({question.tolerance.describe()}); the nearest is "
+        first = (f"No configuration meets your tolerance ({terms}); the nearest is "
                  f"{nearest.label}, with {loss_text(sweep, nearest)} ({size(memory(nearest))} for {where}).")
     fits = [c for c in candidates if question.budget_bytes is None or memory(c) <= question.budget_bytes]
     best = min(fits, key=lambda c: (quality_loss(sweep, c), memory(c))) if fits else None
@@ -143,7 +198,33 @@ def answer(sweep: Sweep) -> Answer:
         cheapest = min(candidates, key=memory)
         second = (f"No configuration fits {where} in {budget}; the smallest is {cheapest.label} at "
                   f"{size(memory(cheapest))}.")
-    return Answer(smallest, best, [first, second], caveats(sweep))
+    said = [first, second]
+    disagree = disagreements(sweep)
+    if disagree:
+        said.append(f"Perplexity and accuracy disagree: {'; '.join(disagree)}.")
+    return Answer(smallest, best, said, caveats(sweep))
+
+
+def disagreements(sweep: Sweep) -> list[str]:
+    """The configurations whose perplexity and answers tell different stories: "h2o (budget=250, recent=-1):
+    perplexity +5.0 % but 0 of 5 needles (query-agnostic)", and one beyond the quality tolerance that answers as
+    well as the exact cache."""
+    if sweep.asked is None:
+        return []
+    said = []
+    tolerance = sweep.question.tolerance
+    for config in placed(sweep):
+        loss, regime = quality_loss(sweep, config), worst_regime(sweep, config)
+        if regime is None or config is sweep.reference():
+            continue
+        quality = (f"perplexity {present.change(perplexity_change(sweep, config))}" if tolerance.kind == "perplexity"
+                   else f"KL {loss:.3g} nats")
+        answered = f"{accuracy_text(sweep, config, regime)} ({regime})"
+        if loss <= tolerance.value and not answers_well(sweep, config):
+            said.append(f"{config.label}: {quality} but {answered}")
+        elif loss > tolerance.value and answers_well(sweep, config):
+            said.append(f"{config.label}: {quality}, beyond your tolerance, yet {answered}")
+    return said
 
 
 def caveats(sweep: Sweep) -> list[str]:

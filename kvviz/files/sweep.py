@@ -9,16 +9,23 @@ A sweep file, as JSON:
     {"format": "kvviz-sweep", "version": 1, "model": {...}, "document": {...},
      "question": {"context": int, "sequences": int, "budget_bytes": int or null, "budget": str,
                   "tolerance": {"kind": "perplexity" or "kl", "value": float}},
-     "speed": {"wall_s", "rows_per_forward", "forwards_per_s", "memory_bound_share", "bandwidth_bytes_per_s"},
+     "speed": {"wall_s", "rows_per_forward", "forwards_per_s", "memory_bound_share", "bandwidth_bytes_per_s",
+               "answering_s"},
      "cancelled": bool,
+     "asked": {"source": str, "regimes": [str], "raw": bool, "seed": int or null, "length": int or null,
+               "items": [{a question item: name, task, context, turns, needles, metric, seed}]} or null,
      "configurations": [{"evaluation": {a kvviz-eval file's fields}, "kl": [...], "top1": [...],
                          "decode_ms": float or null, "measured_rows": int,
                          "target": {"cache_bytes", "policy_bytes", "per_sequence_bytes", "sequences_in_budget",
                                     "longest_context", "longest_limit", "predicted_at_measured"} or null,
+                         "answers": [{an answer record: item, turn, regime, answer, score, ...}],
                          "error": str or null}, ...]}
 
 `kl[i]` and `top1[i]` compare the i-th prediction with the exact cache's (`kvviz.engine.fidelity`): the KL
-divergence KL(exact || configuration) in nats, and whether the two most likely next tokens agree.
+divergence KL(exact || configuration) in nats, and whether the two most likely next tokens agree. `asked` is
+present when the sweep also asked questions (`kvviz choose --task` or `--qa`): the items, and per configuration
+its answer to each question in each regime, scored 0 to 1 (`kvviz.files.qa`); a configuration's accuracy in a
+regime is its mean score there.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import numpy as np
 from kvviz.files import evaluation
 from kvviz.files.evaluation import EvalRun
 from kvviz.files.jsonfile import KeptFileError, write_json
+from kvviz.files.qa import ANSWER_RECORD, ITEM_RECORD, REGIMES, AnswerRecord, QAItem, build_item
 from kvviz.files.schema import (
     MAX_BYTES,
     FileFormat,
@@ -81,10 +89,12 @@ class Question:
     budget_bytes: int | None
     budget: str  # as the user gave it ("4 GiB", "free memory of cuda:0"), for messages
     tolerance: Tolerance
+    accuracy_tolerance: float = 0.05  # where questions were asked: how far below the exact cache's accuracy (a share)
 
     def to_dict(self) -> dict[str, Any]:
         return {"context": self.context, "sequences": self.sequences, "budget_bytes": self.budget_bytes,
-                "budget": self.budget, "tolerance": self.tolerance.to_dict()}
+                "budget": self.budget, "tolerance": self.tolerance.to_dict(),
+                "accuracy_tolerance": self.accuracy_tolerance}
 
 
 @dataclass
@@ -121,6 +131,15 @@ class Configuration:
     decode_ms: float | None = None  # one decode step alone (batch 1) after the text, median of a few
     measured_rows: int = 1  # configurations sharing its forwards while it read the text
     target: TargetMemory | None = None
+    answers: list[AnswerRecord] = field(default_factory=list)  # where the sweep asked questions (`Sweep.asked`)
+
+    def answered(self, regime: str) -> list[AnswerRecord]:
+        return [a for a in self.answers if a.regime == regime]
+
+    def accuracy(self, regime: str) -> float | None:
+        """The mean score of its answers in `regime` (0 to 1); None when it answered none there, or not all."""
+        scores = [a.score for a in self.answered(regime)]
+        return sum(scores) / len(scores) if scores and None not in scores else None
 
     @property
     def label(self) -> str:
@@ -152,7 +171,8 @@ class Configuration:
     def to_dict(self) -> dict[str, Any]:
         run = {k: v for k, v in self.run.to_dict().items() if k not in ("format", "version", "summary")}
         return {"evaluation": run, "kl": list(self.kl), "top1": list(self.top1), "decode_ms": self.decode_ms,
-                "measured_rows": self.measured_rows, "target": self.target.to_dict() if self.target else None}
+                "measured_rows": self.measured_rows, "target": self.target.to_dict() if self.target else None,
+                "answers": [a.to_dict() for a in self.answers]}
 
 
 @dataclass
@@ -170,6 +190,7 @@ class SpeedRecord:
     bandwidth_bytes_per_s: float | None = None
     floor_s: float | None = None
     floor_rows: int | None = None
+    answering_s: float | None = None  # asking every configuration the questions (None: none were asked)
 
     @property
     def floor_share(self) -> float | None:
@@ -180,7 +201,23 @@ class SpeedRecord:
         return {"wall_s": self.wall_s, "rows_per_forward": self.rows_per_forward,
                 "forwards_per_s": self.forwards_per_s, "memory_bound_share": self.memory_bound_share,
                 "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s, "floor_s": self.floor_s,
-                "floor_rows": self.floor_rows}
+                "floor_rows": self.floor_rows, "answering_s": self.answering_s}
+
+
+@dataclass
+class Asked:
+    """The questions a sweep asked every configuration: the items, the regimes and how the items were written."""
+
+    source: str  # where the items come from: "tasks niah_single_1, vt", a question file's name, a conversation's
+    regimes: list[str]  # of qa.REGIMES, in the order asked
+    raw: bool  # read as plain text (True) or in the model's chat template
+    items: list[QAItem] = field(default_factory=list)
+    seed: int | None = None  # of generated tasks
+    length: int | None = None  # tokens each generated item was written to fit
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "regimes": list(self.regimes), "raw": self.raw, "seed": self.seed,
+                "length": self.length, "items": [item.to_dict() for item in self.items]}
 
 
 @dataclass
@@ -191,6 +228,7 @@ class Sweep:
     configurations: list[Configuration] = field(default_factory=list)
     speed: SpeedRecord = field(default_factory=SpeedRecord)
     cancelled: bool = False
+    asked: Asked | None = None  # the questions asked besides the text read (None: none)
 
     def reference(self) -> Configuration | None:
         """The exact cache's configuration (dynamic), which every other is compared with."""
@@ -199,6 +237,7 @@ class Sweep:
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": VERSION, "model": self.model, "document": self.document,
                 "question": self.question.to_dict(), "speed": self.speed.to_dict(), "cancelled": self.cancelled,
+                "asked": self.asked.to_dict() if self.asked else None,
                 "configurations": [c.to_dict() for c in self.configurations]}
 
     def save(self, path: str | os.PathLike) -> Path:
@@ -224,6 +263,18 @@ def _fidelity_agrees(config: dict, where) -> None:
             raise Refusal(at(where, name), f"one value per prediction ({records:,})", config[name])
 
 
+def _answers_asked(sweep: dict, where) -> None:
+    """Every answer is to a question the sweep asked, in a regime it asked."""
+    asked = sweep["asked"]
+    turns = [len(item["turns"]) for item in asked["items"]] if asked else []
+    for c, config in enumerate(sweep["configurations"]):
+        for a, answer in enumerate(config["answers"]):
+            if not asked or answer["regime"] not in asked["regimes"] or answer["item"] >= len(turns) \
+                    or answer["turn"] >= turns[answer["item"]]:
+                raise Refusal(at(where, "configurations", c, "answers", a), "an answer to a question of \"asked\"",
+                              show_found=False)
+
+
 _BYTES = Int(0, MAX_BYTES, null=True, what="a byte count")
 _TARGET = Record(
     {"cache_bytes": _BYTES, "policy_bytes": Int(0, MAX_BYTES, what="a byte count"), "per_sequence_bytes": _BYTES,
@@ -237,12 +288,14 @@ _CONFIGURATION = Record(
      "top1": ListOf(Flag()),
      "decode_ms": Number(0, null=True, what="a time in ms"),
      "measured_rows": Int(1),
-     "target": _TARGET},
+     "target": _TARGET,
+     "answers": optional(ListOf(ANSWER_RECORD), [])},
     rules=(_fidelity_agrees,),
     what="a configuration (an object with its evaluation)",
 )
 _SPEED = Record({**{name: Number(0, null=True) for name in SpeedRecord().to_dict()},
-                 "floor_s": optional(Number(0, null=True)), "floor_rows": optional(Int(1, null=True))},  # absent before
+                 "floor_s": optional(Number(0, null=True)), "floor_rows": optional(Int(1, null=True)),  # absent before
+                 "answering_s": optional(Number(0, null=True))},
                 what="the sweep's speed")
 _SWEEP = Record(
     {
@@ -250,27 +303,37 @@ _SWEEP = Record(
         "document": evaluation.DOCUMENT,
         "question": Record(
             {"context": Int(1, MAX_POSITIONS), "sequences": Int(1), "budget_bytes": _BYTES, "budget": Text(),
-             "tolerance": Record({"kind": Text(QUALITY_KINDS), "value": Number(0)}, what="a tolerance")},
+             "tolerance": Record({"kind": Text(QUALITY_KINDS), "value": Number(0)}, what="a tolerance"),
+             "accuracy_tolerance": optional(Number(0, 1, what="a share of the exact cache's accuracy"), 0.05)},
             what="the question (an object)",
         ),
         "speed": optional(_SPEED, {}),
         "cancelled": Flag(),
+        "asked": optional(Record(
+            {"source": Text(), "regimes": ListOf(Text(REGIMES)), "raw": Flag(), "seed": Int(0, null=True),
+             "length": Int(1, MAX_POSITIONS, null=True), "items": ListOf(ITEM_RECORD)},
+            null=True, what="the questions asked (an object)")),
         "configurations": ListOf(_CONFIGURATION),
     },
+    rules=(_answers_asked,),
 )
 
 
 def _build(data: dict) -> Sweep:
     q = data["question"]
     question = Question(q["context"], q["sequences"], q["budget_bytes"], q["budget"],
-                        Tolerance(q["tolerance"]["kind"], q["tolerance"]["value"]))
+                        Tolerance(q["tolerance"]["kind"], q["tolerance"]["value"]), q["accuracy_tolerance"])
     configurations = []
     for c in data["configurations"]:
         target = TargetMemory(**c["target"]) if c["target"] else None
         configurations.append(Configuration(evaluation.build_run(c["evaluation"]), c["kl"], c["top1"],
-                                            c["decode_ms"], c["measured_rows"], target))
+                                            c["decode_ms"], c["measured_rows"], target,
+                                            [AnswerRecord(**a) for a in c["answers"]]))
     speed = SpeedRecord(**{k: v for k, v in (data["speed"] or {}).items() if k in SpeedRecord().to_dict()})
-    return Sweep(data["model"], data["document"], question, configurations, speed, data["cancelled"])
+    a = data["asked"]
+    asked = Asked(a["source"], a["regimes"], a["raw"], [build_item(i) for i in a["items"]], a["seed"], a["length"]) \
+        if a else None
+    return Sweep(data["model"], data["document"], question, configurations, speed, data["cancelled"], asked)
 
 
 FILE_FORMAT = FileFormat(name=FORMAT, version=VERSION, kind="kvviz sweep", schema=_SWEEP, build=_build,

@@ -11,8 +11,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from kvviz.files.frontier import answer, frontier, loss_text, memory, perplexity_change
+from kvviz.files.frontier import accuracy_text, answer, frontier, loss_text, memory, perplexity_change
 from kvviz.files.jsonfile import write_atomic
+from kvviz.files.qa import REGIMES
 from kvviz.files.sweep import Configuration, Sweep
 from kvviz.present import UNKNOWN, change, clock, counted, options_text, percent, perplexity, size
 
@@ -31,6 +32,13 @@ COLUMNS = (
     ("decode", "decode tok/s"),
     ("status", "status"),
 )
+
+
+def columns(sweep: Sweep) -> tuple[tuple[str, str], ...]:
+    """The sweep's table columns: `COLUMNS`, and where questions were asked, one of answers per regime after top-1."""
+    regimes = sweep.asked.regimes if sweep.asked else []
+    at = [key for key, _ in COLUMNS].index("top1") + 1
+    return (*COLUMNS[:at], *((f"accuracy:{regime}", f"{regime} answers") for regime in regimes), *COLUMNS[at:])
 
 
 def longest_text(config: Configuration) -> str:
@@ -68,6 +76,8 @@ def cells(sweep: Sweep, config: Configuration) -> dict[str, str]:
         "longest": longest_text(config),
         "decode": UNKNOWN if s["decode_tokens_per_s"] is None else f"{s['decode_tokens_per_s']:.1f}",
         "status": config.status if not config.run.error else f"{config.status}: {config.run.error}",
+        **{f"accuracy:{regime}": accuracy_text(sweep, config, regime)
+           for regime in (sweep.asked.regimes if sweep.asked else ())},
     }
 
 
@@ -100,6 +110,8 @@ def speed_text(sweep: Sweep) -> str:
         if speed.memory_bound_share is not None:
             text += (f", {percent(speed.memory_bound_share, 1)} of the memory-bound speed (every weight and every "
                      f"row's cache read once per forward at {speed.bandwidth_bytes_per_s / 1e9:.1f} GB/s)")
+    if speed.answering_s is not None:
+        text += f"; the questions asked in {clock(speed.answering_s)}"
     return text
 
 
@@ -114,13 +126,14 @@ def markdown(sweep: Sweep, figures: dict[str, Path] | None = None) -> str:
         lines += ["## The frontier", "", "No other configuration is both smaller at the target and better:", ""]
         lines += [f"- {c.label}: {size(memory(c))}, {loss_text(sweep, c)}" for c in best]
         lines.append("")
-    keys = [key for key, _ in COLUMNS]
-    titles = dict(COLUMNS)
+    keys = [key for key, _ in columns(sweep)]
+    titles = dict(columns(sweep))
     lines += ["## Every configuration, by memory at the target", "",
               "| " + " | ".join(titles[k] for k in keys) + " |", "|" + "---|" * len(keys)]
     for index in by_memory(sweep):
         row = cells(sweep, sweep.configurations[index])
         lines.append("| " + " | ".join(row[k].replace("|", "/") for k in keys) + " |")
+    lines += answers_markdown(sweep)
     lines += ["", "## How it was measured", "",
               f"Speed: {speed_text(sweep)}.", "",
               "Each configuration read the text through its own cache, one token per forward (the exact cache a "
@@ -138,7 +151,7 @@ CSV_COLUMNS = (
     "strategy", "options", "status", "tokens", "perplexity", "second_half_perplexity", "perplexity_change",
     "mean_kl", "top1_agreement", "final_cache_bytes", "final_policy_bytes", "target_context", "target_sequences",
     "target_bytes", "sequences_in_budget", "longest_context", "decode_tokens_per_s", "sweep_tokens_per_s",
-    "rows_per_forward", "error",
+    "rows_per_forward", *(f"accuracy_{regime.replace('-', '_')}" for regime in REGIMES), "error",
 )
 
 
@@ -165,6 +178,7 @@ def csv_row(sweep: Sweep, config: Configuration) -> dict[str, Any]:
         "decode_tokens_per_s": s["decode_tokens_per_s"],
         "sweep_tokens_per_s": s["sweep_tokens_per_s"],
         "rows_per_forward": config.measured_rows,
+        **{f"accuracy_{regime.replace('-', '_')}": config.accuracy(regime) for regime in REGIMES},
         "error": config.run.error,
     }
 
@@ -178,6 +192,45 @@ def write_csv(sweep: Sweep, path: str | os.PathLike) -> Path:
         writer.writerow(["" if row[key] is None else f"{row[key]:.6g}" if isinstance(row[key], float) else row[key]
                          for key in CSV_COLUMNS])
     return write_atomic(path, out.getvalue().encode("utf-8"))
+
+
+def answers_markdown(sweep: Sweep) -> list[str]:
+    """Where questions were asked: what was asked, and per regime each configuration's answer to each question
+    (✓ right, ✗ wrong with what it said, a share where an answer scores in part)."""
+    asked = sweep.asked
+    if asked is None:
+        return []
+    rendering = "as plain text" if asked.raw else "in the model's chat template"
+    lines = ["", "## Questions asked", "",
+             f"{counted(sum(len(i.turns) for i in asked.items), 'question')} of {counted(len(asked.items), 'item')} "
+             f"({asked.source}; read {rendering}), in the regimes {', '.join(asked.regimes)}. Each configuration "
+             "answered greedily; an answer scores the share of its references it contains (RULER's string_match_all). "
+             "query-agnostic: the context compressed before the question, which is then fed uncompressed; "
+             "query-aware: context and question compressed together; decode-time: everything read one token at a "
+             "time, the policy acting throughout; multi-turn: the questions asked one after another on one cache, "
+             "each answer kept on it.", ""]
+    names = [f"{item.name}" + (f" q{t + 1}" if len(item.turns) > 1 else "")
+             for item in asked.items for t in range(len(item.turns))]
+    for regime in asked.regimes:
+        lines += [f"### Answers, {regime}", "", "| configuration | " + " | ".join(names) + " |",
+                  "|" + "---|" * (len(names) + 1)]
+        for index in by_memory(sweep):
+            config = sweep.configurations[index]
+            got = {(a.item, a.turn): a for a in config.answered(regime)}
+            row = [_answer_cell(got.get((i, t))) for i, item in enumerate(asked.items) for t in range(len(item.turns))]
+            lines.append(f"| {config.label} | " + " | ".join(row) + " |")
+        lines.append("")
+    return lines
+
+
+def _answer_cell(record) -> str:
+    if record is None or record.score is None:
+        return UNKNOWN
+    if record.score == 1:
+        return "✓"
+    said = record.answer.replace("|", "/").replace("\n", " ")
+    said = said if len(said) <= 24 else said[:23] + "…"
+    return ("✗" if record.score == 0 else f"{record.score:.2g}") + (f" {said}" if said else "")
 
 
 def write_report(sweep: Sweep, path: Path, figures: dict[str, Path] | None = None) -> Path:

@@ -114,9 +114,50 @@ class StepRecord:
     # ... and that attention itself, [layers, positions 0..position-1] (numpy float32, evicted positions 0): kept
     # in memory for the live view, not written to trace files.
     attention: Any = field(default=None, repr=False, compare=False, metadata={"saved": False})
+    # Per pinned span of the trace (`Trace.pins`), per layer, per KV head: how many of the span's tokens the cache
+    # still holds after this step (None for a layer that holds no tokens); None when nothing is pinned
+    pins_held: list[list[list[int] | None]] | None = None
 
 
 _NOT_SAVED = {f.name for f in fields(StepRecord) if not f.metadata.get("saved", True)}
+
+
+@dataclass
+class Pin:
+    """A span of the prompt being watched (a task's needle, a span the user chose): its tokens [start, end)."""
+
+    start: int
+    end: int
+    label: str = ""
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class Holding:
+    """How many layer-heads hold all of a span's tokens, of the layers that hold tokens x their KV heads."""
+
+    held: int
+    layers: int
+    heads: int  # KV heads per layer
+
+    @property
+    def layer_heads(self) -> int:
+        return self.layers * self.heads
+
+    def text(self) -> str:
+        """ "held in 12 of 30 x 3 layer-heads" """
+        return f"held in {self.held} of {self.layers} x {self.heads} layer-heads"
+
+
+def heads_holding(counts: list[list[int] | None], size: int) -> Holding:
+    """From per-layer, per-KV-head counts of a span's tokens held (`StepRecord.pins_held`, one pin's): the
+    layer-heads holding all `size` of them, of the layers that hold tokens x their KV heads."""
+    layers = [layer for layer in counts if layer is not None]
+    held = sum(1 for layer in layers for count in layer if count >= size)
+    return Holding(held, len(layers), max((len(layer) for layer in layers), default=0))
 
 
 @dataclass
@@ -147,6 +188,7 @@ class Trace:
     # the text of each prompt token as the model saw it (chat template included), what the window's cache map and
     # attention view name positions by; empty where not known (older files, served requests)
     prompt_pieces: list[str] = field(default_factory=list)
+    pins: list[Pin] = field(default_factory=list)  # spans of the prompt whose tokens each step says are held or not
 
     @property
     def text(self) -> str:
@@ -168,6 +210,10 @@ class Trace:
         # the share of the memory-bound speed the run reached: its steps' floors over their real times
         known = decode and all(f is not None for f in floors)
         summary["share_of_memory_bound"] = sum(floors) / sum(s.wall_ms for s in decode) if known else None
+        held = self.steps[-1].pins_held if self.steps else None
+        if self.pins and held:
+            summary["pins"] = [{**asdict(pin), **asdict(heads_holding(counts, pin.size))}
+                               for pin, counts in zip(self.pins, held, strict=True)]
         return summary
 
     def to_dict(self) -> dict[str, Any]:
@@ -187,6 +233,7 @@ class Trace:
             "weight_bytes": self.weight_bytes,
             "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
             "switches": [asdict(s) for s in self.switches],
+            "pins": [asdict(pin) for pin in self.pins],
             "steps": [step_dict(s) for s in self.steps],
             "summary": self.summary(),
         }

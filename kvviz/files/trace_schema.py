@@ -30,6 +30,7 @@ from kvviz.files.trace import (
     STORAGE_KINDS,
     VERSION,
     LayerRecord,
+    Pin,
     SlotState,
     StepRecord,
     Switch,
@@ -230,6 +231,8 @@ _STEP = Record(
         "predicted_policy_bytes": optional(_BYTES_OR_UNKNOWN),
         # a share of a softmax's mass: 1 give or take float rounding
         "attention_sink": optional(ListOf(Number(0, 1.001, what="a share of attention"), null=True)),
+        # per pinned span, per layer (null: a layer without tokens), per KV head: the span's tokens held
+        "pins_held": optional(ListOf(ListOf(ListOf(_POSITIONS, null=True)), null=True)),
     },
     rules=(_step_adds_up,),
     what="a step record (an object)",
@@ -300,6 +303,27 @@ def _pieces_match_prompt(trace: dict, where) -> None:
         )
 
 
+def _pins_in_prompt(trace: dict, where) -> None:
+    """Pinned spans lie in the prompt, and every step that says what they hold says it for each."""
+    for i, pin in enumerate(trace["pins"]):
+        if not 0 <= pin["start"] < pin["end"] <= trace["prompt_tokens"]:
+            raise Refusal(at(where, "pins", i), f"a span [start, end) with start < end <= prompt_tokens "
+                          f"({trace['prompt_tokens']:,})", [pin["start"], pin["end"]])
+    for i, step in enumerate(trace["steps"]):
+        held = step["pins_held"]
+        if held is not None and len(held) != len(trace["pins"]):
+            raise Refusal(at(where, "steps", i, "pins_held"), f"one entry per pinned span ({len(trace['pins'])})",
+                          show_found=False)
+        for pin, counts in zip(trace["pins"], held or (), strict=False):
+            if any(count > pin["end"] - pin["start"] for layer in counts if layer for count in layer):
+                raise Refusal(at(where, "steps", i, "pins_held"), "counts of at most the span's tokens",
+                              show_found=False)
+
+
+_PIN = Record({"start": _POSITIONS, "end": _POSITIONS, "label": optional(Text(), "")},
+              what="a pinned span (an object with start and end)")
+
+
 def _switches_in_order(trace: dict, where) -> None:
     last = 0
     for i, switch in enumerate(trace["switches"]):
@@ -328,10 +352,11 @@ _TRACE = Record(
         "weight_bytes": optional(_BYTES_OR_UNKNOWN),
         "bandwidth_bytes_per_s": optional(Number(0, null=True, what="bytes per second")),
         "switches": optional(ListOf(_SWITCH), []),
+        "pins": optional(ListOf(_PIN), []),
         "steps": ListOf(_STEP),
         "summary": optional(Json(depth=3)),  # what the steps give: checked against them (`FileFormat.summary`)
     },
-    rules=(_steps_in_order, _switches_in_order, _pieces_match_prompt),
+    rules=(_steps_in_order, _switches_in_order, _pieces_match_prompt, _pins_in_prompt),
 )
 
 
@@ -353,6 +378,7 @@ def _build(data: dict) -> Trace:
         settings=data["settings"],
         steps=steps,
         switches=[Switch(**s) for s in data["switches"]],
+        pins=[Pin(**p) for p in data["pins"]],
         cancelled=data["cancelled"],
         compile_ms=data["compile_ms"],
         warm_up_ms=data["warm_up_ms"],

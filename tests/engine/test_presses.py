@@ -8,7 +8,7 @@ import torch
 from kvviz.engine import decode, strategies
 from kvviz.engine.cache_run import CacheRun
 from kvviz.engine.geometry import Geometry
-from kvviz.engine.scoring import Schedule, ScheduleState, chunk_kept
+from kvviz.engine.scorers import Schedule, ScheduleState, chunk_kept
 from kvviz.engine.strategies.eviction import kvpress_ratio
 from kvviz.engine.strategies.pyramidkv import PyramidSchedule
 from kvviz.errors import OptionError

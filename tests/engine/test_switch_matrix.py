@@ -16,7 +16,7 @@ from kvviz.engine.cache_run import CacheRun
 from kvviz.engine.eviction_layers import EvictionLayer
 from kvviz.engine.forward import model_forward
 from kvviz.engine.layers import SinkLayer
-from kvviz.engine.scoring import Schedule
+from kvviz.engine.scorers import Schedule
 from kvviz.errors import OptionError
 from kvviz.files.trace import SlotState
 

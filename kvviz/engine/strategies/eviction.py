@@ -4,7 +4,7 @@ attention function installed when a policy reads attention, and the size rule of
 bookkeeping.
 
 Each policy (h2o, tova, snapkv, knorm, expected_attention, ...) is a module of its own: its strategy (an
-`EvictionStrategy`: options, checks, what it keeps) and its scorer (an `scoring.Scorer`: what it ranks held
+`EvictionStrategy`: options, checks, what it keeps) and its scorer (an `scorers.Scorer`: what it ranks held
 tokens by), which the one `eviction_layers.EvictionLayer` runs. A policy may leave its first layers whole, as plain
 DynamicLayers (key norm, as its authors do).
 
@@ -27,7 +27,7 @@ from typing import ClassVar
 
 from kvviz.engine.geometry import Geometry
 from kvviz.engine.predict import CachePredictor
-from kvviz.engine.scoring import ADAPTIVE_SAFEGUARD, Schedule, ScheduleState, Scorer, chunk_kept
+from kvviz.engine.scorers import ADAPTIVE_SAFEGUARD, Schedule, ScheduleState, Scorer, chunk_kept
 from kvviz.engine.strategies.base import (
     Option,
     Strategy,

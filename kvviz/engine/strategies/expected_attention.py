@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from kvviz.engine.scoring import Scorer, force
+from kvviz.engine.scorers import Scorer, force
 from kvviz.engine.strategies.base import Option, rotary_embedding, rotary_inv_freq
 from kvviz.engine.strategies.eviction import EvictionStrategy, budget_option, scoring_options
 

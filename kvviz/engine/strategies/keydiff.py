@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 
-from kvviz.engine.scoring import Scorer
+from kvviz.engine.scorers import Scorer
 from kvviz.engine.strategies.eviction import EvictionStrategy, budget_option, scoring_options
 
 

@@ -10,7 +10,7 @@ skip_layers=0).
 
 from __future__ import annotations
 
-from kvviz.engine.scoring import Scorer
+from kvviz.engine.scorers import Scorer
 from kvviz.engine.strategies.base import Option
 from kvviz.engine.strategies.eviction import EvictionStrategy, budget_option, scoring_options
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from kvviz.engine.forward import model_forward
-from kvviz.engine.scoring import Schedule, ScheduleState, Scorer
+from kvviz.engine.scorers import Schedule, ScheduleState, Scorer
 from kvviz.engine.strategies.base import Option
 from kvviz.engine.strategies.eviction import BudgetPredictor, EvictionStrategy, budget_option
 

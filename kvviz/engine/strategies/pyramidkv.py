@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvviz.engine.scoring import Schedule
+from kvviz.engine.scorers import Schedule
 from kvviz.engine.strategies.base import Option
 from kvviz.engine.strategies.eviction import EvictionStrategy, budget_option, scoring_options
 from kvviz.engine.strategies.snapkv import ObservationWindow, check_window, window_options

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from kvviz.engine.scoring import Scorer
+from kvviz.engine.scorers import Scorer
 from kvviz.engine.strategies.base import Option
 from kvviz.engine.strategies.eviction import EvictionStrategy, budget_option, scoring_options
 

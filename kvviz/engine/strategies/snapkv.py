@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kvviz.engine.scoring import Scorer, force
+from kvviz.engine.scorers import Scorer, force
 from kvviz.engine.strategies.base import Option
 from kvviz.engine.strategies.eviction import EvictionStrategy, budget_option, scoring_options
 

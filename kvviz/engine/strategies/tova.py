@@ -11,7 +11,7 @@ attention ("a very slight difference from TOVA", its comment says); kvviz ranks 
 
 from __future__ import annotations
 
-from kvviz.engine.scoring import Scorer
+from kvviz.engine.scorers import Scorer
 from kvviz.engine.strategies.eviction import EvictionStrategy, budget_option, scoring_options
 
 
