@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from kvviz.cli import main as cli
+from kvviz import interrupts
 
 # Arguments that belong to the window rather than to a command.
 WINDOW_FLAGS = ("--open", "--connect", "--smoke-test", "--model", "--theme", "--no-load")
@@ -16,7 +16,15 @@ def main(argv: list[str] | None = None) -> int:
         from kvviz.qt.app import main as window_main
 
         return window_main(argv)
-    return cli.main(argv)
+    # Ctrl-C or SIGTERM from the first moment (importing the commands takes a second on a busy machine) ends kvviz
+    # as one during a command does: a line on stderr and 130 or 143, never a traceback
+    try:
+        with interrupts.caught():
+            from kvviz.cli import main as cli
+
+            return cli.main(argv)
+    except KeyboardInterrupt as interrupt:
+        return interrupts.said(interrupt)
 
 
 if __name__ == "__main__":

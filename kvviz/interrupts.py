@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 
 
@@ -55,6 +56,13 @@ def caught():
 def exit_status(interrupt: KeyboardInterrupt) -> int:
     """128 + the signal's number: 130 for Ctrl-C, 143 for SIGTERM."""
     return 128 + (signal.SIGTERM if isinstance(interrupt, Terminated) else signal.SIGINT)
+
+
+def said(interrupt: KeyboardInterrupt) -> int:
+    """Say on stderr that kvviz was interrupted or terminated; the exit status."""
+    status = exit_status(interrupt)
+    print("kvviz: interrupted" if status == 130 else "kvviz: terminated", file=sys.stderr)
+    return status
 
 
 @contextlib.contextmanager

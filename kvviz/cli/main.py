@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             _report(args, exc)
             return 2
         except KeyboardInterrupt as exc:
-            return _interrupted(exc)
+            return interrupts.said(exc)
         except Exception as exc:
             if isinstance(exc, (ModelError, RuntimeError, OSError)):
                 _report(args, exc)
@@ -109,12 +109,6 @@ def _log_tracebacks(debug: bool) -> None:
     handler.setFormatter(logging.Formatter("kvviz: %(message)s"))
     logger.addHandler(handler)
     logger.setLevel(logging.DEBUG if debug else logging.WARNING)
-
-
-def _interrupted(interrupt: KeyboardInterrupt) -> int:
-    status = interrupts.exit_status(interrupt)
-    print("kvviz: interrupted" if status == 130 else "kvviz: terminated", file=sys.stderr)
-    return status
 
 
 def _report(args, message, exc: BaseException | None = None) -> None:

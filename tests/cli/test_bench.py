@@ -44,7 +44,7 @@ def test_bench_sweep_prints_the_sweep_against_its_floor_and_plain_generate(tmp_p
     assert result.returncode == 0, result.stderr
     figures = json.loads(out.read_text())
     labels = [c["label"] for c in figures["configurations"]]
-    assert labels == ["dynamic", "sliding (window=9)", "h2o (budget=12, recent=-1)"]
+    assert labels == ["dynamic", "sliding (window=9)", "h2o (budget=12, recent=-1, average=False)"]
     assert figures["floor_rows"] == 2 and figures["floor_tokens"] == 20 and figures["floor_s"] > 0
     assert figures["floor_share"] == figures["wall_s"] / figures["floor_s"]
     assert len(figures["generate_runs"]) == 1 and figures["generate_tokens_per_s"] > 0

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 
 import torch
 
-from kvviz.engine.forward import model_forward
 from kvviz.engine.scorers import Schedule, ScheduleState, Scorer
 from kvviz.engine.strategies.base import Option
 from kvviz.engine.strategies.eviction import BudgetPredictor, EvictionStrategy, budget_option
@@ -142,6 +141,7 @@ def chat_pieces(tokenizer) -> tuple[list[int], list[int]]:
 
 def read_again(run, layers, input_ids: torch.Tensor, options: dict) -> None:
     """The context read again in chunks, each layer's scorer collecting the attention its keys receive."""
+    from kvviz.engine.forward import model_forward  # transformers: not imported where strategies are only listed
     tokenizer = run.tokenizer
     header, suffix = chat_pieces(tokenizer)
     ids = input_ids[0].tolist()
