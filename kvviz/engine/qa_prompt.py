@@ -115,3 +115,12 @@ class Rendering:
         for turn, asked in enumerate(item.turns):
             total += len(self.question(item, turn, follows_answer=turn > 0)) + asked.max_new_tokens
         return total
+
+
+def plain_prompt(item: QAItem, turn: int = 0) -> tuple[str, list[str]]:
+    """Question `turn` of an item as one plain prompt (``context + "\\n" + question + answer_prefix``, the raw
+    reading) and the text of each needle it asks for: what a user runs and pins by hand (the window's task item,
+    `kvviz run --pin`)."""
+    asked = item.turns[turn]
+    needles = [item.context[n.start : n.end] for n in item.needles if n.role == "answer" and n.turn in (turn, None)]
+    return item.context + "\n" + asked.question + asked.answer_prefix, needles

@@ -3,7 +3,7 @@ the step. It follows the run store: the run shown is the store's primary run."""
 
 from __future__ import annotations
 
-from PySide6.QtCore import QEvent
+from PySide6.QtCore import QEvent, Signal
 from PySide6.QtGui import QColor, QTextCharFormat, QTextCursor, QTextFormat
 from PySide6.QtWidgets import QTextEdit, QToolTip, QWidget
 
@@ -24,6 +24,8 @@ HARD_PARAGRAPH = MAX_PARAGRAPH + 500
 
 
 class TokenView(QTextEdit):
+    sigPin = Signal(str)  # text selected to watch in the next run (kvviz.qt.panels.pins)
+
     def __init__(self, store: RunStore | None = None, parent: QWidget | None = None):
         """store: the window's RunStore, whose primary run this view shows (None: `show_run` only)."""
         super().__init__(parent)
@@ -108,6 +110,23 @@ class TokenView(QTextEdit):
                 r, g, b = self.palette_.shade
                 fmt.setBackground(QColor(r, g, b, int(40 + 150 * strength)))
         return fmt
+
+    def contextMenuEvent(self, event) -> None:  # noqa: N802 - Qt override
+        """The usual menu, and "Pin for the next run" when prompt words are selected."""
+        menu = self.createStandardContextMenu(event.pos())
+        selected = self.pinnable()
+        if selected:
+            action = menu.addAction("Pin for the next run")
+            action.setToolTip("The next local run watches these words: the cache map outlines them")
+            action.triggered.connect(lambda *_: self.sigPin.emit(selected))
+        menu.exec(event.globalPos())
+
+    def pinnable(self) -> str:
+        """The selected text where it lies within the prompt shown (what a run can pin), else ""."""
+        cursor = self.textCursor()
+        if self.series is None or not cursor.hasSelection() or cursor.selectionEnd() > len(self.series.trace.prompt):
+            return ""
+        return self.series.trace.prompt[cursor.selectionStart() : cursor.selectionEnd()]
 
     def step_at(self, pos) -> int | None:
         cursor = self.cursorForPosition(pos)

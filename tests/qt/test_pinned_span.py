@@ -1,0 +1,96 @@
+"""A pinned span in a Local run on the tiny model: words of the prompt pinned (as the Pin button and the Tokens
+panel's menu do) or a task item's needle; the cache map outlines the span per layer in the colour of what its KV
+heads hold, and the Runs table says in how many layer-heads it is held: both read from the run's own trace."""
+
+from __future__ import annotations
+
+import numpy as np
+from PySide6.QtGui import QTextCursor
+
+from kvviz.files.trace import heads_holding
+from kvviz.qt.plots.pin_outline import Held, layer_states
+from tests.qt.conftest import load, run
+
+PROMPT = ("The sky was grey over the harbour and the boats lay still. The secret word is persimmon, remember it. "
+          "Then the wind rose, the gulls cried over the water, the nets were hauled in and the town went to sleep.")
+NEEDLE = "The secret word is persimmon"
+
+
+def drawn_states(plot) -> dict[Held, int]:
+    """How many layer boxes of each state the cache map draws."""
+    out = {}
+    for state, curve in plot.pin_curves.items():
+        xs, _ = curve.getData()
+        out[state] = 0 if xs is None else int(np.isnan(xs).sum())
+    return out
+
+
+def cell(window, run_id: int, title: str) -> str:
+    table = window.runs_table
+    column = [table.horizontalHeaderItem(c).text() for c in range(table.columnCount())].index(title)
+    return table.item(table._rows[run_id], column).text()
+
+
+def test_a_pinned_span_is_outlined_and_counted_as_the_trace_says(window, qtbot):
+    load(qtbot, window)
+    window.set_mode("local")
+    local = window.modes["local"]
+    pins = window.panels.pin_panel
+    editor = window.controls.prompt_panel.editor
+    editor.setPlainText(PROMPT)
+    local.pin_selection()  # nothing selected: nothing pinned, and the panel says what to do
+    assert pins.texts == [] and "select" in pins.listing.text()
+    cursor = editor.textCursor()
+    cursor.setPosition(PROMPT.index(NEEDLE))
+    cursor.setPosition(PROMPT.index(NEEDLE) + len(NEEDLE), QTextCursor.MoveMode.KeepAnchor)
+    editor.setTextCursor(cursor)
+    pins.pin_button.click()
+    assert pins.texts == [NEEDLE]
+
+    # a sink cache of a few tokens: the needle, early in the prompt, is evicted from every layer by the end
+    run_id = run(qtbot, window, "sink", {"sink_tokens": 2, "window": 8}, tokens=4, prompt=PROMPT)
+    window.redraw()
+    trace = window.store.runs[run_id].trace
+    assert [p.label for p in trace.pins] == [NEEDLE]
+    pin, last = trace.pins[0], trace.steps[-1]
+    held = last.pins_held[0]
+    states = layer_states(held, pin.size)
+    assert set(states) == {Held.NONE}
+    plot = local.view.cache_map
+    assert drawn_states(plot) == {Held.ALL: 0, Held.SOME: 0, Held.NONE: len(states)}
+    xs, ys = plot.pin_curves[Held.NONE].getData()
+    assert np.nanmin(xs) == pin.start and np.nanmax(xs) == pin.end
+    holding = heads_holding(held, pin.size)
+    assert holding.held == 0
+    assert cell(window, run_id, "needle held") == f"0 of {holding.layers} x {holding.heads}"
+    assert plot.title_label.detail.startswith(f"needle {holding.text()}; #{run_id} sink")
+
+    # the same span under the exact cache: held by every layer-head
+    run_id = run(qtbot, window, "dynamic", tokens=4, prompt=PROMPT)
+    window.redraw()
+    trace = window.store.runs[run_id].trace
+    holding = heads_holding(trace.steps[-1].pins_held[0], trace.pins[0].size)
+    assert holding.held == holding.layer_heads > 0
+    assert drawn_states(plot)[Held.ALL] == holding.layers
+    assert cell(window, run_id, "needle held") == f"{holding.layer_heads} of {holding.layers} x {holding.heads}"
+
+    # a run with nothing pinned says "-"
+    pins.clear_button.click()
+    run_id = run(qtbot, window, "dynamic", tokens=2, prompt=PROMPT)
+    window.redraw()
+    assert cell(window, run_id, "needle held") == "–" and drawn_states(plot) == dict.fromkeys(Held, 0)
+
+
+def test_a_task_item_is_written_into_the_prompt_with_its_needle_pinned(window, qtbot):
+    load(qtbot, window)
+    window.set_mode("local")
+    local, pins = window.modes["local"], window.panels.pin_panel
+    with qtbot.waitSignal(window.model.worker.sigItemWritten, timeout=30000):
+        local.write_item("niah_single_1", 300)
+    prompt = window.controls.prompt_panel.text()
+    assert len(pins.texts) == 1 and pins.texts[0] in prompt and "magic number" in prompt
+    # an item that cannot be written that short: the engine's words, the prompt and the pins kept
+    with qtbot.waitSignal(window.model.worker.sigItemWritten, timeout=30000):
+        local.write_item("niah_multikey_1", 64)
+    assert "at least" in window.last_error and window.controls.prompt_panel.text() == prompt
+    assert len(pins.texts) == 1
