@@ -31,6 +31,7 @@ PICK_PX = 14  # a hover or a click within this many pixels of a point is on it
 BUDGET_SPAN_DECADES = 2.0  # the budget widens the x range to show its line when it lies this close to the points
 LOG2 = math.log10(2)
 MAX_TICKS = 8  # on the memory axis
+TICK_PX = 72  # the room a tick's label ("512 KiB") needs on it
 OFF_SCALE = 3.0  # the quality axis reaches this many times the tolerance (or the frontier's worst point)
 NAME_GAP = POINT_SIZE // 2 + 3  # px from a point's centre to its name, beside it (its own point is not in the way)
 LINE_SAMPLES = 24  # places along each stretch of the frontier's line that a name should not cover
@@ -47,7 +48,8 @@ class BytesAxis(pg.AxisItem):
         if not (math.isfinite(minVal) and math.isfinite(maxVal)) or maxVal <= minVal:
             return []
         low, high = math.ceil(minVal / LOG2), math.floor(maxVal / LOG2)
-        step = max(1, math.ceil((high - low + 1) / MAX_TICKS))
+        fit = max(2, min(MAX_TICKS, int(size_px // TICK_PX)))  # a narrow plot: fewer, so labels never run together
+        step = max(1, math.ceil((high - low + 1) / fit))
         return [(step * LOG2, [k * LOG2 for k in range(low, high + 1) if k % step == 0])]
 
     def tickStrings(self, values, scale, spacing):  # noqa: N802 - pyqtgraph override
@@ -257,15 +259,7 @@ class FrontierPlot(PlotPanel):
 
     def nearest(self, x: float, y: float) -> int | None:
         """The index of the point drawn nearest to view position (x, y), within PICK_PX pixels; None if none."""
-        vb = self.plot.vb
-        here = vb.mapViewToScene(QPointF(x, y))
-        best, best_d = None, float(PICK_PX)
-        for i, px, py in self._placed:
-            there = vb.mapViewToScene(QPointF(px, py))
-            d = math.hypot(there.x() - here.x(), there.y() - here.y())
-            if d <= best_d:
-                best, best_d = i, d
-        return best
+        return nearest(self.plot.vb, self._placed, x, y)
 
     def hover_text(self, x: float, y: float) -> str:
         index = self.nearest(x, y)
@@ -284,6 +278,19 @@ class FrontierPlot(PlotPanel):
 
     def fill_export_copy(self, copy: FrontierPlot) -> None:
         copy.show_sweep(self.sweep, self.selected)
+
+
+def nearest(vb: pg.ViewBox, placed, x: float, y: float) -> int | None:
+    """Of `placed` points (index, x, y) in view coordinates, the index of the one drawn nearest to view position
+    (x, y), within PICK_PX pixels on screen; None if none is."""
+    here = vb.mapViewToScene(QPointF(x, y))
+    best, best_d = None, float(PICK_PX)
+    for i, px, py in placed:
+        there = vb.mapViewToScene(QPointF(px, py))
+        d = math.hypot(there.x() - here.x(), there.y() - here.y())
+        if d <= best_d:
+            best, best_d = i, d
+    return best
 
 
 def _overlap(a: QRectF, b: QRectF) -> float:
@@ -309,6 +316,8 @@ def card(sweep: Sweep, index: int) -> str:
                      f"{limit.get(target.longest_limit, '')}")
     elif target is not None and target.longest_limit == "none":
         lines.append("longest context in the budget: no limit (the cache's size is bounded)")
+    for regime in sweep.asked.regimes if sweep.asked else ():
+        lines.append(f"{frontier.accuracy_text(sweep, config, regime)} answered ({regime})")
     speed = config.summary()["decode_tokens_per_s"]
     lines.append(f"decode: {number(speed) if speed else UNKNOWN} tokens/s")
     return "<br>".join(lines)
