@@ -53,7 +53,7 @@ def test_a_sweep_with_task_items_shows_accuracy_and_each_answer(window, qtbot, t
     for regime in sweep.asked.regimes:
         xs, ys = plot.series[regime].getData()
         want = sorted((math.log10(frontier.memory(c)), 100 * c.accuracy(regime)) for c in frontier.placed(sweep))
-        assert sorted(zip(xs, ys)) == want
+        assert sorted(zip(xs, ys, strict=True)) == want
     assert not plot.series["decode-time"].getData()[0].size
 
     rows = mode.view.answers.rows()
