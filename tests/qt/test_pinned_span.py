@@ -17,11 +17,11 @@ NEEDLE = "The secret word is persimmon"
 
 
 def drawn_states(plot) -> dict[Held, int]:
-    """How many layer boxes of each state the cache map draws."""
+    """How many layers of each state the cache map outlines (two lines each: the span's left and right edge)."""
     out = {}
     for state, curve in plot.pin_curves.items():
         xs, _ = curve.getData()
-        out[state] = 0 if xs is None else int(np.isnan(xs).sum())
+        out[state] = 0 if xs is None else int(np.isnan(xs).sum()) // 2
     return out
 
 
@@ -85,12 +85,12 @@ def test_a_task_item_is_written_into_the_prompt_with_its_needle_pinned(window, q
     load(qtbot, window)
     window.set_mode("local")
     local, pins = window.modes["local"], window.panels.pin_panel
-    with qtbot.waitSignal(window.model.worker.sigItemWritten, timeout=30000):
+    with qtbot.waitSignal(local.sigItemDone, timeout=30000):
         local.write_item("niah_single_1", 300)
     prompt = window.controls.prompt_panel.text()
     assert len(pins.texts) == 1 and pins.texts[0] in prompt and "magic number" in prompt
     # an item that cannot be written that short: the engine's words, the prompt and the pins kept
-    with qtbot.waitSignal(window.model.worker.sigItemWritten, timeout=30000):
+    with qtbot.waitSignal(local.sigItemDone, timeout=30000):
         local.write_item("niah_multikey_1", 64)
     assert "at least" in window.last_error and window.controls.prompt_panel.text() == prompt
     assert len(pins.texts) == 1

@@ -33,6 +33,7 @@ class LocalMode(Mode):
     help = HELP
 
     sigRequestItem = Signal(int, object)  # to the worker's desk: serial, a task item to write for the model
+    sigItemDone = Signal(object)  # the item asked last: in the prompt ({"prompt", "pins", "name"}) or not ({"problem"})
 
     def __init__(self, host: ModeHost):
         super().__init__(host)
@@ -163,10 +164,11 @@ class LocalMode(Mode):
         if "problem" in item:
             pins.set_texts(pins.texts)
             self.host.show_error(f"Cannot write the task item: {item['problem']}")
-            return
-        self.host.panels.prompt_panel.set_text(item["prompt"])
-        pins.set_texts(item["pins"])
-        self.host.note(f"{item['name']} written into the prompt, its needle pinned: Run to watch it")
+        else:
+            self.host.panels.prompt_panel.set_text(item["prompt"])
+            pins.set_texts(item["pins"])
+            self.host.note(f"{item['name']} written into the prompt, its needle pinned: Run to watch it")
+        self.sigItemDone.emit(item)
 
     def stop(self) -> None:
         generating = self.host.store.generating

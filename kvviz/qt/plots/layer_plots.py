@@ -22,7 +22,9 @@ VALUES_COLOUR = theme.ORANGE
 STATE_COLOUR = theme.YELLOW  # the cache map's colour of a fixed-size state
 CROSS_COLOUR = theme.PURPLE  # an encoder-decoder's cross-attention keys and values
 ALWAYS_SHOWN = tuple(s for s in SlotState if s not in (SlotState.STATE, SlotState.SHARED))  # the rest when present
-PIN_COLOURS = {Held.ALL: theme.GREEN, Held.SOME: theme.YELLOW, Held.NONE: theme.VERMILLION}  # a pinned span's boxes
+# a pinned span's boxes; evicted in the theme's foreground (white or black), which stands out on the evicted cells'
+# brown where a red would not
+PIN_COLOURS = {Held.ALL: theme.GREEN, Held.SOME: theme.YELLOW}
 
 
 def bar_places(keys: np.ndarray, values: np.ndarray, states: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -236,7 +238,7 @@ class CacheMapPlot(PlotPanel):
         self._step = None  # the step drawn (hover reads its layers)
         self._lut = theme.state_lut(self.palette_)
         # the pinned spans' boxes, one curve per state (kvviz.qt.plots.pin_outline), over the image
-        self.pin_curves = {state: pg.PlotDataItem(pen=pg.mkPen(PIN_COLOURS[state], width=2.5), connect="finite")
+        self.pin_curves = {state: pg.PlotDataItem(pen=pg.mkPen(self.pin_colour(state), width=3), connect="finite")
                            for state in Held}
         for curve in self.pin_curves.values():
             curve.setZValue(10)
@@ -249,6 +251,11 @@ class CacheMapPlot(PlotPanel):
         self._lut = theme.state_lut(palette)
         self.image.setLookupTable(self._lut)
         self._drawn = (None, -1)
+        for state, curve in self.pin_curves.items():
+            curve.setPen(pg.mkPen(self.pin_colour(state), width=3))
+
+    def pin_colour(self, state: Held) -> str:
+        return PIN_COLOURS.get(state, self.palette_.foreground)
 
     def legend_entries(self):
         """What each colour of the map means; with per-head eviction, the fainter blues of positions some KV heads
@@ -268,7 +275,7 @@ class CacheMapPlot(PlotPanel):
             )
         for state in Held:
             if state in self._pins_drawn:
-                entries.append(Entry(f"pinned: {state.value}", PIN_COLOURS[state], kind="line",
+                entries.append(Entry(f"pinned: {state.value}", self.pin_colour(state), kind="line",
                                      tooltip="a pinned span (a task item's needle, words pinned), outlined per layer"))
         return entries
 

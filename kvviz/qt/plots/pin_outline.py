@@ -1,9 +1,10 @@
-"""The pinned spans on the cache map: each span outlined layer by layer, in the colour of what that layer's KV heads
-still hold of it at the step drawn (`StepRecord.pins_held`: per span, per layer, per KV head, the span's tokens held).
+"""The pinned spans on the cache map: each span outlined, its edges layer by layer in the colour of what that layer's
+KV heads still hold of it at the step drawn (`StepRecord.pins_held`: per span, per layer, per KV head, the span's
+tokens held).
 
-A layer's box is "held" when every KV head holds every token of the span, "evicted" when no KV head holds any of
+A layer is "held" when every KV head holds every token of the span, "evicted" when no KV head holds any of
 them, "partly held" otherwise (some heads, or some tokens). A layer that holds no tokens at all (a linear-attention
-layer's state) gets no box.
+layer's state) gets no outline.
 """
 
 from __future__ import annotations
@@ -37,16 +38,24 @@ def layer_states(counts: list[list[int] | None], size: int) -> list[Held | None]
 
 
 def outlines(pins: list[Pin], held: list[list[list[int] | None]], layers: int) -> dict[Held, np.ndarray]:
-    """Per state, the (x, y) points of the boxes to draw (NaN rows between boxes): a span [start, end) of layer i is
-    the box x in [start, end], y in [i - 0.5, i + 0.5], as the map's cells; `held`: the step's `pins_held`."""
+    """Per state, the (x, y) points of the lines to draw (NaN rows between lines): around each span, its left and
+    right edges layer by layer (x = start and x = end, y from i - 0.5 to i + 0.5, as the map's cells), each in the
+    state of that layer, the top edge with the first layer and the bottom edge with the last. Only the edges: a layer
+    a pixel or two high would be filled by a box, hiding the cells inside. `held`: the step's `pins_held`. Two lines
+    per layer outlined."""
     points: dict[Held, list[tuple[float, float]]] = {state: [] for state in Held}
+    gap = (np.nan, np.nan)
     for pin, counts in zip(pins, held, strict=True):
-        for layer, state in enumerate(layer_states(counts, pin.size)[:layers]):
-            if state is None:
-                continue
+        states = layer_states(counts, pin.size)[:layers]
+        drawn = [layer for layer, state in enumerate(states) if state is not None]
+        for layer in drawn:
             top, bottom = layer - 0.5, layer + 0.5
-            points[state] += [(pin.start, top), (pin.end, top), (pin.end, bottom), (pin.start, bottom),
-                              (pin.start, top), (np.nan, np.nan)]
+            left = [(pin.start, top), (pin.start, bottom)]
+            if layer == drawn[0]:
+                left.insert(0, (pin.end, top))
+            if layer == drawn[-1]:
+                left.append((pin.end, bottom))
+            points[states[layer]] += [*left, gap, (pin.end, top), (pin.end, bottom), gap]
     return {state: np.asarray(p, dtype=float).reshape(-1, 2) for state, p in points.items()}
 
 
