@@ -57,10 +57,10 @@ def test_a_sweep_with_task_items_shows_accuracy_and_each_answer(window, qtbot, t
     assert not plot.series["decode-time"].getData()[0].size
 
     rows = mode.view.answers.rows()
-    records = [(c.label, a) for c in sweep.configurations for a in c.answers]
+    records = [(i, a) for i, c in enumerate(sweep.configurations) for a in c.answers]
     assert len(rows) == len(records) == 2 * 2  # two configurations, one question, two regimes
-    for label, record in records:
-        row = next(r for r in rows if r[0] == label and r[2] == record.regime)
+    for index, record in records:
+        row = next(r for r in rows if r[0] == index and r[2] == record.regime)
         assert row[1] == "niah_single_1 #1"
         assert row[3] == result_text(record) and row[3] in ("right", "wrong")
         assert row[4] == " ".join(record.answer.split())[:59] or row[4].endswith("…")

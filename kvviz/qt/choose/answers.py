@@ -17,7 +17,7 @@ from kvviz.qt import theme
 
 # (title, tooltip)
 COLUMNS = (
-    ("configuration / item", "The configuration, then each item it was asked"),
+    ("configuration / item", "The configuration and its answers right per regime, then each item it was asked"),
     ("regime", "How the question was fed: query-agnostic, query-aware, decode-time or multi-turn"),
     ("result", "right, wrong, or the share of the references found (scored as the item's metric says)"),
     ("model's answer", "What the model wrote after the answer prefix"),
@@ -85,10 +85,12 @@ class AnswersTree(QTreeWidget):
                 if not config.answers:
                     continue
                 accuracy = ", ".join(f"{frontier.accuracy_text(sweep, config, r)} ({r})" for r in sweep.asked.regimes)
-                branch = QTreeWidgetItem([config.label, "", accuracy, "", "", ""])
+                # the configuration and its accuracy across the row: its columns are the answers'
+                branch = QTreeWidgetItem([f"{config.label}: {accuracy}"])
                 branch.setData(0, Qt.ItemDataRole.UserRole, index)
                 branch.setToolTip(0, config.label)
                 self.addTopLevelItem(branch)
+                branch.setFirstColumnSpanned(True)
                 for record in config.answers:
                     item = items[record.item] if record.item < len(items) else None
                     turn = item.turns[record.turn] if item is not None and record.turn < len(item.turns) else None
@@ -109,13 +111,14 @@ class AnswersTree(QTreeWidget):
             self.blockSignals(False)
 
     def rows(self) -> list[list[str]]:
-        """Every answer row's cells, configuration by configuration (tests)."""
+        """Every answer row: its configuration's index in the sweep, then its cells (tests)."""
         out = []
         for b in range(self.topLevelItemCount()):
             branch = self.topLevelItem(b)
             for c in range(branch.childCount()):
                 child = branch.child(c)
-                out.append([branch.text(0)] + [child.text(i) for i in range(self.columnCount())])
+                index = branch.data(0, Qt.ItemDataRole.UserRole)
+                out.append([index] + [child.text(i) for i in range(self.columnCount())])
         return out
 
     def _picked(self) -> None:

@@ -71,6 +71,8 @@ class ChooseView(QWidget):
         self.below.addTab(self.table, "Configurations")
         self.below.addTab(self.answers, "Answers")
         self.below.setTabToolTip(1, "Each question asked, per configuration: right or wrong, and the model's answer")
+        # no taller a minimum than the table's alone: the tab bar must not push a 720-pixel window off the screen
+        self.below.setMinimumHeight(self.table.minimumSizeHint().height())
         self.splitter = QSplitter(Qt.Orientation.Vertical)
         self.splitter.addWidget(top)
         self.splitter.addWidget(self.below)
@@ -119,11 +121,14 @@ class ChooseView(QWidget):
         table = self.table
         row = table.verticalHeader().defaultSectionSize()
         bar = table.horizontalScrollBar()
-        tabs = self.below.tabBar()
+        # the tab widget's own room around the table (its tab bar where shown), as laid out
+        around = self.below.height() - table.height() if table.height() > 0 else 0
         chrome = (table.horizontalHeader().sizeHint().height() + 2 * table.frameWidth()
-                  + (bar.sizeHint().height() if bar.isVisible() else 0)
-                  + (tabs.sizeHint().height() if tabs.isVisible() else 0))
+                  + (bar.sizeHint().height() if bar.isVisible() else 0) + max(0, around))
         rows = max(TABLE_MIN_ROWS, int((total * TABLE_SHARE - chrome) // row))
+        # no more than the plots above leave (the picked configuration's three curves need their height)
+        room = total - self.splitter.widget(0).minimumSizeHint().height() - chrome
+        rows = max(1, min(rows, int(room // row)))
         want = chrome + rows * row
         if self.splitter.sizes()[1] != want:
             self.splitter.setSizes([total - want, want])
