@@ -74,6 +74,20 @@ def test_a_pinned_span_is_outlined_and_counted_as_the_trace_says(window, qtbot):
     assert drawn_states(plot)[Held.ALL] == holding.layers
     assert cell(window, run_id, "needle held") == f"{holding.layer_heads} of {holding.layers} x {holding.heads}"
 
+    # words of the prompt selected in the Tokens panel pin there (its menu's action); generated text does not
+    view = window.token_view
+    cursor = view.textCursor()
+    cursor.setPosition(PROMPT.index(NEEDLE))
+    cursor.setPosition(PROMPT.index(NEEDLE) + len(NEEDLE), QTextCursor.MoveMode.KeepAnchor)
+    view.setTextCursor(cursor)
+    assert view.pinnable() == NEEDLE
+    pins.clear_button.click()
+    view.sigPin.emit(view.pinnable())
+    assert pins.texts == [NEEDLE]
+    cursor.setPosition(len(PROMPT) + 1, QTextCursor.MoveMode.KeepAnchor)
+    view.setTextCursor(cursor)
+    assert view.pinnable() == ""
+
     # a run with nothing pinned says "-"
     pins.clear_button.click()
     run_id = run(qtbot, window, "dynamic", tokens=2, prompt=PROMPT)
