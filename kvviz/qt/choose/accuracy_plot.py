@@ -10,13 +10,12 @@ from __future__ import annotations
 import math
 
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt
 
 from kvviz.files import frontier
 from kvviz.files.sweep import Sweep
 from kvviz.qt import theme
-from kvviz.qt.choose.frontier_plot import BytesAxis, card, nearest
-from kvviz.qt.plots.base import PlotPanel
+from kvviz.qt.choose.frontier_plot import ConfigurationsPlot
 from kvviz.qt.plots.legend import Entry
 
 # one colour, symbol and size per regime (kvviz.files.qa.REGIMES), the same in both themes; each smaller than the one
@@ -26,17 +25,11 @@ REGIME_STYLES = {"query-agnostic": (theme.BLUE, "o", 19), "query-aware": (theme.
 MARGIN = 8.0  # accuracy points above 100 % and below 0 %: a point on the edge stays whole
 
 
-class AccuracyPlot(PlotPanel):
+class AccuracyPlot(ConfigurationsPlot):
     title = "Answers right against cache memory"
-    export_aspect = 0.6
-    sigPicked = Signal(int)  # the index (in the sweep) of the configuration clicked
 
     def __init__(self, parent=None):
-        self.bytes_axis = BytesAxis("bottom")
         super().__init__(parent)
-        self.plot.setAxisItems({"bottom": self.bytes_axis})
-        self.plot.getAxis("bottom").enableAutoSIPrefix(False)
-        self.sweep: Sweep | None = None
         self.series = {regime: pg.ScatterPlotItem(size=size, pxMode=True, symbol=symbol, brush=pg.mkBrush(colour))
                        for regime, (colour, symbol, size) in REGIME_STYLES.items()}
         self.exact_lines = {regime: pg.InfiniteLine(angle=0, movable=False,
@@ -49,7 +42,6 @@ class AccuracyPlot(PlotPanel):
         self.plot.addItem(self.tolerance_line, ignoreBounds=True)
         self._placed: list[tuple[int, str, float, float]] = []  # (index, regime, log10 bytes, accuracy %) drawn
         self.set_labels("answers right (%)", "cache memory at the target (bytes, log)")
-        self.plot.setYRange(-MARGIN, 100 + MARGIN, padding=0)
         self.plot.setLimits(yMin=-MARGIN, yMax=100 + MARGIN)
 
     def show_sweep(self, sweep: Sweep | None) -> None:
@@ -79,11 +71,16 @@ class AccuracyPlot(PlotPanel):
         self.tolerance_line.setVisible(floor is not None and floor > 0)
         if floor is not None:
             self.tolerance_line.setPos(100.0 * floor)
+        self.reset_view()
+        self.update_legend()
+
+    def reset_view(self) -> None:
+        """0 to 100 % and the points' memory, whatever the zoom was."""
+        self.plot.setYRange(-MARGIN, 100 + MARGIN, padding=0)
         if self._placed:
             xs = [x for _, _, x, _ in self._placed]
             pad = max(0.15, 0.08 * (max(xs) - min(xs)))
             self.plot.setXRange(min(xs) - pad, max(xs) + pad, padding=0)
-        self.update_legend()
 
     def has_data(self) -> bool:
         return bool(self._placed)
@@ -111,21 +108,8 @@ class AccuracyPlot(PlotPanel):
                                  tooltip="the answer names no configuration below this in any regime asked"))
         return entries
 
-    def nearest(self, x: float, y: float) -> int | None:
-        """The configuration whose point is drawn nearest to view position (x, y), within PICK_PX pixels."""
-        return nearest(self.plot.vb, [(i, px, py) for i, _, px, py in self._placed], x, y)
-
-    def hover_text(self, x: float, y: float) -> str:
-        index = self.nearest(x, y)
-        return "" if index is None else card(self.sweep, index)
-
-    def _on_click(self, event) -> None:
-        if not self.plot.vb.sceneBoundingRect().contains(event.scenePos()):
-            return
-        point = self.plot.vb.mapSceneToView(event.scenePos())
-        index = self.nearest(point.x(), point.y())
-        if index is not None:
-            self.sigPicked.emit(index)
+    def placed_points(self) -> list[tuple[int, float, float]]:
+        return [(i, x, y) for i, _, x, y in self._placed]
 
     def fill_export_copy(self, copy: AccuracyPlot) -> None:
         copy.show_sweep(self.sweep)

@@ -56,8 +56,11 @@ class BytesAxis(pg.AxisItem):
         return [size(2.0 ** round(v / LOG2)) for v in values]
 
 
-class FrontierPlot(PlotPanel):
-    title = "Quality lost against cache memory at your target: one point per configuration"
+class ConfigurationsPlot(PlotPanel):
+    """A plot of a sweep's configurations against their cache memory at the target (x: log10 bytes, labelled as
+    sizes): hover names the configuration under the mouse, a click picks it (`sigPicked`), a double click fits the
+    view again. Subclasses draw and say where each configuration's points are (`placed_points`)."""
+
     export_aspect = 0.6
     sigPicked = Signal(int)  # the index (in the sweep) of the configuration clicked
 
@@ -67,6 +70,36 @@ class FrontierPlot(PlotPanel):
         self.plot.setAxisItems({"bottom": self.bytes_axis})
         self.plot.getAxis("bottom").enableAutoSIPrefix(False)
         self.sweep: Sweep | None = None
+
+    def placed_points(self) -> list[tuple[int, float, float]]:
+        """(configuration index, x, y) of every point drawn, in view coordinates."""
+        raise NotImplementedError
+
+    def nearest(self, x: float, y: float) -> int | None:
+        """The index of the point drawn nearest to view position (x, y), within PICK_PX pixels; None if none."""
+        return nearest(self.plot.vb, self.placed_points(), x, y)
+
+    def hover_text(self, x: float, y: float) -> str:
+        index = self.nearest(x, y)
+        return "" if index is None else card(self.sweep, index)
+
+    def _on_click(self, event) -> None:
+        if event.double():
+            self.reset_view()
+            return
+        if not self.plot.vb.sceneBoundingRect().contains(event.scenePos()):
+            return
+        point = self.plot.vb.mapSceneToView(event.scenePos())
+        index = self.nearest(point.x(), point.y())
+        if index is not None:
+            self.sigPicked.emit(index)
+
+
+class FrontierPlot(ConfigurationsPlot):
+    title = "Quality lost against cache memory at your target: one point per configuration"
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
         self.selected: int | None = None
         self.points = pg.ScatterPlotItem(size=POINT_SIZE, pxMode=True)
         self.ring = pg.ScatterPlotItem(size=POINT_SIZE + 10, pxMode=True, brush=None)
@@ -257,24 +290,8 @@ class FrontierPlot(PlotPanel):
 
     # -- hover and click ----------------------------------------------------------------------------------
 
-    def nearest(self, x: float, y: float) -> int | None:
-        """The index of the point drawn nearest to view position (x, y), within PICK_PX pixels; None if none."""
-        return nearest(self.plot.vb, self._placed, x, y)
-
-    def hover_text(self, x: float, y: float) -> str:
-        index = self.nearest(x, y)
-        return "" if index is None else card(self.sweep, index)
-
-    def _on_click(self, event) -> None:
-        if event.double():
-            self.reset_view()
-            return
-        if not self.plot.vb.sceneBoundingRect().contains(event.scenePos()):
-            return
-        point = self.plot.vb.mapSceneToView(event.scenePos())
-        index = self.nearest(point.x(), point.y())
-        if index is not None:
-            self.sigPicked.emit(index)
+    def placed_points(self) -> list[tuple[int, float, float]]:
+        return self._placed
 
     def fill_export_copy(self, copy: FrontierPlot) -> None:
         copy.show_sweep(self.sweep, self.selected)
