@@ -25,12 +25,6 @@ def drawn_states(plot) -> dict[Held, int]:
     return out
 
 
-def cell(window, run_id: int, title: str) -> str:
-    table = window.runs_table
-    column = [table.horizontalHeaderItem(c).text() for c in range(table.columnCount())].index(title)
-    return table.item(table._rows[run_id], column).text()
-
-
 def test_a_pinned_span_is_outlined_and_counted_as_the_trace_says(window, qtbot):
     load(qtbot, window)
     window.set_mode("local")
@@ -62,7 +56,7 @@ def test_a_pinned_span_is_outlined_and_counted_as_the_trace_says(window, qtbot):
     assert np.nanmin(xs) == pin.start and np.nanmax(xs) == pin.end
     holding = heads_holding(held, pin.size)
     assert holding.held == 0
-    assert cell(window, run_id, "needle held") == f"0 of {holding.layers} x {holding.heads}"
+    assert window.runs_table.cell(run_id, "needle held") == f"0 of {holding.layers} x {holding.heads}"
     assert plot.title_label.detail.startswith(f"needle {holding.text()}; #{run_id} sink")
 
     # the same span under the exact cache: held by every layer-head
@@ -72,7 +66,8 @@ def test_a_pinned_span_is_outlined_and_counted_as_the_trace_says(window, qtbot):
     holding = heads_holding(trace.steps[-1].pins_held[0], trace.pins[0].size)
     assert holding.held == holding.layer_heads > 0
     assert drawn_states(plot)[Held.ALL] == holding.layers
-    assert cell(window, run_id, "needle held") == f"{holding.layer_heads} of {holding.layers} x {holding.heads}"
+    held = f"{holding.layer_heads} of {holding.layers} x {holding.heads}"
+    assert window.runs_table.cell(run_id, "needle held") == held
 
     # words of the prompt selected in the Tokens panel pin there (its menu's action); generated text does not
     view = window.token_view
@@ -92,7 +87,7 @@ def test_a_pinned_span_is_outlined_and_counted_as_the_trace_says(window, qtbot):
     pins.clear_button.click()
     run_id = run(qtbot, window, "dynamic", tokens=2, prompt=PROMPT)
     window.redraw()
-    assert cell(window, run_id, "needle held") == "–" and drawn_states(plot) == dict.fromkeys(Held, 0)
+    assert window.runs_table.cell(run_id, "needle held") == "–" and drawn_states(plot) == dict.fromkeys(Held, 0)
 
 
 def test_a_task_item_is_written_into_the_prompt_with_its_needle_pinned(window, qtbot):
@@ -108,3 +103,31 @@ def test_a_task_item_is_written_into_the_prompt_with_its_needle_pinned(window, q
         local.write_item("niah_multikey_1", 64)
     assert "at least" in window.last_error and window.controls.prompt_panel.text() == prompt
     assert len(pins.texts) == 1
+
+
+def test_a_pinned_span_is_held_until_a_live_switch_evicts_it(window, qtbot):
+    load(qtbot, window)
+    window.set_mode("local")
+    window.panels.pin_panel.set_texts([NEEDLE])
+    window.controls.prompt_panel.editor.setPlainText(PROMPT)
+    window.controls.settings_panel.max_new_tokens.setValue(400)
+    assert window.controls.strategy_panel.set_current("dynamic")
+    with qtbot.waitSignal(window.sigRunDone, timeout=180000):
+        run_id = window.start_run(extra_settings={"stop_at_eos": False})
+        qtbot.waitUntil(lambda: len(window.store.runs[run_id].trace.steps) >= 3, timeout=60000)
+        assert window.controls.strategy_panel.set_current("sink")
+        window.controls.strategy_panel.set_option("window", 8)
+        with qtbot.waitSignal(window.model.worker.sigSwitchAccepted, timeout=60000):
+            assert window.switch_strategy(), window.last_error
+        qtbot.waitUntil(lambda: len(window.store.runs[run_id].switches) == 1, timeout=60000)
+        window.stop_run()
+    window.redraw()
+    trace = window.store.runs[run_id].trace
+    pin, at = trace.pins[0], trace.switches[0].step
+    before = {s for step in trace.steps[:at] for s in layer_states(step.pins_held[0], pin.size)}
+    after = {s for step in trace.steps[at:] for s in layer_states(step.pins_held[0], pin.size)}
+    assert before == {Held.ALL} and after == {Held.NONE}
+    layers = len(trace.steps[-1].pins_held[0])
+    assert drawn_states(window.modes["local"].view.cache_map) == {Held.ALL: 0, Held.SOME: 0, Held.NONE: layers}
+    holding = heads_holding(trace.steps[-1].pins_held[0], pin.size)
+    assert window.runs_table.cell(run_id, "needle held") == f"0 of {holding.layers} x {holding.heads}"
