@@ -5,9 +5,11 @@ heads hold, and the Runs table says in how many layer-heads it is held: both rea
 from __future__ import annotations
 
 import numpy as np
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QTextCursor
 
 from kvviz.files.trace import heads_holding
+from kvviz.qt.panels.tokens import PIN_ALPHA
 from kvviz.qt.plots.pin_outline import Held, layer_states
 from tests.qt.conftest import load, run
 
@@ -71,6 +73,11 @@ def test_a_pinned_span_is_outlined_and_counted_as_the_trace_says(window, qtbot):
 
     # words of the prompt selected in the Tokens panel pin there (its menu's action); generated text does not
     view = window.token_view
+    shaded = QTextCursor(view.document())  # the pinned words shaded in the prompt shown, and only they
+    shaded.setPosition(PROMPT.index(NEEDLE) + 1)
+    assert shaded.charFormat().background().color().alpha() == PIN_ALPHA
+    shaded.setPosition(PROMPT.index(NEEDLE) - 2)
+    assert shaded.charFormat().background().style() == Qt.BrushStyle.NoBrush
     cursor = view.textCursor()
     cursor.setPosition(PROMPT.index(NEEDLE))
     cursor.setPosition(PROMPT.index(NEEDLE) + len(NEEDLE), QTextCursor.MoveMode.KeepAnchor)

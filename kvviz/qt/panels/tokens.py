@@ -21,6 +21,7 @@ STEP_PROPERTY = QTextFormat.Property.UserProperty + 1
 # at any token: text without spaces (Chinese, a model stuck on "!!!") shows one line ending early there.
 MAX_PARAGRAPH = 1500
 HARD_PARAGRAPH = MAX_PARAGRAPH + 500
+PIN_ALPHA = 70  # a pinned span's shade behind the prompt's text
 
 
 class TokenView(QTextEdit):
@@ -36,6 +37,7 @@ class TokenView(QTextEdit):
         self.series: RunSeries | None = None
         self._shown = 0
         self._scale_ms: float | None = None
+        self._pins_marked = False
         self.store = store
         if store is not None:
             store.sigShownChanged.connect(self._follow_store)
@@ -63,7 +65,24 @@ class TokenView(QTextEdit):
         cursor = self.textCursor()
         cursor.movePosition(QTextCursor.MoveOperation.End)
         cursor.insertText(series.trace.prompt, prompt)
+        self._pins_marked = False
         self.update_tokens()
+
+    def _mark_pins(self, series: RunSeries) -> None:
+        """The run's pinned spans shaded in the prompt (the first place each occurs, as the run pinned it)."""
+        prompt = series.trace.prompt
+        marked = QTextCharFormat()
+        shade = QColor(theme.YELLOW)  # the cache map's colour of a span partly held: a pinned span's colour
+        shade.setAlpha(PIN_ALPHA)
+        marked.setBackground(shade)
+        for pin in series.trace.pins:
+            start = prompt.find(pin.label) if pin.label else -1
+            if start < 0:
+                continue
+            cursor = QTextCursor(self.document())
+            cursor.setPosition(start)
+            cursor.setPosition(start + len(pin.label), QTextCursor.MoveMode.KeepAnchor)
+            cursor.mergeCharFormat(marked)
 
     def update_tokens(self) -> None:
         """Append the steps of the shown run that are not on screen yet."""
@@ -71,6 +90,9 @@ class TokenView(QTextEdit):
         if series is None:
             return
         steps = series.trace.steps[: series.n]  # the records drawn so far: the plots show the same
+        if not self._pins_marked and steps:  # the run's own trace by now (a live run's header has no pins)
+            self._pins_marked = True
+            self._mark_pins(series)
         if self._shown >= len(steps):
             return
         if self._scale_ms is None or self._shown < 16:
