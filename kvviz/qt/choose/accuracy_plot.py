@@ -1,8 +1,8 @@
-"""The Choose mode's accuracy plot, beside the frontier where the sweep asked questions: each finished
-configuration's accuracy (the share of its answers scored right, in %) against its cache memory at the user's target
-(the frontier's log axis of bytes), one series of points per regime, the exact cache's accuracy as a dashed line per
-regime and the accuracy tolerance below the exact cache's worst regime as a dotted one. Hover names the
-configuration; a click picks it (`sigPicked`), as on the frontier.
+"""The Choose mode's accuracy plot, beside the frontier where the sweep asked questions: each finished configuration's
+accuracy (the share of its answers scored right, in %) against its cache memory at the user's target (the frontier's
+log axis of bytes, linked to it: the same range), one series of points per regime, the exact cache's accuracy as a
+dashed line per regime and the accuracy tolerance below the exact cache's worst regime as a dotted one. Hover names
+the configuration; a click picks it (`sigPicked`), as on the frontier.
 """
 
 from __future__ import annotations
@@ -75,12 +75,8 @@ class AccuracyPlot(ConfigurationsPlot):
         self.update_legend()
 
     def reset_view(self) -> None:
-        """0 to 100 % and the points' memory, whatever the zoom was."""
+        """0 to 100 %, whatever the zoom was (the memory axis is the frontier's: kvviz.qt.choose.view links them)."""
         self.plot.setYRange(-MARGIN, 100 + MARGIN, padding=0)
-        if self._placed:
-            xs = [x for _, _, x, _ in self._placed]
-            pad = max(0.15, 0.08 * (max(xs) - min(xs)))
-            self.plot.setXRange(min(xs) - pad, max(xs) + pad, padding=0)
 
     def has_data(self) -> bool:
         return bool(self._placed)

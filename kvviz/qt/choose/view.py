@@ -49,6 +49,7 @@ class ChooseView(QWidget):
         self.answer.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.frontier_plot = FrontierPlot()
         self.accuracy_plot = AccuracyPlot()  # where the sweep asked questions
+        self.accuracy_plot.plot.setXLink(self.frontier_plot.plot)  # one memory axis: a point's place matches
         self.curve_plots = [RunningPerplexityPlot(), RunningDivergencePlot(), MeasuredCachePlot()]
         self.plots = [self.frontier_plot, self.accuracy_plot, *self.curve_plots]
         curves = QSplitter(Qt.Orientation.Vertical)
