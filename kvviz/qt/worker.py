@@ -77,7 +77,8 @@ class Worker(QObject):
     sigRunNotice = Signal(int, str)  # run id, what a long one-time pause is doing ("" once it is over)
     sigPreflight = Signal(int, object)  # request serial, {"prompt_tokens": int | None, "problem": str | None}
     sigAttentionRefused = Signal(int, str)  # run id, why its attention cannot be shown
-    sigItemWritten = Signal(int, object)  # request serial, {"prompt": str, "pins": [needle text]} or {"problem": str}
+    sigItemWritten = Signal(int, object)  # request serial, {"prompt", "pins": [needle text], "name", "answers",
+    # "metric"} or {"problem": str}
 
     def __init__(self):
         super().__init__()
@@ -204,7 +205,8 @@ class Worker(QObject):
             self.sigItemWritten.emit(serial, {"problem": str(exc)})
             return
         prompt, pins = plain_prompt(item)
-        self.sigItemWritten.emit(serial, {"prompt": prompt, "pins": pins, "name": item.name})
+        self.sigItemWritten.emit(serial, {"prompt": prompt, "pins": pins, "name": item.name,
+                                          "answers": item.turns[0].answers, "metric": item.metric})
 
     def _switch(self, strategy: str, options: dict[str, Any]) -> None:
         """Switch the running generation's cache at its next step (worker thread, from `desk` only)."""

@@ -7,7 +7,17 @@ outlines them and the Runs table says in how many layer-heads they are held.
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QComboBox, QGroupBox, QHBoxLayout, QLabel, QPushButton, QSpinBox, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
 
 from kvviz.engine.tasks import TASKS
 
@@ -35,13 +45,12 @@ class PinPanel(QGroupBox):
         self.tasks.setToolTip("Write an item of a retrieval task into the prompt, its needle pinned (item 1, seed 0: "
                               "the one `kvviz choose --task NAME --items 1` asks)")
         self.tasks.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
-        self.tasks.setMinimumContentsLength(6)
+        self.tasks.setMinimumContentsLength(6)  # the Controls' width is the narrowest mode's; the row is its own
         self.length = QSpinBox()
         self.length.setRange(64, 1_000_000)
         self.length.setSingleStep(250)
         self.length.setValue(ITEM_TOKENS)
         self.length.setGroupSeparatorShown(True)
-        self.length.setSuffix(" tokens")
         self.length.setAlignment(Qt.AlignmentFlag.AlignRight)
         self.length.setToolTip("The tokens the item is written to fit: its context, question and answer")
         self.listing = QLabel()
@@ -50,13 +59,14 @@ class PinPanel(QGroupBox):
         buttons = QHBoxLayout()
         buttons.addWidget(self.pin_button, 1)
         buttons.addWidget(self.clear_button)
-        item = QHBoxLayout()
-        item.addWidget(self.tasks, 1)
-        item.addWidget(self.length)
+        length = QFormLayout()
+        length.setContentsMargins(0, 0, 0, 0)
+        length.addRow("item length (tokens)", self.length)
         layout = QVBoxLayout(self)
         layout.setSpacing(4)
         layout.addLayout(buttons)
-        layout.addLayout(item)
+        layout.addWidget(self.tasks)
+        layout.addLayout(length)
         layout.addWidget(self.listing)
         self.clear_button.clicked.connect(lambda *_: self.set_texts([]))
         self.tasks.activated.connect(self._picked)

@@ -2,7 +2,7 @@
 
 One prompt through dynamic, static, quantized int4 (hqq) and sink caches, then one run that switches from dynamic to
 quantized int4 mid-run, then a quantized int2 run compared with the exact cache (its KL divergence per step and
-top-1 agreement), then a needle: a RULER-style item (kvviz.engine.tasks) whose 7-digit number is pinned, read by H2O
+top-1 agreement), then a needle: a RULER-style item (kvviz.engine.tasks) whose 7-digit number is pinned, read by TOVA
 at a small budget, the cache map outlining the needle in each layer as it is held or evicted, then a four-turn
 conversation through attention sinks in the Chat tab. Each scene is captioned in a band of its own above the
 window's views, which covers no plot; with `record` the whole tour is written to MP4 (or GIF without imageio-ffmpeg)
@@ -45,8 +45,8 @@ TOUR = [
     Scene("6 / 8  Fidelity: quantized int2 against the exact cache, KL per step and top-1 agreement", "quantized",
           {**HQQ_INT4, "nbits": 2}, reference=True),
 ]
-NEEDLE = Scene("7 / 8  A pinned needle (a 7-digit number in {tokens:,} tokens), H2O keeping {budget}: {held}",
-               "h2o", {"budget": 96})
+# the caption fits a 1920-pixel window whole (a longer one widens the window past the recording)
+NEEDLE = Scene("7 / 8  A needle in {tokens:,} tokens, pinned; TOVA keeps {budget}: {held}", "tova", {"budget": 96})
 NEEDLE_TASK, NEEDLE_TOKENS = "niah_single_1", 600
 CHAT = Scene("8 / 8  A conversation through attention sinks (4 + 60): the cache map shows which turns survive",
              "sink", {"sink_tokens": 4, "window": 60})
@@ -92,8 +92,10 @@ def run_demo(record: Path | None = None, model: str = "default", tokens: int = 6
 
 
 def _needle(window, caption: Caption, pause: float) -> int:
-    """The needle scene: a task item written into the prompt, its needle pinned, read by a small H2O cache; the
-    caption then says in how many layer-heads the needle is still held. Its failures (0 or 1)."""
+    """The needle scene: a task item written into the prompt, its needle pinned, read by a small TOVA cache until
+    the model ends its answer; the caption then says in how many layer-heads the needle is still held and whether
+    the answer has the number. Its failures (0 or 1)."""
+    from kvviz.files.scoring import score
     from kvviz.files.trace import heads_holding
 
     local, pins = window.modes["local"], window.panels.pin_panel
@@ -110,7 +112,7 @@ def _needle(window, caption: Caption, pause: float) -> int:
     local.view.map_tabs.setCurrentWidget(local.view.cache_map)
     if not drive.choose(window, NEEDLE.strategy, NEEDLE.options):
         return 1
-    run_id = window.start_run({"stop_at_eos": False})
+    run_id = window.start_run()  # to the end of its answer
     if run_id is None:
         return 1
     series = window.store.runs[run_id]
@@ -119,8 +121,11 @@ def _needle(window, caption: Caption, pause: float) -> int:
     trace = series.trace
     pin = trace.pins[0]
     holding = heads_holding(trace.steps[-1].pins_held[0], pin.size)
+    item = written[0]
+    right = score(item["metric"], trace.text, item["answers"]) >= 1.0
     # the same words as the Runs table's and the cache map's title
-    caption.show(NEEDLE.caption.format(tokens=trace.prompt_tokens, budget=budget, held=holding.text()))
+    held = f"{holding.text()}, answer {'right' if right else 'wrong'}"
+    caption.show(NEEDLE.caption.format(tokens=trace.prompt_tokens, budget=budget, held=held))
     drive.pause(2 * pause)
     pins.set_texts([])  # the scenes after it watch nothing
     return 0
