@@ -199,8 +199,18 @@ def run_row(label: str, trace, status: str | None = None) -> dict[str, Any]:
         "first_divergence": s.get("first_divergence"),
         "reference_perplexity": s.get("reference_perplexity"),
         "switches": " ".join(f"{w.step}:{w.to_strategy}" for w in trace.switches),
+        "pins_held": s.get("pins"),
         "status": status or final_status(trace),
     }
+
+
+def pins_held(row: Mapping[str, Any]) -> str:
+    """ "12 of 30 x 3": layer-heads holding every token of each pinned span, of layers x KV heads, at the run's last
+    step ("; " between spans); "-" when nothing is pinned."""
+    pins = row.get("pins_held")
+    if not pins:
+        return UNKNOWN
+    return "; ".join(f"{p['held']} of {p['layers']} x {p['heads']}" for p in pins)
 
 
 def scoring_ms_mean(trace) -> float | None:
@@ -226,6 +236,7 @@ RUN_TABLE: list[tuple[str, Callable[[Mapping[str, Any]], str], bool]] = [
     ("tokens/s", lambda r: number(r["decode_tokens_per_s"]), True),
     ("decode ms (mean)", lambda r: number(r["decode_ms_mean"], 2), True),
     ("peak cache MiB", lambda r: number(r["peak_cache_mib"], 3), True),
+    ("needle held", pins_held, True),
     ("status", lambda r: r["status"], False),
     ("strategy", lambda r: r["label"], False),
     ("of mem. limit", lambda r: percent(r["share_of_memory_bound"]), True),
@@ -253,6 +264,8 @@ RUN_TABLE_HELP = {
     "kernels) and torch.compile before the first decode step",
     "policy state MiB": "the most an evicting policy kept beside keys and values (the position of each token held, "
     "H2O's attention sums), measured like the cache: with it, the policy's real cost",
+    "needle held": "the pinned span (a task item's needle, words pinned): in how many layer-heads (layers x KV heads) "
+    "the cache still holds every one of its tokens, at the run's last step; - when nothing is pinned",
     "tokens/s": "decode steps per second (the prefill, a warm-up and a compile are not counted)",
     "of mem. limit": "the share of the memory-bound speed the decode steps reached: the time to read the weights "
     "and the KV cache once at this machine's memory bandwidth, over the steps' real time",

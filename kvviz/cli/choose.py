@@ -128,6 +128,7 @@ def command(args) -> int:
     questions = _questions(args)
     out = common.out_folder(args.out)
     from kvviz.engine import evaluate, models, sweep
+    from kvviz.engine.qa_prompt import longest_reading
 
     loaded = models.load_model(args.model, dtype=args.dtype, device=args.device,
                                progress=lambda message, fraction: common.log(message))
@@ -139,7 +140,7 @@ def command(args) -> int:
         raise UsageError(str(exc)) from None
     tokens = args.tokens or TOKENS
     if configs is None:
-        longest = _longest(asked, loaded) if asked else None
+        longest = longest_reading(asked, loaded.tokenizer) if asked else None
         configs, skipped = sweep.default_grid(loaded.model, tokens, longest)
         for reason in skipped:
             common.log(f"left out: {reason}")
@@ -202,45 +203,20 @@ def _questions(args) -> list | None:
                              "--qa too")
         return None
     try:
-        if _is_conversation(args.qa):
-            return [qa.from_conversation(args.qa)]
-        return qa.read_questions(args.qa)
+        return qa.read_asked(args.qa)
     except qa.QAFileError as exc:
         raise UsageError(str(exc)) from None
 
 
-def _is_conversation(path: Path) -> bool:
-    """Whether the file is a kept conversation (one JSON object of the kvviz-conversation format), not a JSONL file."""
-    try:
-        with path.open("rb") as f:
-            head = f.read(4096)
-    except OSError:
-        return False
-    return b'"kvviz-conversation"' in head and head.lstrip().startswith(b"{") and not path.suffix == ".jsonl"
-
-
 def _asked(args, loaded, questions: list | None, regimes: list[str]):
     """The questions to ask (an `Asked`), written for this model: the user's, or `--task`'s items; None for none."""
-    from kvviz.engine import tasks
-    from kvviz.engine.qa_prompt import Rendering
-    from kvviz.files.sweep import Asked
+    from kvviz.engine.qa_prompt import asked
 
     if args.task is None and questions is None:
         return None
-    rendering = Rendering(loaded.tokenizer, args.raw)
-    if questions is not None:
-        return Asked(args.qa.name, regimes, rendering.raw, questions)
-    names = tasks.task_names(args.task)
-    items = tasks.generate(names, args.items, args.length, args.seed, args.turns, rendering.tokens)
-    return Asked(f"tasks {', '.join(names)}", regimes, rendering.raw, items, args.seed, args.length)
-
-
-def _longest(asked, loaded) -> int:
-    """The most tokens an item's reading takes: what the default grid's budgets are fractions of."""
-    from kvviz.engine.qa_prompt import Rendering
-
-    rendering = Rendering(loaded.tokenizer, asked.raw)
-    return max(rendering.tokens(item) for item in asked.items)
+    source = args.qa.name if questions is not None else None
+    return asked(loaded.tokenizer, regimes, args.raw, questions, source, args.task, args.items, args.length,
+                 args.seed, args.turns)
 
 
 def show_sweep(result, as_json: bool):

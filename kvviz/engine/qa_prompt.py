@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 
 from kvviz.errors import OptionError
 from kvviz.files.qa import QAItem
+from kvviz.files.sweep import Asked
 from kvviz.files.trace import Pin
 
 _SENTINELS = ("kvvizfirstuserturn", "kvvizassistantturn", "kvvizseconduserturn")
@@ -115,3 +116,33 @@ class Rendering:
         for turn, asked in enumerate(item.turns):
             total += len(self.question(item, turn, follows_answer=turn > 0)) + asked.max_new_tokens
         return total
+
+
+def plain_prompt(item: QAItem, turn: int = 0) -> tuple[str, list[str]]:
+    """Question `turn` of an item as one plain prompt (``context + "\\n" + question + answer_prefix``, the raw
+    reading) and the text of each needle it asks for: what a user runs and pins by hand (the window's task item,
+    `kvviz run --pin`)."""
+    asked = item.turns[turn]
+    needles = [item.context[n.start : n.end] for n in item.needles if n.role == "answer" and n.turn in (turn, None)]
+    return item.context + "\n" + asked.question + asked.answer_prefix, needles
+
+
+def asked(tokenizer, regimes: list[str], raw: bool, questions: list[QAItem] | None = None, source: str | None = None,
+          task: str | None = None, items: int = 5, length: int = 1000, seed: int = 0, turns: int = 1) -> Asked:
+    """The questions a sweep asks (`kvviz choose --qa/--task`, the window's Choose), written for this tokenizer: the
+    user's `questions` (from the file named `source`), or `items` items of each task of `task` ("NAME[,NAME]") at
+    `length` tokens. Raises OptionError for an unknown task or a length too short."""
+    from kvviz.engine import tasks
+
+    rendering = Rendering(tokenizer, raw)
+    if questions is not None:
+        return Asked(source or "questions", regimes, rendering.raw, questions)
+    names = tasks.task_names(task or "")
+    written = tasks.generate(names, items, length, seed, turns, rendering.tokens)
+    return Asked(f"tasks {', '.join(names)}", regimes, rendering.raw, written, seed, length)
+
+
+def longest_reading(asked: Asked, tokenizer) -> int:
+    """The most tokens an item's reading takes: what the default grid's budgets are fractions of."""
+    rendering = Rendering(tokenizer, asked.raw)
+    return max(rendering.tokens(item) for item in asked.items)

@@ -232,6 +232,23 @@ def _read_text(path: Path) -> str:
 # -- a kept conversation, asked again -----------------------------------------------------------------------
 
 
+def is_conversation(path: str | os.PathLike) -> bool:
+    """Whether the file is a kept conversation (one JSON object of the kvviz-conversation format), not a JSONL file."""
+    path = Path(path)
+    try:
+        with path.open("rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    return b'"kvviz-conversation"' in head and head.lstrip().startswith(b"{") and not path.suffix == ".jsonl"
+
+
+def read_asked(path: str | os.PathLike) -> list[QAItem]:
+    """The user's questions from a file (`kvviz choose --qa`, the window's question file): a JSONL file with kvpress's
+    columns, or a kept conversation, its messages asked again turn after turn. Raises QAFileError."""
+    return [from_conversation(path)] if is_conversation(path) else read_questions(path)
+
+
 def from_conversation(path: str | os.PathLike) -> QAItem:
     """A kept conversation (`kvviz chat --trace`, a kvviz-conversation file) as one item: its system prompt is the
     context, each user message a question, and the reply the conversation kept its reference answer (scored like

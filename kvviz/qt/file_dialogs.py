@@ -20,6 +20,7 @@ KINDS = {
     "tables": "CSV exports",
     "evaluations": "folders evaluations are saved into",
     "sweeps": "folders sweeps are saved into",
+    "questions": "question files a sweep asks (JSONL, kept conversations)",
     "images": "window pictures",
     "recordings": "recordings of the window",
     "models": "model folders and GGUF files (local and served)",

@@ -74,6 +74,7 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(central)
         self.token_view = TokenView(self.store)
         self.token_view.setMinimumWidth(200)
+        self.token_view.sigPin.connect(self.panels.pin_panel.add)
         self.runs_table = RunsTable(self.store)
         # the Controls take the window's whole height; the Runs table spans the plots and the tokens
         self.setCorner(Qt.Corner.BottomLeftCorner, Qt.DockWidgetArea.LeftDockWidgetArea)

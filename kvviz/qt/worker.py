@@ -49,6 +49,10 @@ class Desk(QObject):
     def preflight(self, serial: int, request: dict[str, Any]) -> None:
         self.worker._preflight(serial, request)
 
+    @Slot(int, object)
+    def write_item(self, serial: int, request: dict[str, Any]) -> None:
+        self.worker._write_item(serial, request)
+
     @Slot(bool)
     def attention(self, on: bool) -> None:
         """Compute the attention view's matrix from the next step on (the view is on screen), or stop."""
@@ -73,6 +77,8 @@ class Worker(QObject):
     sigRunNotice = Signal(int, str)  # run id, what a long one-time pause is doing ("" once it is over)
     sigPreflight = Signal(int, object)  # request serial, {"prompt_tokens": int | None, "problem": str | None}
     sigAttentionRefused = Signal(int, str)  # run id, why its attention cannot be shown
+    sigItemWritten = Signal(int, object)  # request serial, {"prompt", "pins": [needle text], "name", "answers",
+    # "metric"} or {"problem": str}
 
     def __init__(self):
         super().__init__()
@@ -182,6 +188,26 @@ class Worker(QObject):
                 problem = str(exc)
         self.sigPreflight.emit(serial, {"prompt_tokens": count, "problem": problem})
 
+    def _write_item(self, serial: int, request: dict[str, Any]) -> None:
+        """A task item written for the loaded model's tokenizer (worker thread, from `desk` only): its plain prompt
+        and the needles to pin. request: task, length (tokens), seed, index, raw."""
+        if self.loaded is None:
+            self.sigItemWritten.emit(serial, {"problem": "load a model first: the item is written for its tokenizer"})
+            return
+        from kvviz.engine import tasks
+        from kvviz.engine.qa_prompt import Rendering, plain_prompt
+
+        try:
+            rendering = Rendering(self.loaded.tokenizer, request["raw"])
+            item = tasks.fit(tasks.TASKS[request["task"]], request["seed"], request["index"], request["length"], 1,
+                             rendering.tokens)
+        except OptionError as exc:
+            self.sigItemWritten.emit(serial, {"problem": str(exc)})
+            return
+        prompt, pins = plain_prompt(item)
+        self.sigItemWritten.emit(serial, {"prompt": prompt, "pins": pins, "name": item.name,
+                                          "answers": item.turns[0].answers, "metric": item.metric})
+
     def _switch(self, strategy: str, options: dict[str, Any]) -> None:
         """Switch the running generation's cache at its next step (worker thread, from `desk` only)."""
         from kvviz.engine import strategies
@@ -215,7 +241,8 @@ class Worker(QObject):
     @Slot(int, object)
     def run(self, run_id: int, request: dict[str, Any]) -> None:
         """Decode one prompt. request: strategy, options, settings (GenerationSettings fields), prompt,
-        reference (run a full-precision reference in lockstep)."""
+        reference (run a full-precision reference in lockstep), pins (texts of the prompt whose tokens each step
+        says are held: `Decoder.pin_text`)."""
         decoder = kept = None
         try:
             from kvviz.engine import decode, strategies
@@ -228,6 +255,8 @@ class Worker(QObject):
                 self.loaded, choice, settings, request["prompt"], reference=bool(request.get("reference")),
                 notify=lambda message: self._notify(run_id, message),
             )
+            for text in request.get("pins") or ():
+                decoder.pin_text(text)
             with self._lock:
                 self._decoder = decoder
                 self._run_id = run_id

@@ -31,6 +31,7 @@ PICK_PX = 14  # a hover or a click within this many pixels of a point is on it
 BUDGET_SPAN_DECADES = 2.0  # the budget widens the x range to show its line when it lies this close to the points
 LOG2 = math.log10(2)
 MAX_TICKS = 8  # on the memory axis
+TICK_PX = 72  # the room a tick's label ("512 KiB") needs on it
 OFF_SCALE = 3.0  # the quality axis reaches this many times the tolerance (or the frontier's worst point)
 NAME_GAP = POINT_SIZE // 2 + 3  # px from a point's centre to its name, beside it (its own point is not in the way)
 LINE_SAMPLES = 24  # places along each stretch of the frontier's line that a name should not cover
@@ -47,15 +48,19 @@ class BytesAxis(pg.AxisItem):
         if not (math.isfinite(minVal) and math.isfinite(maxVal)) or maxVal <= minVal:
             return []
         low, high = math.ceil(minVal / LOG2), math.floor(maxVal / LOG2)
-        step = max(1, math.ceil((high - low + 1) / MAX_TICKS))
+        fit = max(2, min(MAX_TICKS, int(size_px // TICK_PX)))  # a narrow plot: fewer, so labels never run together
+        step = max(1, math.ceil((high - low + 1) / fit))
         return [(step * LOG2, [k * LOG2 for k in range(low, high + 1) if k % step == 0])]
 
     def tickStrings(self, values, scale, spacing):  # noqa: N802 - pyqtgraph override
         return [size(2.0 ** round(v / LOG2)) for v in values]
 
 
-class FrontierPlot(PlotPanel):
-    title = "Quality lost against cache memory at your target: one point per configuration"
+class ConfigurationsPlot(PlotPanel):
+    """A plot of a sweep's configurations against their cache memory at the target (x: log10 bytes, labelled as
+    sizes): hover names the configuration under the mouse, a click picks it (`sigPicked`), a double click fits the
+    view again. Subclasses draw and say where each configuration's points are (`placed_points`)."""
+
     export_aspect = 0.6
     sigPicked = Signal(int)  # the index (in the sweep) of the configuration clicked
 
@@ -65,6 +70,36 @@ class FrontierPlot(PlotPanel):
         self.plot.setAxisItems({"bottom": self.bytes_axis})
         self.plot.getAxis("bottom").enableAutoSIPrefix(False)
         self.sweep: Sweep | None = None
+
+    def placed_points(self) -> list[tuple[int, float, float]]:
+        """(configuration index, x, y) of every point drawn, in view coordinates."""
+        raise NotImplementedError
+
+    def nearest(self, x: float, y: float) -> int | None:
+        """The index of the point drawn nearest to view position (x, y), within PICK_PX pixels; None if none."""
+        return nearest(self.plot.vb, self.placed_points(), x, y)
+
+    def hover_text(self, x: float, y: float) -> str:
+        index = self.nearest(x, y)
+        return "" if index is None else card(self.sweep, index)
+
+    def _on_click(self, event) -> None:
+        if event.double():
+            self.reset_view()
+            return
+        if not self.plot.vb.sceneBoundingRect().contains(event.scenePos()):
+            return
+        point = self.plot.vb.mapSceneToView(event.scenePos())
+        index = self.nearest(point.x(), point.y())
+        if index is not None:
+            self.sigPicked.emit(index)
+
+
+class FrontierPlot(ConfigurationsPlot):
+    title = "Quality lost against cache memory at your target: one point per configuration"
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
         self.selected: int | None = None
         self.points = pg.ScatterPlotItem(size=POINT_SIZE, pxMode=True)
         self.ring = pg.ScatterPlotItem(size=POINT_SIZE + 10, pxMode=True, brush=None)
@@ -255,35 +290,24 @@ class FrontierPlot(PlotPanel):
 
     # -- hover and click ----------------------------------------------------------------------------------
 
-    def nearest(self, x: float, y: float) -> int | None:
-        """The index of the point drawn nearest to view position (x, y), within PICK_PX pixels; None if none."""
-        vb = self.plot.vb
-        here = vb.mapViewToScene(QPointF(x, y))
-        best, best_d = None, float(PICK_PX)
-        for i, px, py in self._placed:
-            there = vb.mapViewToScene(QPointF(px, py))
-            d = math.hypot(there.x() - here.x(), there.y() - here.y())
-            if d <= best_d:
-                best, best_d = i, d
-        return best
-
-    def hover_text(self, x: float, y: float) -> str:
-        index = self.nearest(x, y)
-        return "" if index is None else card(self.sweep, index)
-
-    def _on_click(self, event) -> None:
-        if event.double():
-            self.reset_view()
-            return
-        if not self.plot.vb.sceneBoundingRect().contains(event.scenePos()):
-            return
-        point = self.plot.vb.mapSceneToView(event.scenePos())
-        index = self.nearest(point.x(), point.y())
-        if index is not None:
-            self.sigPicked.emit(index)
+    def placed_points(self) -> list[tuple[int, float, float]]:
+        return self._placed
 
     def fill_export_copy(self, copy: FrontierPlot) -> None:
         copy.show_sweep(self.sweep, self.selected)
+
+
+def nearest(vb: pg.ViewBox, placed, x: float, y: float) -> int | None:
+    """Of `placed` points (index, x, y) in view coordinates, the index of the one drawn nearest to view position
+    (x, y), within PICK_PX pixels on screen; None if none is."""
+    here = vb.mapViewToScene(QPointF(x, y))
+    best, best_d = None, float(PICK_PX)
+    for i, px, py in placed:
+        there = vb.mapViewToScene(QPointF(px, py))
+        d = math.hypot(there.x() - here.x(), there.y() - here.y())
+        if d <= best_d:
+            best, best_d = i, d
+    return best
 
 
 def _overlap(a: QRectF, b: QRectF) -> float:
@@ -309,6 +333,8 @@ def card(sweep: Sweep, index: int) -> str:
                      f"{limit.get(target.longest_limit, '')}")
     elif target is not None and target.longest_limit == "none":
         lines.append("longest context in the budget: no limit (the cache's size is bounded)")
+    for regime in sweep.asked.regimes if sweep.asked else ():
+        lines.append(f"{frontier.accuracy_text(sweep, config, regime)} answered ({regime})")
     speed = config.summary()["decode_tokens_per_s"]
     lines.append(f"decode: {number(speed) if speed else UNKNOWN} tokens/s")
     return "<br>".join(lines)

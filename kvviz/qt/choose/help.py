@@ -17,4 +17,15 @@ HELP = (
         "what they rest on. Stop keeps the finished configurations; File ▸ Save sweep writes the kvviz-sweep "
         "file, its CSV and the frontier picture.",
     ),
+    (
+        "Answers",
+        "Tick Ask questions too (Controls ▸ Choose) and every configuration is also asked questions, as kvviz "
+        "choose --task or --qa asks them: items of the tasks ticked (RULER's needles and variable tracking, "
+        "SCBench's key-value retrieval), written for the model at the length asked from the seed, or your own "
+        "question file (JSONL with kvpress's columns, or a kept conversation), in the regimes ticked. Beside the "
+        "frontier, the answers right (%) of each configuration per regime against the same memory axis, the exact "
+        "cache's as a dashed line in the regime's colour; the answer names no configuration more than 5 points "
+        "below the exact cache. The Answers tab below lists each question per configuration: right or wrong, the "
+        "model's answer, what was expected and in how many layer-heads the needle was still held when it came.",
+    ),
 )

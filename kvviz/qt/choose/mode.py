@@ -23,6 +23,7 @@ from kvviz.files.sweep import Sweep
 from kvviz.present import NOT_RUN, WAITING, clock, counted
 from kvviz.qt.choose.help import HELP
 from kvviz.qt.choose.panel import DEFAULT_TOKENS, ConfigurationsPanel, QuestionPanel
+from kvviz.qt.choose.questions import QuestionsPanel
 from kvviz.qt.choose.runner import SweepRunner
 from kvviz.qt.choose.view import ChooseView
 from kvviz.qt.jobs import JobControl
@@ -42,7 +43,7 @@ class ChooseMode(Mode):
     formats = (Sweep,)
     help = HELP
 
-    sigRequestGrid = Signal(int)  # to the runner: tokens
+    sigRequestGrid = Signal(int, object)  # to the runner: tokens, the tokens budgets are fractions of (None: those)
     sigRequestSweep = Signal(int, object)  # to the runner: sweep id, request
     sigDone = Signal(int)  # sweep id: it ended (finished, stopped or failed) and its last state is drawn
 
@@ -54,11 +55,12 @@ class ChooseMode(Mode):
         self.document_panel.tokens.setMinimum(MIN_TOKENS)
         self.document_panel.tokens.setSpecialValueText("")  # every sweep measures a given number of tokens
         self.question_panel = QuestionPanel()
+        self.asked_panel = QuestionsPanel()
         self.config_panel = ConfigurationsPanel()
         self.controls_page = QWidget()
         column = QVBoxLayout(self.controls_page)
         column.setContentsMargins(0, 0, 0, 0)
-        for panel in (self.document_panel, self.question_panel, self.config_panel):
+        for panel in (self.document_panel, self.question_panel, self.asked_panel, self.config_panel):
             panel.layout().setContentsMargins(8, 4, 8, 6)
             column.addWidget(panel)
         self.view = ChooseView()
@@ -80,10 +82,15 @@ class ChooseMode(Mode):
         self.document_panel.sigOpenRequested.connect(self._ask_document)
         self.document_panel.tokens.editingFinished.connect(self.request_grid)
         self.config_panel.sigChanged.connect(host.update_controls)
+        self.asked_panel.sigOpenRequested.connect(self._ask_questions)
+        self.asked_panel.toggled.connect(self.request_grid)
+        self.asked_panel.length.editingFinished.connect(self.request_grid)
         host.model.worker.sigModelLoaded.connect(self.request_grid)
         host.model.worker.sigReady.connect(self._on_strategies)
         self.view.frontier_plot.sigPicked.connect(self.pick)
         self.view.table.sigPicked.connect(self.pick)
+        self.view.accuracy_plot.sigPicked.connect(self.pick)
+        self.view.answers.sigPicked.connect(self.pick)
         self.sigRequestGrid.connect(runner.grid)
         self.sigRequestSweep.connect(runner.choose)
         runner.sigGrid.connect(self._on_grid)
@@ -108,20 +115,37 @@ class ChooseMode(Mode):
     def request_grid(self, *_) -> None:
         """Ask the worker for the default grid at the tokens set (after a model loaded, or the tokens changed)."""
         if self.host.model.card is not None and not self.busy:
-            self.sigRequestGrid.emit(self.document_panel.tokens.value())
+            self.sigRequestGrid.emit(self.document_panel.tokens.value(), self.asked_panel.budgets_of())
 
     def _on_strategies(self, listing) -> None:
         """The engine's strategies: their defaults name the configurations shortly on the frontier."""
         self.view.frontier_plot.defaults = self.host.model.defaults()
         self._changed()
 
-    def _on_grid(self, tokens: int, entries: list, skipped: list) -> None:
-        if tokens == self.document_panel.tokens.value():
+    def _on_grid(self, tokens: int, budgets_of, entries: list, skipped: list) -> None:
+        if (tokens, budgets_of) == (self.document_panel.tokens.value(), self.asked_panel.budgets_of()):
             self.config_panel.set_grid(entries, skipped)
 
     def _ask_document(self) -> None:
         self.document_panel.ask(self.host.dialogs, "Open a text to choose on", self.host.show_error,
                                 "Cannot choose on this text")
+
+    def _ask_questions(self) -> None:
+        path = self.host.dialogs.open_file("questions", "Open a question file",
+                                           "Questions (*.jsonl *.json);;All files (*)")
+        if path:
+            self.open_questions(path)
+
+    def open_questions(self, path: str | os.PathLike) -> bool:
+        """Ask the questions of a JSONL file (or a kept conversation's) instead of the tasks; False (and the command's
+        message) when it cannot be used, the file chosen before kept."""
+        problem = self.asked_panel.open_path(path)
+        if problem:
+            self.host.show_error(f"Cannot use this question file: {problem}")
+            return False
+        self.host.hide_error()
+        self.request_grid()
+        return True
 
     def open_document(self, path: str | os.PathLike) -> bool:
         """A user's .txt or .md file as the text; False (and a message saying why) when it cannot be used."""
@@ -138,7 +162,7 @@ class ChooseMode(Mode):
         idle = not self.busy
         self.choose_button.setEnabled(ready and idle and bool(self.config_panel.chosen()))
         self.stop_button.setEnabled(not idle)
-        for panel in (self.document_panel, self.question_panel):
+        for panel in (self.document_panel, self.question_panel, self.asked_panel):
             panel.setEnabled(idle)
         self.config_panel.set_enabled(idle)
 
@@ -149,13 +173,14 @@ class ChooseMode(Mode):
         that does not read: the message says what is accepted, and every field keeps what was typed)."""
         if not self.choose_button.isEnabled():
             return None
-        problem = self.question_panel.problem()
+        problem = self.question_panel.problem() or self.asked_panel.problem()
         if problem:
             self.host.show_error(f"Cannot choose: {problem}")
             return None
         sweep_id = self.jobs.begin()
         request = {"document": self.document_panel.document(), "tokens": self.document_panel.tokens.value(),
-                   "configurations": self.config_panel.chosen(), **self.question_panel.question()}
+                   "configurations": self.config_panel.chosen(), "asked": self.asked_panel.request(),
+                   **self.question_panel.question()}
         self.run, self.sweep = None, None
         self.done, self.selected, self.opened, self.notice = set(), None, False, ""
         self.host.hide_error()

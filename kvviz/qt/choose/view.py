@@ -1,5 +1,6 @@
-"""The "Choose" tab: the answer above (two sentences, then their caveats, smaller), the frontier plot with the
-picked configuration's curves beside it, and the table of every configuration below.
+"""The "Choose" tab: the answer above (two sentences, then their caveats, smaller), the frontier plot (and, where the
+sweep asked questions, the accuracy plot) with the picked configuration's curves beside it, and the table of every
+configuration below (and, where questions were asked, each answer in a tab beside it).
 
 The view only draws: `redraw(sweep, states, selected, header, answered)` takes the sweep on screen (kept by
 kvviz.qt.choose.mode), each configuration's state, the configuration picked, the line saying what runs and the
@@ -11,11 +12,13 @@ from __future__ import annotations
 from html import escape
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QLabel, QSplitter, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QLabel, QSplitter, QTabWidget, QVBoxLayout, QWidget
 
 from kvviz.files import frontier
 from kvviz.files.sweep import Sweep
 from kvviz.qt import theme
+from kvviz.qt.choose.accuracy_plot import AccuracyPlot
+from kvviz.qt.choose.answers import AnswersTree
 from kvviz.qt.choose.curves import MeasuredCachePlot, RunningDivergencePlot, RunningPerplexityPlot
 from kvviz.qt.choose.frontier_plot import FrontierPlot
 from kvviz.qt.choose.table import ChooseTable
@@ -45,8 +48,10 @@ class ChooseView(QWidget):
         self.answer.setTextFormat(Qt.TextFormat.RichText)
         self.answer.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.frontier_plot = FrontierPlot()
+        self.accuracy_plot = AccuracyPlot()  # where the sweep asked questions
+        self.accuracy_plot.plot.setXLink(self.frontier_plot.plot)  # one memory axis: a point's place matches
         self.curve_plots = [RunningPerplexityPlot(), RunningDivergencePlot(), MeasuredCachePlot()]
-        self.plots = [self.frontier_plot, *self.curve_plots]
+        self.plots = [self.frontier_plot, self.accuracy_plot, *self.curve_plots]
         curves = QSplitter(Qt.Orientation.Vertical)
         for plot in self.curve_plots:
             curves.addWidget(plot)
@@ -54,14 +59,24 @@ class ChooseView(QWidget):
         self.curves = curves
         top = QSplitter(Qt.Orientation.Horizontal)
         top.addWidget(self.frontier_plot)
+        top.addWidget(self.accuracy_plot)
         top.addWidget(curves)
         top.setStretchFactor(0, 3)
-        top.setStretchFactor(1, 2)
+        top.setStretchFactor(1, 3)
+        top.setStretchFactor(2, 2)
         top.setChildrenCollapsible(False)
         self.table = ChooseTable()
+        self.answers = AnswersTree()
+        self.below = QTabWidget()  # the configurations' table, and each answer where questions were asked
+        self.below.setDocumentMode(True)
+        self.below.addTab(self.table, "Configurations")
+        self.below.addTab(self.answers, "Answers")
+        self.below.setTabToolTip(1, "Each question asked, per configuration: right or wrong, and the model's answer")
+        # no taller a minimum than the table's alone: the tab bar must not push a 720-pixel window off the screen
+        self.below.setMinimumHeight(self.table.minimumSizeHint().height())
         self.splitter = QSplitter(Qt.Orientation.Vertical)
         self.splitter.addWidget(top)
-        self.splitter.addWidget(self.table)
+        self.splitter.addWidget(self.below)
         self.splitter.setStretchFactor(0, 1)
         self.splitter.setStretchFactor(1, 0)
         self.splitter.setChildrenCollapsible(False)
@@ -79,6 +94,12 @@ class ChooseView(QWidget):
         else:
             self.answer.setText(answer_html(answered, header))
         self.frontier_plot.show_sweep(sweep, selected)
+        asked = sweep is not None and sweep.asked is not None
+        self.accuracy_plot.show_sweep(sweep if asked else None)
+        self.accuracy_plot.setVisible(asked)
+        self.answers.show_sweep(sweep if asked else None)
+        self.below.setTabVisible(1, asked)
+        self.below.tabBar().setVisible(asked)
         for plot in self.curve_plots:
             plot.show_config(sweep, selected)
         self.curves.setVisible(selected is not None)
@@ -101,9 +122,14 @@ class ChooseView(QWidget):
         table = self.table
         row = table.verticalHeader().defaultSectionSize()
         bar = table.horizontalScrollBar()
+        # the tab widget's own room around the table (its tab bar where shown), as laid out
+        around = self.below.height() - table.height() if table.height() > 0 else 0
         chrome = (table.horizontalHeader().sizeHint().height() + 2 * table.frameWidth()
-                  + (bar.sizeHint().height() if bar.isVisible() else 0))
+                  + (bar.sizeHint().height() if bar.isVisible() else 0) + max(0, around))
         rows = max(TABLE_MIN_ROWS, int((total * TABLE_SHARE - chrome) // row))
+        # no more than the plots above leave (the picked configuration's three curves need their height)
+        room = total - self.splitter.widget(0).minimumSizeHint().height() - chrome
+        rows = max(1, min(rows, int(room // row)))
         want = chrome + rows * row
         if self.splitter.sizes()[1] != want:
             self.splitter.setSizes([total - want, want])

@@ -45,7 +45,11 @@ HELP = (
         "changes, so it holds no positions (hover for the shapes). {SHARED}: shares another layer's keys and values "
         "(Gemma 3n's KV-shared layers keep none of their own). With per-head eviction (H2O, SnapKV, key norm) each "
         "KV head of a layer keeps its own positions: a position only some of them hold is a fainter {held}, "
-        "the fainter the fewer heads hold it (hover a cell for the count). The title names the run shown.",
+        "the fainter the fewer heads hold it (hover a cell for the count). The title names the run shown. A pinned "
+        "span (Controls ▸ Pinned spans: words of the prompt selected, or the needle of a task item; or right-click "
+        "words of the prompt in the Tokens panel) is outlined, its edges layer by layer green where every KV head "
+        "holds all its tokens, yellow where some are held, and in the text's colour where none is; the title and the "
+        "Runs table's needle held column say in how many layer-heads (layers x KV heads) all of it is held.",
     ),
     (
         "Attention",

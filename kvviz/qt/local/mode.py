@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QPushButton, QVBoxLayout, QWidget
 
 from kvviz.files.trace import Trace
@@ -31,12 +32,16 @@ class LocalMode(Mode):
     formats = (Trace,)
     help = HELP
 
+    sigRequestItem = Signal(int, object)  # to the worker's desk: serial, a task item to write for the model
+    sigItemDone = Signal(object)  # the item asked last: in the prompt ({"prompt", "pins", "name"}) or not ({"problem"})
+
     def __init__(self, host: ModeHost):
         super().__init__(host)
         panels = host.panels
         self.view = LocalView()
         self.corner = self.view.run_legend
-        self.controls = [panels.model_panel, panels.prompt_panel, panels.settings_panel, panels.strategy_panel]
+        self.controls = [panels.model_panel, panels.prompt_panel, panels.pin_panel, panels.settings_panel,
+                         panels.strategy_panel]
         self.runs = LocalRuns(host.store, host.model.worker, self)
         self.run_button = QPushButton("Run")
         self.run_button.setObjectName("runButton")
@@ -77,6 +82,12 @@ class LocalMode(Mode):
         # the engine computes the attention only while its view is on screen
         self.view.sigAttentionShown.connect(worker.desk.attention)
         worker.sigAttentionRefused.connect(self.view.attention_refused)
+        # pinned spans: the selection of the prompt, or a task item's needle
+        panels.pin_panel.pin_button.clicked.connect(lambda *_: self.pin_selection())
+        panels.pin_panel.sigWriteItem.connect(self.write_item)
+        self.sigRequestItem.connect(worker.desk.write_item)
+        worker.sigItemWritten.connect(self._on_item)
+        self._item_serial = 0
 
     def _buttons(self) -> QWidget:
         """The page under the controls: the reference check box above Run, Switch and Stop."""
@@ -121,11 +132,43 @@ class LocalMode(Mode):
         header = Trace(model=dict(self.host.model.card or {}), strategy={"name": strategy, "options": options},
                        prompt=prompt, settings=settings)
         request = {"strategy": strategy, "options": options, "settings": settings, "prompt": prompt,
-                   "reference": self.reference_box.isChecked()}
+                   "reference": self.reference_box.isChecked(), "pins": list(panels.pin_panel.texts)}
         self.host.hide_error()
         run_id = self.runs.run(header, request)
         self.host.update_controls()
         return run_id
+
+    def pin_selection(self) -> None:
+        """Pin the words selected in the prompt for the next run."""
+        selected = self.host.panels.prompt_panel.editor.textCursor().selectedText().replace("\u2029", "\n")
+        if selected.strip():
+            self.host.panels.pin_panel.add(selected)
+        else:
+            self.host.panels.pin_panel.say("select words of the prompt first (or right-click words of the prompt in "
+                                           "the Tokens panel)")
+
+    def write_item(self, task: str, tokens: int) -> int:
+        """Write item 1 of `task` (seed 0) at `tokens` for the loaded model into the prompt, its needle pinned; the
+        request's serial (the answer comes back on the worker's sigItemWritten)."""
+        self._item_serial += 1
+        raw = self.host.panels.settings_panel.raw.isChecked()
+        self.sigRequestItem.emit(self._item_serial, {"task": task, "length": tokens, "seed": 0, "index": 0,
+                                                     "raw": raw})
+        self.host.panels.pin_panel.say(f"writing a {task} item of {tokens:,} tokens…")
+        return self._item_serial
+
+    def _on_item(self, serial: int, item: dict) -> None:
+        if serial != self._item_serial:
+            return
+        pins = self.host.panels.pin_panel
+        if "problem" in item:
+            pins.set_texts(pins.texts)
+            self.host.show_error(f"Cannot write the task item: {item['problem']}")
+        else:
+            self.host.panels.prompt_panel.set_text(item["prompt"])
+            pins.set_texts(item["pins"])
+            self.host.note(f"{item['name']} written into the prompt, its needle pinned: Run to watch it")
+        self.sigItemDone.emit(item)
 
     def stop(self) -> None:
         generating = self.host.store.generating

@@ -3,7 +3,7 @@ the step. It follows the run store: the run shown is the store's primary run."""
 
 from __future__ import annotations
 
-from PySide6.QtCore import QEvent
+from PySide6.QtCore import QEvent, Signal
 from PySide6.QtGui import QColor, QTextCharFormat, QTextCursor, QTextFormat
 from PySide6.QtWidgets import QTextEdit, QToolTip, QWidget
 
@@ -21,9 +21,12 @@ STEP_PROPERTY = QTextFormat.Property.UserProperty + 1
 # at any token: text without spaces (Chinese, a model stuck on "!!!") shows one line ending early there.
 MAX_PARAGRAPH = 1500
 HARD_PARAGRAPH = MAX_PARAGRAPH + 500
+PIN_ALPHA = 70  # a pinned span's shade behind the prompt's text
 
 
 class TokenView(QTextEdit):
+    sigPin = Signal(str)  # text selected to watch in the next run (kvviz.qt.panels.pins)
+
     def __init__(self, store: RunStore | None = None, parent: QWidget | None = None):
         """store: the window's RunStore, whose primary run this view shows (None: `show_run` only)."""
         super().__init__(parent)
@@ -34,6 +37,7 @@ class TokenView(QTextEdit):
         self.series: RunSeries | None = None
         self._shown = 0
         self._scale_ms: float | None = None
+        self._pins_marked = False
         self.store = store
         if store is not None:
             store.sigShownChanged.connect(self._follow_store)
@@ -61,7 +65,24 @@ class TokenView(QTextEdit):
         cursor = self.textCursor()
         cursor.movePosition(QTextCursor.MoveOperation.End)
         cursor.insertText(series.trace.prompt, prompt)
+        self._pins_marked = False
         self.update_tokens()
+
+    def _mark_pins(self, series: RunSeries) -> None:
+        """The run's pinned spans shaded in the prompt (the first place each occurs, as the run pinned it)."""
+        prompt = series.trace.prompt
+        marked = QTextCharFormat()
+        shade = QColor(theme.YELLOW)  # the cache map's colour of a span partly held: a pinned span's colour
+        shade.setAlpha(PIN_ALPHA)
+        marked.setBackground(shade)
+        for pin in series.trace.pins:
+            start = prompt.find(pin.label) if pin.label else -1
+            if start < 0:
+                continue
+            cursor = QTextCursor(self.document())
+            cursor.setPosition(start)
+            cursor.setPosition(start + len(pin.label), QTextCursor.MoveMode.KeepAnchor)
+            cursor.mergeCharFormat(marked)
 
     def update_tokens(self) -> None:
         """Append the steps of the shown run that are not on screen yet."""
@@ -69,6 +90,9 @@ class TokenView(QTextEdit):
         if series is None:
             return
         steps = series.trace.steps[: series.n]  # the records drawn so far: the plots show the same
+        if not self._pins_marked and steps:  # the run's own trace by now (a live run's header has no pins)
+            self._pins_marked = True
+            self._mark_pins(series)
         if self._shown >= len(steps):
             return
         if self._scale_ms is None or self._shown < 16:
@@ -108,6 +132,23 @@ class TokenView(QTextEdit):
                 r, g, b = self.palette_.shade
                 fmt.setBackground(QColor(r, g, b, int(40 + 150 * strength)))
         return fmt
+
+    def contextMenuEvent(self, event) -> None:  # noqa: N802 - Qt override
+        """The usual menu, and "Pin for the next run" when prompt words are selected."""
+        menu = self.createStandardContextMenu(event.pos())
+        selected = self.pinnable()
+        if selected:
+            action = menu.addAction("Pin for the next run")
+            action.setToolTip("The next local run watches these words: the cache map outlines them")
+            action.triggered.connect(lambda *_: self.sigPin.emit(selected))
+        menu.exec(event.globalPos())
+
+    def pinnable(self) -> str:
+        """The selected text where it lies within the prompt shown (what a run can pin), else ""."""
+        cursor = self.textCursor()
+        if self.series is None or not cursor.hasSelection() or cursor.selectionEnd() > len(self.series.trace.prompt):
+            return ""
+        return self.series.trace.prompt[cursor.selectionStart() : cursor.selectionEnd()]
 
     def step_at(self, pos) -> int | None:
         cursor = self.cursorForPosition(pos)

@@ -7,12 +7,13 @@ import html
 import numpy as np
 import pyqtgraph as pg
 
-from kvviz.files.trace import SlotState
+from kvviz.files.trace import SlotState, heads_holding
 from kvviz.qt import theme
 from kvviz.qt.cache_cells import RAMP_START, cell_name, heads_at, kv_heads
 from kvviz.qt.plots.base import PlotPanel
 from kvviz.qt.plots.legend import Entry
 from kvviz.qt.plots.note import NotePlot
+from kvviz.qt.plots.pin_outline import Held, outlines, pin_at
 from kvviz.qt.series import FIXED_CROSS
 
 HELD_BY_SOME = "held by some KV heads (fainter: fewer)"  # the cache map's legend entry for per-head eviction
@@ -21,6 +22,9 @@ VALUES_COLOUR = theme.ORANGE
 STATE_COLOUR = theme.YELLOW  # the cache map's colour of a fixed-size state
 CROSS_COLOUR = theme.PURPLE  # an encoder-decoder's cross-attention keys and values
 ALWAYS_SHOWN = tuple(s for s in SlotState if s not in (SlotState.STATE, SlotState.SHARED))  # the rest when present
+# a pinned span's boxes; evicted in the theme's foreground (white or black), which stands out on the evicted cells'
+# brown where a red would not
+PIN_COLOURS = {Held.ALL: theme.GREEN, Held.SOME: theme.YELLOW}
 
 
 def bar_places(keys: np.ndarray, values: np.ndarray, states: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -194,6 +198,16 @@ class LayerTimePlot(NotePlot):
         return (f"layer {i}: " + " &nbsp; ".join(parts)) if parts else ""
 
 
+def pinned_words(series) -> str:
+    """ "needle held in 12 of 30 x 3 layer-heads; " at the step drawn (each pinned span), "" when none is pinned."""
+    step = series.latest
+    if not series.trace.pins or step is None or not step.pins_held:
+        return ""
+    return "".join(f"{'needle' if len(series.trace.pins) == 1 else pin.label[:20] or 'span'} "
+                   f"{heads_holding(counts, pin.size).text()}; "
+                   for pin, counts in zip(series.trace.pins, step.pins_held, strict=True))
+
+
 def _why_no_layer_time(runs) -> str:
     """Why none of `runs` has a mean per-layer time ("" when there is no run): not yet (no decode step so far: a
     warm-up or the prefill is running), none to time (a run of one token), or not measured (a compiled run)."""
@@ -223,6 +237,13 @@ class CacheMapPlot(PlotPanel):
         self._image = np.zeros((0, 0), dtype=np.uint8)
         self._step = None  # the step drawn (hover reads its layers)
         self._lut = theme.state_lut(self.palette_)
+        # the pinned spans' boxes, one curve per state (kvviz.qt.plots.pin_outline), over the image
+        self.pin_curves = {state: pg.PlotDataItem(pen=pg.mkPen(self.pin_colour(state), width=3), connect="finite")
+                           for state in Held}
+        for curve in self.pin_curves.values():
+            curve.setZValue(10)
+            self.plot.addItem(curve)
+        self._pins_drawn: set[Held] = set()
 
     def apply_palette(self, palette):
         super().apply_palette(palette)
@@ -230,6 +251,11 @@ class CacheMapPlot(PlotPanel):
         self._lut = theme.state_lut(palette)
         self.image.setLookupTable(self._lut)
         self._drawn = (None, -1)
+        for state, curve in self.pin_curves.items():
+            curve.setPen(pg.mkPen(self.pin_colour(state), width=3))
+
+    def pin_colour(self, state: Held) -> str:
+        return PIN_COLOURS.get(state, self.palette_.foreground)
 
     def legend_entries(self):
         """What each colour of the map means; with per-head eviction, the fainter blues of positions some KV heads
@@ -247,6 +273,10 @@ class CacheMapPlot(PlotPanel):
                       tooltip="per-head eviction: a position that some of the layer's KV heads hold, not all, is "
                       "full precision's blue, the fainter the fewer heads hold it; hover a cell for the count"),
             )
+        for state in Held:
+            if state in self._pins_drawn:
+                entries.append(Entry(f"pinned: {state.value}", self.pin_colour(state), kind="line",
+                                     tooltip="a pinned span (a task item's needle, words pinned), outlined per layer"))
         return entries
 
     def redraw(self, runs, primary):
@@ -257,13 +287,15 @@ class CacheMapPlot(PlotPanel):
         self._drawn = key
         # the run shown and the strategy of the step shown (after a live switch: the new one), even before
         # the run's first step: never the title of a run no longer shown over this one's empty map
-        self.set_title_detail(primary.label_now() if primary else "")
+        # a pinned span's count first: a long strategy label is cut before it
+        self.set_title_detail((pinned_words(primary) + primary.label_now()) if primary else "")
         image = primary.cache_map() if primary else np.zeros((0, 0), dtype=np.uint8)
         kinds_before = set(np.unique(self._image).tolist()) & {SlotState.STATE, SlotState.SHARED}
         self._image = image
         if kinds_before != set(np.unique(image).tolist()) & {SlotState.STATE, SlotState.SHARED}:
             self.update_legend()
         self._step = primary.latest if primary else None
+        self._draw_pins(primary, image.shape[0])
         if image.size == 0:
             self.image.clear()
             return
@@ -273,11 +305,44 @@ class CacheMapPlot(PlotPanel):
         self.image.setRect(0, -0.5, image.shape[1], image.shape[0])
         self.plot.setLimits(xMin=0, xMax=max(image.shape[1], 1), yMin=-0.5, yMax=image.shape[0] - 0.5)
 
+    def _draw_pins(self, primary, layers: int) -> None:
+        """Outline the run's pinned spans in the colour of what each layer holds of them at the step drawn."""
+        pins = primary.trace.pins if primary is not None else []
+        held = self._step.pins_held if self._step is not None else None
+        boxes = outlines(pins, held, layers) if pins and held and layers else {}
+        drawn = {state for state, points in boxes.items() if len(points)}
+        for state, curve in self.pin_curves.items():
+            if state in drawn:
+                curve.setData(boxes[state][:, 0], boxes[state][:, 1])
+            else:
+                curve.setData([], [])
+        if drawn != self._pins_drawn:
+            self._pins_drawn = drawn
+            self.update_legend()
+
     def hover_text(self, x, y):
         layer, position = int(np.floor(y + 0.5)), int(np.floor(x))
         image = self._image
         if not (0 <= layer < image.shape[0] and 0 <= position < image.shape[1]):
             return ""
+        return self._cell_text(layer, position, image) + self._pin_text(layer, position)
+
+    def _pin_text(self, layer: int, position: int) -> str:
+        """Where the cell is in a pinned span: how many of its tokens each KV head of the layer holds."""
+        pins = self._primary.trace.pins if self._primary is not None else []
+        index = pin_at(pins, position)
+        if index is None:
+            return ""
+        pin = pins[index]
+        held = self._step.pins_held if self._step is not None else None
+        counts = held[index][layer] if held and layer < len(held[index]) else None
+        words = html.escape(pin.label or "tokens", quote=False)
+        if counts is None:
+            return f"<br>pinned “{words}” (tokens {pin.start}-{pin.end - 1})"
+        return (f"<br>pinned “{words}” (tokens {pin.start}-{pin.end - 1}): its {pin.size} tokens held per KV head "
+                f"of this layer: {', '.join(map(str, counts))}")
+
+    def _cell_text(self, layer: int, position: int, image: np.ndarray) -> str:
         value = int(image[layer, position])
         where = html.escape(cell_name(self._primary.trace if self._primary else None, layer, position), quote=False)
         record = self._step.layers[layer] if self._step is not None and layer < len(self._step.layers) else None

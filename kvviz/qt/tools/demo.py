@@ -1,10 +1,11 @@
 """`kvviz demo`: a scripted tour of the window sized for a 1080p screen recording.
 
-One prompt through dynamic, static, quantized int4 (hqq) and sink caches, then one run that
-switches from dynamic to quantized int4 mid-run, then a quantized int2 run compared with the exact
-cache (its KL divergence per step and top-1 agreement), then a four-turn conversation through attention
-sinks in the Chat tab. Each scene is captioned in a band of its own above the window's views,
-which covers no plot; with `record` the whole tour is written to MP4 (or GIF without imageio-ffmpeg)
+One prompt through dynamic, static, quantized int4 (hqq) and sink caches, then one run that switches from dynamic to
+quantized int4 mid-run, then a quantized int2 run compared with the exact cache (its KL divergence per step and
+top-1 agreement), then a needle: a RULER-style item (kvviz.engine.tasks) whose 7-digit number is pinned, read by TOVA
+at a small budget, the cache map outlining the needle in each layer as it is held or evicted, then a four-turn
+conversation through attention sinks in the Chat tab. Each scene is captioned in a band of its own above the
+window's views, which covers no plot; with `record` the whole tour is written to MP4 (or GIF without imageio-ffmpeg)
 by kvviz.qt.recorder.
 """
 
@@ -34,17 +35,20 @@ class Scene:
 
 
 TOUR = [
-    Scene("1 / 7  DynamicCache: grows by one token per step", "dynamic", {}),
-    Scene("2 / 7  StaticCache: every slot preallocated, written in place", "static", {}),
-    Scene("3 / 7  QuantizedCache int4 (hqq): old tokens in 4 bits, a full-precision residual", "quantized", HQQ_INT4),
-    Scene("4 / 7  Attention sinks: the first 4 tokens plus a sliding window of 24", "sink",
+    Scene("1 / 8  DynamicCache: grows by one token per step", "dynamic", {}),
+    Scene("2 / 8  StaticCache: every slot preallocated, written in place", "static", {}),
+    Scene("3 / 8  QuantizedCache int4 (hqq): old tokens in 4 bits, a full-precision residual", "quantized", HQQ_INT4),
+    Scene("4 / 8  Attention sinks: the first 4 tokens plus a sliding window of 24", "sink",
           {"sink_tokens": 4, "window": 24}),
-    Scene("5 / 7  Live switch: dynamic, then quantized int4 from token 24", "dynamic", {},
+    Scene("5 / 8  Live switch: dynamic, then quantized int4 from token 24", "dynamic", {},
           switch=(24, "quantized", HQQ_INT4)),
-    Scene("6 / 7  Fidelity: quantized int2 against the exact cache, KL per step and top-1 agreement", "quantized",
+    Scene("6 / 8  Fidelity: quantized int2 against the exact cache, KL per step and top-1 agreement", "quantized",
           {**HQQ_INT4, "nbits": 2}, reference=True),
 ]
-CHAT = Scene("7 / 7  A conversation through attention sinks (4 + 60): the cache map shows which turns survive",
+# the caption fits a 1920-pixel window whole (a longer one widens the window past the recording)
+NEEDLE = Scene("7 / 8  A needle in {tokens:,} tokens, pinned; TOVA keeps {budget}: {held}", "tova", {"budget": 96})
+NEEDLE_TASK, NEEDLE_TOKENS = "niah_single_1", 600
+CHAT = Scene("8 / 8  A conversation through attention sinks (4 + 60): the cache map shows which turns survive",
              "sink", {"sink_tokens": 4, "window": 60})
 FINALE = "All runs overlaid: memory, latency against its memory-bound floor, and the compared run's KL"
 
@@ -85,6 +89,46 @@ def run_demo(record: Path | None = None, model: str = "default", tokens: int = 6
         if record is not None:
             record = window.recorder.start(record, fps)
         return _tour(window, caption, model, tokens, pause, record)
+
+
+def _needle(window, caption: Caption, pause: float) -> int:
+    """The needle scene: a task item written into the prompt, its needle pinned, read by a small TOVA cache until
+    the model ends its answer; the caption then says in how many layer-heads the needle is still held and whether
+    the answer has the number. Its failures (0 or 1)."""
+    from kvviz.files.scoring import score
+    from kvviz.files.trace import heads_holding
+
+    local, pins = window.modes["local"], window.panels.pin_panel
+    budget = NEEDLE.options["budget"]
+    caption.show(NEEDLE.caption.format(tokens=NEEDLE_TOKENS, budget=budget, held="its outline in the cache map"))
+    written: list[dict] = []
+    local.sigItemDone.connect(written.append)
+    local.write_item(NEEDLE_TASK, NEEDLE_TOKENS)
+    if not drive.wait(lambda: bool(written), 120, local.sigItemDone) or "problem" in written[0]:
+        caption.show(NEEDLE.caption.format(tokens=NEEDLE_TOKENS, budget=budget,
+                                           held=f"failed: {written[0]['problem'] if written else 'no item'}"))
+        drive.pause(pause)
+        return 1
+    local.view.map_tabs.setCurrentWidget(local.view.cache_map)
+    if not drive.choose(window, NEEDLE.strategy, NEEDLE.options):
+        return 1
+    run_id = window.start_run()  # to the end of its answer
+    if run_id is None:
+        return 1
+    series = window.store.runs[run_id]
+    if not drive.wait(lambda: series.finished, 900) or window.store.status(run_id) == FAILED:
+        return 1
+    trace = series.trace
+    pin = trace.pins[0]
+    holding = heads_holding(trace.steps[-1].pins_held[0], pin.size)
+    item = written[0]
+    right = score(item["metric"], trace.text, item["answers"]) >= 1.0
+    # the same words as the Runs table's and the cache map's title
+    held = f"{holding.text()}, answer {'right' if right else 'wrong'}"
+    caption.show(NEEDLE.caption.format(tokens=trace.prompt_tokens, budget=budget, held=held))
+    drive.pause(2 * pause)
+    pins.set_texts([])  # the scenes after it watch nothing
+    return 0
 
 
 def _tour(window, caption: Caption, model: str, tokens: int, pause: float, record: Path | None) -> int:
@@ -134,6 +178,7 @@ def _tour(window, caption: Caption, model: str, tokens: int, pause: float, recor
                 caption.show(scene.caption + f"  (failed: {window.last_error})")
             drive.pause(pause)
         window.modes["local"].reference_box.setChecked(False)
+        failures += _needle(window, caption, pause)
         failures += len(refusals)
         caption.show(CHAT.caption)
         if not play_chat(window, MESSAGES[:4], CHAT.strategy, CHAT.options, tokens, SYSTEM):

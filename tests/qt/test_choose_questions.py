@@ -1,0 +1,68 @@
+"""The Choose mode asks questions too (Controls ▸ Ask questions too, as `kvviz choose --task/--qa`): a real sweep of the
+tiny model with niah_single_1 items; the accuracy plot draws each configuration's share right per regime against its
+memory, and the Answers tab lists every question asked, right or wrong, with the model's answer, all as the sweep
+recorded them. A bad question file gets the command's message and loses nothing chosen before."""
+
+from __future__ import annotations
+
+import math
+
+from PySide6.QtCore import Qt
+
+from kvviz.files import frontier
+from kvviz.qt.choose.answers import held_text, result_text
+from tests.qt.test_choose_mode import ready
+
+
+def test_a_sweep_with_task_items_shows_accuracy_and_each_answer(window, qtbot, tmp_path):
+    mode = ready(qtbot, window)
+    panel = mode.asked_panel
+    assert not panel.isChecked() and mode.view.below.tabBar().isHidden()
+
+    # a bad question file: the command's own message (line and field), the tasks still asked
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"context": "a", "question": "b"}\n', encoding="utf-8")
+    assert not mode.open_questions(bad)
+    assert "line 1" in window.last_error and "answers" in window.last_error and panel.questions is None
+
+    panel.setChecked(True)
+    panel.items.setValue(1)
+    panel.length.setValue(160)
+    panel.raw.setChecked(True)
+    panel.regimes["query-aware"].setChecked(True)
+    assert panel.task_names() == ["niah_single_1"]
+    with qtbot.waitSignal(mode.runner.sigGrid, timeout=30000):  # the grid's budgets follow the items' length
+        mode.request_grid()
+    qtbot.waitUntil(lambda: mode.config_panel.list.count() > 0)
+    kept = False
+    for i in range(mode.config_panel.list.count()):
+        item = mode.config_panel.list.item(i)
+        name, _ = item.data(Qt.ItemDataRole.UserRole)
+        if name != "dynamic":
+            item.setCheckState(Qt.CheckState.Checked if name == "sink" and not kept else Qt.CheckState.Unchecked)
+            kept = kept or name == "sink"
+    assert [n for n, _ in mode.config_panel.chosen()] == ["dynamic", "sink"]
+    with qtbot.waitSignal(mode.sigDone, timeout=180000):
+        assert mode.start() is not None
+    sweep = mode.sweep
+    assert sweep.asked is not None and sweep.asked.regimes == ["query-agnostic", "query-aware"], window.last_error
+    window.redraw()
+
+    plot = mode.view.accuracy_plot
+    assert plot.isVisibleTo(window) and plot.axis_label("left") == "answers right (%)"
+    for regime in sweep.asked.regimes:
+        xs, ys = plot.series[regime].getData()
+        want = sorted((math.log10(frontier.memory(c)), 100 * c.accuracy(regime)) for c in frontier.placed(sweep))
+        assert sorted(zip(xs, ys, strict=True)) == want
+    assert not plot.series["decode-time"].getData()[0].size
+
+    rows = mode.view.answers.rows()
+    records = [(i, a) for i, c in enumerate(sweep.configurations) for a in c.answers]
+    assert len(rows) == len(records) == 2 * 2  # two configurations, one question, two regimes
+    for index, record in records:
+        row = next(r for r in rows if r[0] == index and r[2] == record.regime)
+        assert row[1] == "niah_single_1 #1"
+        assert row[3] == result_text(record) and row[3] in ("right", "wrong")
+        assert row[4] == " ".join(record.answer.split())[:59] or row[4].endswith("…")
+        assert row[6] == held_text(record)
+    assert not mode.view.below.tabBar().isHidden()
