@@ -26,6 +26,10 @@ divergence KL(exact || configuration) in nats, and whether the two most likely n
 present when the sweep also asked questions (`kvviz choose --task` or `--qa`): the items, and per configuration
 its answer to each question in each regime, scored 0 to 1 (`kvviz.files.qa`); a configuration's accuracy in a
 regime is its mean score there.
+
+While a sweep runs with `kvviz choose --out DIR`, it is kept as a journal beside sweep.json (`SweepJournal`,
+`kvviz.files.journal`): each configuration as it finishes, the answers to each item as they are given, so that a
+killed sweep loses at most the configurations it was reading, and `kvviz choose --resume` continues it.
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ import numpy as np
 
 from kvviz.files import evaluation
 from kvviz.files.evaluation import EvalRun
-from kvviz.files.jsonfile import KeptFileError, write_json
+from kvviz.files.journal import Journal, ended_without_saving, is_journal, journal_path, parse_journal
+from kvviz.files.jsonfile import KeptFileError, read_text, write_json
 from kvviz.files.qa import ANSWER_RECORD, ITEM_RECORD, REGIMES, AnswerRecord, QAItem, build_item
 from kvviz.files.schema import (
     MAX_BYTES,
@@ -245,6 +250,132 @@ class Sweep:
         return write_json(path, self.to_dict)
 
 
+# -- the journal of a sweep while it runs ------------------------------------------------------------------
+
+
+class SweepJournal:
+    """A sweep kept as it is measured (`kvviz.files.journal`), beside the sweep file it becomes: `answered()` after
+    each item is asked, `finished(index)` as each configuration ends (both fsynced: a line is minutes of work),
+    `remove()` once the sweep's files are written.
+
+    The header is the sweep's model, document, question and questions asked, the configurations' strategies in
+    order, and `resume`: what `kvviz choose --resume` checks before it continues. Each line is either
+    ``{"regime": r, "item": i, "answers": [[answer record, ...] for each configuration]}`` (the answers that item
+    added) or ``{"configuration": index, "elapsed_s": the sweep's time so far, "data": the configuration}``."""
+
+    def __init__(self, path: str | os.PathLike, sweep: Sweep, resume: dict[str, Any]):
+        self.path = Path(path)
+        self.sweep = sweep
+        self.resume = resume
+        self.journal = Journal(journal_path(self.path), FORMAT)
+        self._answers = [0] * len(sweep.configurations)  # answers journaled, per configuration
+
+    def carry(self, kept: SweptSoFar) -> None:
+        """Start with what an earlier process journaled (a resumed sweep), so that a kill now loses none of it."""
+        self._answers = [len(c.answers) for c in self.sweep.configurations]
+        self._append(kept.lines)
+
+    def answered(self, regime: str, item: int) -> None:
+        configurations = self.sweep.configurations
+        new = [[a.to_dict() for a in c.answers[done:]] for c, done in zip(configurations, self._answers, strict=True)]
+        self._answers = [len(c.answers) for c in configurations]
+        self._append([{"regime": regime, "item": item, "answers": new}])
+
+    def finished(self, index: int, elapsed_s: float) -> None:
+        self._append([{"configuration": index, "elapsed_s": elapsed_s,
+                       "data": self.sweep.configurations[index].to_dict()}])
+
+    def _append(self, lines: list[Any]) -> None:
+        if not self.journal.started:
+            sweep = self.sweep
+            self.journal.start({"format": FORMAT, "version": VERSION, "model": sweep.model,
+                                "document": sweep.document, "question": sweep.question.to_dict(),
+                                "asked": sweep.asked.to_dict() if sweep.asked else None,
+                                "strategies": [c.run.strategy for c in sweep.configurations],
+                                "resume": self.resume}, lines)
+        else:
+            self.journal.extend(lines)
+        self.journal.sync()
+
+    def remove(self) -> None:
+        """The sweep's files are written: the journal goes."""
+        self.journal.remove()
+
+
+@dataclass
+class SweptSoFar:
+    """What a sweep's journal holds: the partial sweep (every configuration, those not finished cancelled), which
+    finished (by index), the items answered, the sweep's time so far, what a resume checks, and the lines as read."""
+
+    sweep: Sweep
+    finished: list[int]
+    answered: list[tuple[str, int]]
+    elapsed_s: float
+    resume: dict[str, Any]
+    lines: list[Any]
+
+
+def read_journal(path: str | os.PathLike) -> SweptSoFar:
+    """A sweep's journal, checked like a sweep file. Raises SweepFileError naming what is wrong."""
+    text = read_text(path, "kvviz journal", SweepFileError)
+    if not is_journal(text):
+        raise SweepFileError(f"{path} is not a kvviz journal")
+    kind, header, lines = parse_journal(text, str(path), SweepFileError)
+    if kind != FORMAT:
+        raise SweepFileError(f"{path} is the journal of a {kind}, not of a sweep")
+    return _swept(header, lines, str(path))
+
+
+def _swept(header: dict, lines: list, source: str) -> SweptSoFar:
+    strategies = header.get("strategies")
+    if not isinstance(strategies, list) or not strategies:
+        raise SweepFileError(f'{source}: the journal\'s header has no "strategies" (a list of the configurations)')
+    count = len(strategies)
+    answers: list[list[Any]] = [[] for _ in strategies]
+    kept: dict[int, Any] = {}
+    answered, elapsed = [], 0.0
+    for number, line in enumerate(lines, start=2):
+        if isinstance(line, dict) and line.keys() == {"regime", "item", "answers"} \
+                and isinstance(line["answers"], list) and len(line["answers"]) == count \
+                and all(isinstance(added, list) for added in line["answers"]):
+            for own, added in zip(answers, line["answers"], strict=True):
+                own += added
+            answered.append((line["regime"], line["item"]))
+        elif isinstance(line, dict) and line.keys() == {"configuration", "elapsed_s", "data"} \
+                and type(line["configuration"]) is int and 0 <= line["configuration"] < count \
+                and isinstance(line["elapsed_s"], (int, float)) and isinstance(line["data"], dict):
+            kept[line["configuration"]] = line["data"]
+            elapsed = float(line["elapsed_s"])
+        else:
+            raise SweepFileError(f"{source}: line {number:,} of the journal is neither the answers to an item (for "
+                                 f"each of its {count:,} configurations) nor a finished configuration")
+    ended = ended_without_saving(len(kept), count, "configuration")
+    configurations = [kept.get(i) or _not_finished(header, strategy, answers[i], ended)
+                      for i, strategy in enumerate(strategies)]
+    data = {key: header.get(key) for key in ("format", "version", "model", "document", "question", "asked")}
+    data.update(speed=SpeedRecord(wall_s=elapsed if kept else None).to_dict(), cancelled=len(kept) < count,
+                configurations=configurations)
+    sweep = FILE_FORMAT.parse(data, source)
+    if not all(isinstance(regime, str) and type(item) is int for regime, item in answered):
+        raise SweepFileError(f"{source}: an item answered is not named by its regime and index")
+    resume = header.get("resume")
+    return SweptSoFar(sweep, sorted(kept), answered, elapsed, resume if isinstance(resume, dict) else {}, lines)
+
+
+def _not_finished(header: dict, strategy: Any, answers: list, ended: str) -> dict[str, Any]:
+    """A configuration the journal does not hold finished: no records, cancelled, with the answers it gave."""
+    evaluation_run = {"model": header.get("model"), "strategy": strategy, "document": header.get("document"),
+                      "method": {"mode": "token-by-token", "chunk": 1}, "cancelled": True, "error": ended,
+                      "first_eviction": None, "records": {name: [] for name in evaluation.COLUMNS}}
+    return {"evaluation": evaluation_run, "kl": [], "top1": [], "decode_ms": None, "measured_rows": 1,
+            "target": None, "answers": answers}
+
+
+def _from_journal(header: dict, lines: list, source: str) -> Sweep:
+    """The partial sweep a killed process's journal holds (`SweepJournal`), said so in its configurations' errors."""
+    return _swept(header, lines, source).sweep
+
+
 # -- reading -----------------------------------------------------------------------------------------------
 
 
@@ -337,5 +468,5 @@ def _build(data: dict) -> Sweep:
 
 
 FILE_FORMAT = FileFormat(name=FORMAT, version=VERSION, kind="kvviz sweep", schema=_SWEEP, build=_build,
-                         error=SweepFileError)
+                         error=SweepFileError, from_journal=_from_journal)
 
