@@ -18,13 +18,14 @@ from pathlib import Path
 
 import platformdirs
 
+from kvviz.files.conversation import ConversationJournal, ConversationTrace
 from kvviz.files.evaluation import EvalJournal, EvalRun
 from kvviz.files.journal import SUFFIX
 from kvviz.files.jsonfile import process_alive
 from kvviz.files.trace import Trace, TraceJournal
 
 log = logging.getLogger(__name__)
-_OWNED = re.compile(r"^(?:run|eval)-(\d+)-.*\.json" + re.escape(SUFFIX) + "$")  # the owner's process id
+_OWNED = re.compile(r"^(?:run|eval|chat)-(\d+)-.*\.json" + re.escape(SUFFIX) + "$")  # the owner's process id
 
 
 def folder() -> Path:
@@ -41,6 +42,12 @@ def eval_journal(eval_id: int, index: int, run: EvalRun) -> EvalJournal | None:
     """Likewise for one strategy of an evaluation."""
     path = _file(f"eval-{os.getpid()}-{eval_id}-{index + 1}-{run.strategy['name']}.json")
     return EvalJournal(path, run, {}) if path else None
+
+
+def conversation_journal(chat_id: int, trace: ConversationTrace) -> ConversationJournal | None:
+    """Likewise for a chat: its finished turns."""
+    path = _file(f"chat-{os.getpid()}-{chat_id}.json")
+    return ConversationJournal(path, trace) if path else None
 
 
 def _file(name: str) -> Path | None:

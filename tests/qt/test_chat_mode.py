@@ -61,6 +61,10 @@ def test_a_closed_window_loses_no_finished_turn(qtbot, window, tmp_path, monkeyp
     window.set_mode("chat")
     window.controls.settings_panel.max_new_tokens.setValue(3)
     send(qtbot, window, "Hello there.", 1)
+    from kvviz.files.formats import read_kept
+
+    (journal,) = (tmp_path / "unsaved").glob("chat-*.json.journal")  # each finished turn, on disk at once
+    assert [m.content for m in read_kept(journal).messages if m.role == "user"] == ["Hello there."]
     saved = window.modes["chat"].save(tmp_path / "chat.json")
     window.modes["chat"].view.system.setText("Be brief.")  # a changed system prompt begins another conversation
     window.modes["chat"].view.message.setPlainText("What is a cache?")
@@ -71,7 +75,7 @@ def test_a_closed_window_loses_no_finished_turn(qtbot, window, tmp_path, monkeyp
     assert str(folder) in window.help.show_about().text()
     window.close()  # at once, as the close button does: the answer stops at its step in progress
 
-    (kept,) = folder.iterdir()
+    (kept,) = folder.iterdir()  # the journals gone with the window that closed: the chat kept whole
     unsaved = conversation_file.load(kept)
     roles = [(m.role, m.content) for m in unsaved.messages]
     assert roles[:2] == [("system", "Be brief."), ("user", "What is a cache?")]
