@@ -55,6 +55,7 @@ def test_a_closed_window_loses_no_finished_turn(qtbot, window, tmp_path, monkeyp
     """Closed while answering, a chat never saved is kept in the folder About names, and the file another chat was
     saved to is left as it was (a chat saved before is written again to its own file)."""
     from kvviz.files import conversation as conversation_file
+    from kvviz.qt import unsaved as unsaved_folder
 
     monkeypatch.setenv("KVVIZ_UNSAVED_DIR", str(tmp_path))
     load(qtbot, window)
@@ -72,7 +73,8 @@ def test_a_closed_window_loses_no_finished_turn(qtbot, window, tmp_path, monkeyp
     chatter = window.modes["chat"].chatter
     qtbot.waitUntil(lambda: chatter.conversation.system == "Be brief." and chatter.conversation.turn is not None)
     folder = tmp_path / "unsaved"
-    assert str(folder) in window.help.show_about().text()
+    about = window.help.show_about().text()
+    assert str(folder) in about and unsaved_folder.RULE in about
     window.close()  # at once, as the close button does: the answer stops at its step in progress
 
     (kept,) = folder.iterdir()  # the journals gone with the window that closed: the chat kept whole
