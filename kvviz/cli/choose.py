@@ -105,15 +105,6 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
 
 
-# what a sweep's journal keeps for --resume to check, by what a refusal calls it
-RESUME_NAMES = {"model": "the model", "tokens_sha256": "the text's tokens", "context": "--context",
-                "sequences": "--sequences", "budget": "--budget", "tolerance": "--tolerance",
-                "accuracy_tolerance": "--accuracy-tolerance", "grid": "the configurations",
-                "rows": "--rows", "quantized_alone": "--quantized-alone",
-                "questions": "the questions asked (--task or --qa, --items, --length, --seed, --turns, --raw)",
-                "regimes": "the regimes"}
-
-
 def _text(args):
     if args.conversation is not None:
         try:
@@ -173,7 +164,7 @@ def command(args) -> int:
         common.log(f"asking {counted(sum(len(i.turns) for i in asked.items), 'question')} of "
                    f"{counted(len(asked.items), 'item')} ({asked.source}) in {', '.join(asked.regimes)}, read "
                    f"{'as plain text' if asked.raw else 'in the chat template'}")
-    journal, kept = _journal(out, run, _resume_key(args, loaded.card, ids, run), args.resume) if out else (None, [])
+    journal, kept = _journal(out, run, sweep.resume_key(run, args.budget), args.resume) if out else (None, [])
     table = Table(run.sweep, args.json)
     for config in kept:
         table.show(config)
@@ -206,31 +197,13 @@ def command(args) -> int:
     return 0 if said.met else NOT_MET
 
 
-def _resume_key(args, card: dict, ids: list[int], run) -> dict:
-    """What a sweep's journal keeps for `--resume` to check: the same model, text, question, configurations and
-    questions give the same table."""
-    sweep = run.sweep
-    question, asked = sweep.question, sweep.asked
-    questions = None
-    if asked is not None:
-        questions = {"source": asked.source, "raw": asked.raw, "seed": asked.seed, "length": asked.length,
-                     "items_sha256": common.digest([item.to_dict() for item in asked.items])}
-    return {"model": card, "tokens_sha256": common.digest(ids), "context": question.context,
-            "sequences": question.sequences,
-            # the free memory changes from one run to the next: "free" is the same budget
-            "budget": "free" if args.budget.strip().lower() == "free" else question.budget_bytes,
-            "tolerance": question.tolerance.to_dict(), "accuracy_tolerance": question.accuracy_tolerance,
-            "grid": [c.run.strategy for c in sweep.configurations], "rows": run.rows,
-            "quantized_alone": run.quantized_alone, "questions": questions,
-            "regimes": list(asked.regimes) if asked else None}
-
-
 def _journal(out: Path, run, key: dict, resume: bool):
     """The sweep's journal beside sweep.json (`SweepJournal`), and with `resume` the configurations the journal an
     earlier process left holds, taken up (`SweepRun.resume`) after checking it matches `key`."""
-    from kvviz.files import sweep as sweep_file
+    from kvviz.engine import sweep
+    from kvviz.files.sweep import SweepJournal
 
-    journal = sweep_file.SweepJournal(out / "sweep.json", run.sweep, key)
+    journal = SweepJournal(out / "sweep.json", run.sweep, key)
     left = journal.journal.path
     run.on_answered = journal.answered
     if not resume:
@@ -242,14 +215,9 @@ def _journal(out: Path, run, key: dict, resume: bool):
         raise UsageError(f"--resume: {out} holds no sweep journal to resume (a sweep that ended wrote its files and "
                          "removed its journal)")
     try:
-        found = sweep_file.read_journal(left)
-    except sweep_file.SweepFileError as exc:
+        found, kept = sweep.take_up(run, left, key)
+    except OptionError as exc:
         raise UsageError(f"--resume: {exc}") from None
-    differences = common.resume_differences(found.resume, key, RESUME_NAMES)
-    if differences:
-        raise UsageError(f"--resume: {left} was measured with other settings than these, so its table would not "
-                         "continue: " + "; ".join(differences))
-    kept = run.resume(found)
     journal.carry(found)
     count = len(run.sweep.configurations)
     said = f"--resume: {counted(len(found.finished), 'configuration')} of {count:,} kept as measured"

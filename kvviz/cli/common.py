@@ -171,38 +171,3 @@ def out_folder(out: Path | None) -> Path | None:
         raise UsageError(f"cannot write into the folder {out}: it is not writable")
     return out
 
-
-def digest(value) -> str:
-    """The SHA-256 of a value's JSON: what a journal keeps of the text's tokens or the items asked, for a resume
-    to check it reads the same ones."""
-    import hashlib
-    import json
-
-    return hashlib.sha256(json.dumps(value, sort_keys=True, allow_nan=False).encode("ascii")).hexdigest()
-
-
-def resume_differences(theirs: dict, ours: dict, names: dict[str, str]) -> list[str]:
-    """What differs between the resume keys of a journal (`theirs`) and of this command (`ours`), in words: each
-    key of `names` that differs, by its name, with both values where they can be shown."""
-    differences = []
-    for key, name in names.items():
-        if theirs.get(key) == ours.get(key):
-            continue
-        if key == "tokens_sha256":
-            differences.append(f"{name} (another text, or another part of it)")
-        elif key == "model":
-            differences.append(f"{name} ({(theirs.get(key) or {}).get('name', '?')} there, "
-                               f"{ours[key].get('name')} here, or its dtype or device)")
-        else:
-            differences.append(f"{name} ({_shown(theirs.get(key))} there, {_shown(ours.get(key))} here)")
-    return differences
-
-
-def _shown(value) -> str:
-    import json
-
-    if isinstance(value, list) and all(isinstance(v, dict) and "name" in v for v in value):  # strategies
-        from kvviz.present import strategy_label
-
-        return ", ".join(strategy_label(v) for v in value)
-    return json.dumps(value)

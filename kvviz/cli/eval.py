@@ -21,6 +21,7 @@ from kvviz import interrupts
 from kvviz.cli import common
 from kvviz.errors import UsageError
 from kvviz.files.evaluation import ms_per_prediction, seconds_left
+from kvviz.files.journal import differences, digest
 from kvviz.present import clock, counted, mib, number, perplexity
 
 SEGMENTS_NOTE = (
@@ -176,7 +177,7 @@ def _resume_key(args, card: dict, ids: list[int], choices) -> dict:
     strategies give the same numbers."""
     return {
         "model": card,
-        "tokens_sha256": common.digest(ids),
+        "tokens_sha256": digest(ids),
         "settings": {"tokens": args.tokens, "one_at_a_time": args.one_at_a_time},
         "strategies": [{"name": c.name, "options": dict(c.options)} for c in choices],
     }
@@ -204,12 +205,12 @@ def _journals(out: Path, evaluations, key: dict, resume: bool) -> list:
         except evaluation.EvalFileError as exc:
             raise UsageError(f"--resume: {exc}") from None
         theirs = {k: v for k, v in found.resume.items() if k != "index"}
-        differences = common.resume_differences(theirs, key, {
+        differing = differences(theirs, key, {
             "model": "the model", "tokens_sha256": "the document's tokens",
             "settings": "--tokens or --one-at-a-time", "strategies": "the strategies"})
-        if differences:
+        if differing:
             raise UsageError(f"--resume: {path} was measured with other settings than these, so its numbers would not "
-                             "continue: " + "; ".join(differences))
+                             "continue: " + "; ".join(differing))
         i = found.resume.get("index")
         if not isinstance(i, int) or not 0 <= i < len(evaluations) or journals[i].path != path.with_suffix(""):
             raise UsageError(f"--resume: {path} is not the journal of one of these strategies")

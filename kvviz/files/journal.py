@@ -176,3 +176,40 @@ def parse_journal(text: str, source: str, error: type[KeptFileError] = KeptFileE
         except RecursionError:
             raise error(f"{source}: line {number:,} of the journal is nested too deeply to read") from None
     return str(first.get("kind")), first["header"], values
+
+
+# -- resuming -------------------------------------------------------------------------------------------
+
+
+def digest(value: Any) -> str:
+    """The SHA-256 of a value's JSON: what a journal keeps of the text's tokens or the items asked, for a resume
+    to check it reads the same ones."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps(value, sort_keys=True, allow_nan=False).encode("ascii")).hexdigest()
+
+
+def differences(theirs: dict, ours: dict, names: dict[str, str]) -> list[str]:
+    """What differs between what a journal keeps for a resume to check (`theirs`: its "resume" header) and what the
+    measurement about to continue it would keep (`ours`), in words: each key of `names` that differs, by its name,
+    with both values where they can be shown."""
+    found = []
+    for key, name in names.items():
+        if theirs.get(key) == ours.get(key):
+            continue
+        if key == "tokens_sha256":
+            found.append(f"{name} (another text, or another part of it)")
+        elif key == "model":
+            found.append(f"{name} ({(theirs.get(key) or {}).get('name', '?')} there, {ours[key].get('name')} here, or "
+                         "its dtype or device)")
+        else:
+            found.append(f"{name} ({_shown(theirs.get(key))} there, {_shown(ours.get(key))} here)")
+    return found
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, list) and all(isinstance(v, dict) and "name" in v for v in value):  # strategies
+        from kvviz.present import strategy_label
+
+        return ", ".join(strategy_label(v) for v in value)
+    return json.dumps(value)

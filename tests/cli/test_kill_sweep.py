@@ -57,10 +57,10 @@ def test_resume_refuses_a_journal_of_another_question_naming_each_difference(tmp
     other = [*CHOOSE[:4], "30", "--context", "256", "--budget", "2GiB", "--rows", "2", "--configs", "sliding:window=12"]
     ran = kvviz(*other, "--out", tmp_path, "--resume")
     assert ran.returncode == 2 and "Traceback" not in ran.stderr, ran.stderr
-    for named in ("the text's tokens", "--context (512 there, 256 here)", "--budget", "the configurations (dynamic, "
-                  "sliding (window=12), sink"):
+    for named in ("the text's tokens", "the target context (512 there, 256 here)", "the budget (1073741824 there, "
+                  "2147483648 here)", "the configurations (dynamic, sliding (window=12), sink"):
         assert named in ran.stderr, (named, ran.stderr)
-    assert "--tolerance" not in ran.stderr and "--rows" not in ran.stderr
+    assert "the tolerance" not in ran.stderr and "the rows" not in ran.stderr
     shown = kvviz("trace", tmp_path / "sweep.json.journal")
     assert shown.returncode == 0 and "stopped after 2 of 5 configurations" in shown.stdout, shown.stdout + shown.stderr
     assert len(sweep.read_journal(tmp_path / "sweep.json.journal").finished) == 2
