@@ -211,6 +211,7 @@ def _from_journal(header: dict, lines: list, source: str) -> ConversationTrace:
     and why in its error."""
     data: dict[str, Any] = {key: header.get(key) for key in ("format", "version", "model", "strategy", "settings")}
     data.update({name: [] for name in _GROWING})
+    states = []  # each line's, all checked (the last one stands)
     for number, line in enumerate(lines, start=2):
         starts = line.get("from") if isinstance(line, dict) else None
         if not isinstance(starts, dict) or not all(isinstance(line.get(name), list) for name in _GROWING) \
@@ -219,8 +220,10 @@ def _from_journal(header: dict, lines: list, source: str) -> ConversationTrace:
                                         f"{number - 1:,} (an object with {', '.join(_GROWING)} and where they begin)")
         for name in _GROWING:
             data[name] += line[name]
-        data.update({name: line.get(name) for name in _STATE})
-    data.update(cancelled=True, error=ended_without_saving(len(data["turns"]), None, "turn"))
+        states.append({name: line.get(name) for name in _STATE})
+        data.update(states[-1])
+    data.update(cancelled=True, error=ended_without_saving(len(data["turns"]), None, "turn"),
+                journal={"states": states})
     return FILE_FORMAT.parse(data, source)
 
 
@@ -322,16 +325,22 @@ def _turns_and_steps_agree(data: dict, where) -> None:
                 raise Refusal(at(where, name, i, "turn"), f"a turn of the file (0 to {count - 1})", item["turn"])
 
 
+_STATE_FIELDS = {
+    "system": optional(Text(), ""),
+    "template": optional(Text(), ""),
+    "capacity": optional(_POSITIONS, 0),
+    "prefix": optional(Record({"tokens": _POSITIONS, "cache_bytes": Int(0, MAX_BYTES),
+                               "prefill_ms": Number(0, MAX_MS)}, null=True, what="the cached prefix")),
+}
 _CONVERSATION = Record(
     {
         "model": MODEL_CARD,
         "strategy": STRATEGY,
-        "system": optional(Text(), ""),
-        "template": optional(Text(), ""),
         "settings": optional(SETTINGS, {}),
-        "capacity": optional(_POSITIONS, 0),
-        "prefix": optional(Record({"tokens": _POSITIONS, "cache_bytes": Int(0, MAX_BYTES),
-                                   "prefill_ms": Number(0, MAX_MS)}, null=True, what="the cached prefix")),
+        **_STATE_FIELDS,
+        # a journal's (`ConversationJournal`): what each of its lines set, as it did; absent from a conversation file
+        "journal": optional(Record({"states": ListOf(Record(_STATE_FIELDS, what="a journal line's state"))},
+                                   null=True, what="the journal's lines (an object)")),
         "messages": ListOf(_MESSAGE),
         "turns": ListOf(_TURN),
         "steps": ListOf(_STEP),

@@ -48,6 +48,7 @@ from kvviz.files.jsonfile import KeptFileError, read_text, write_json
 from kvviz.files.qa import ANSWER_RECORD, ITEM_RECORD, REGIMES, AnswerRecord, QAItem, build_item
 from kvviz.files.schema import (
     MAX_BYTES,
+    Either,
     FileFormat,
     Flag,
     Int,
@@ -59,7 +60,7 @@ from kvviz.files.schema import (
     at,
     optional,
 )
-from kvviz.files.trace_schema import MAX_POSITIONS, MODEL_CARD
+from kvviz.files.trace_schema import MAX_POSITIONS, MODEL_CARD, STRATEGY
 
 FORMAT = "kvviz-sweep"
 VERSION = 1
@@ -343,23 +344,29 @@ def _swept(header: dict, lines: list, source: str) -> SweptSoFar:
             answered.append((line["regime"], line["item"]))
         elif isinstance(line, dict) and line.keys() == {"configuration", "elapsed_s", "data"} \
                 and type(line["configuration"]) is int and 0 <= line["configuration"] < count \
-                and isinstance(line["elapsed_s"], (int, float)) and isinstance(line["data"], dict):
+                and type(line["elapsed_s"]) in (int, float) and 0 <= line["elapsed_s"] <= _MAX_S \
+                and isinstance(line["data"], dict):
             kept[line["configuration"]] = line["data"]
             elapsed = float(line["elapsed_s"])
         else:
             raise SweepFileError(f"{source}: line {number:,} of the journal is neither the answers to an item (for "
-                                 f"each of its {count:,} configurations) nor a finished configuration")
+                                 f"each of its {count:,} configurations) nor a finished configuration (with the "
+                                 "sweep's time so far in seconds)")
     ended = ended_without_saving(len(kept), count, "configuration")
     configurations = [kept.get(i) or _not_finished(header, strategy, answers[i], ended)
                       for i, strategy in enumerate(strategies)]
     data = {key: header.get(key) for key in ("format", "version", "model", "document", "question", "asked")}
     data.update(speed=SpeedRecord(wall_s=elapsed if kept else None).to_dict(), cancelled=len(kept) < count,
-                configurations=configurations)
+                configurations=configurations, journal={"strategies": strategies, "resume": header.get("resume")})
     sweep = FILE_FORMAT.parse(data, source)
-    if not all(isinstance(regime, str) and type(item) is int for regime, item in answered):
-        raise SweepFileError(f"{source}: an item answered is not named by its regime and index")
-    resume = header.get("resume")
-    return SweptSoFar(sweep, sorted(kept), answered, elapsed, resume if isinstance(resume, dict) else {}, lines)
+    items = len(sweep.asked.items) if sweep.asked else 0
+    regimes = sweep.asked.regimes if sweep.asked else []
+    if not all(regime in regimes and type(item) is int and 0 <= item < items for regime, item in answered):
+        raise SweepFileError(f"{source}: a line of answers names an item or regime the sweep did not ask")
+    return SweptSoFar(sweep, sorted(kept), answered, elapsed, header["resume"], lines)
+
+
+_MAX_S = 10**9  # the longest a sweep could have taken, in seconds (NaN and 10^400 are not times)
 
 
 def _not_finished(header: dict, strategy: Any, answers: list, ended: str) -> dict[str, Any]:
@@ -406,7 +413,39 @@ def _answers_asked(sweep: dict, where) -> None:
                               show_found=False)
 
 
+def _journal_agrees(sweep: dict, where) -> None:
+    """A journal's header lists the configurations' strategies in order (`SweepJournal`)."""
+    journaled = sweep["journal"]
+    if journaled is None:
+        return
+    strategies = journaled["strategies"]
+    configurations = sweep["configurations"]
+    if len(strategies) != len(configurations):
+        raise Refusal(at(where, "journal", "strategies"), f"one strategy per configuration ({len(configurations):,})",
+                      show_found=False)
+    for i, (strategy, config) in enumerate(zip(strategies, configurations, strict=True)):
+        if strategy != config["evaluation"]["strategy"]:
+            raise Refusal(at(where, "configurations", i, "evaluation", "strategy"),
+                          f"the strategy the journal's header lists for configuration {i}", show_found=False)
+
+
 _BYTES = Int(0, MAX_BYTES, null=True, what="a byte count")
+_TOLERANCE = Record({"kind": Text(QUALITY_KINDS), "value": Number(0)}, what="a tolerance")
+# what a sweep's journal keeps for a resume to check (`kvviz.engine.sweep.resume_key`)
+_RESUME = Record(
+    {"model": MODEL_CARD, "tokens_sha256": Text(nonempty=True), "context": Int(1, MAX_POSITIONS),
+     "sequences": Int(1), "budget": Either(Text(("free",)), Int(0, MAX_BYTES, what="a byte count")),
+     "tolerance": _TOLERANCE, "accuracy_tolerance": Number(0, 1), "grid": ListOf(STRATEGY), "rows": Int(1),
+     "quantized_alone": Flag(),
+     "questions": Record({"source": Text(), "raw": Flag(), "seed": Int(0, null=True),
+                          "length": Int(1, MAX_POSITIONS, null=True), "items_sha256": Text(nonempty=True)},
+                         null=True, what="the questions asked (an object)"),
+     "regimes": ListOf(Text(REGIMES), null=True)},
+    what="what a resume checks (an object)",
+)
+# a journal's own header fields (`SweepJournal`); absent from a sweep file
+_JOURNAL = Record({"strategies": ListOf(STRATEGY), "resume": _RESUME}, null=True,
+                  what="the journal's header (an object)")
 _TARGET = Record(
     {"cache_bytes": _BYTES, "policy_bytes": Int(0, MAX_BYTES, what="a byte count"), "per_sequence_bytes": _BYTES,
      "sequences_in_budget": Int(0, null=True), "longest_context": Int(0, null=True),
@@ -434,7 +473,7 @@ _SWEEP = Record(
         "document": evaluation.DOCUMENT,
         "question": Record(
             {"context": Int(1, MAX_POSITIONS), "sequences": Int(1), "budget_bytes": _BYTES, "budget": Text(),
-             "tolerance": Record({"kind": Text(QUALITY_KINDS), "value": Number(0)}, what="a tolerance"),
+             "tolerance": _TOLERANCE,
              "accuracy_tolerance": optional(Number(0, 1, what="a share of the exact cache's accuracy"), 0.05)},
             what="the question (an object)",
         ),
@@ -445,8 +484,9 @@ _SWEEP = Record(
              "length": Int(1, MAX_POSITIONS, null=True), "items": ListOf(ITEM_RECORD)},
             null=True, what="the questions asked (an object)")),
         "configurations": ListOf(_CONFIGURATION),
+        "journal": optional(_JOURNAL),
     },
-    rules=(_answers_asked,),
+    rules=(_answers_asked, _journal_agrees),
 )
 
 
