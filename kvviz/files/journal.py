@@ -32,6 +32,7 @@ from kvviz.files.jsonfile import (
     deferred_signals,
     encode_json,
     part_name,
+    read_text,
     remove_stale_parts,
     sync_folder,
 )
@@ -149,6 +150,19 @@ def _write_all(fd: int, content: bytes) -> None:
 
 def is_journal(text: str) -> bool:
     return text.startswith(_START)
+
+
+def read_journal_of(path: str | os.PathLike, kind: str, what: str,
+                    error: type[KeptFileError]) -> tuple[dict, list[Any]]:
+    """(header, lines) of the journal at `path`, which must be of `kind` (`what`: its name in words, "an
+    evaluation"). Raises `error` naming what is wrong."""
+    text = read_text(path, "kvviz journal", error)
+    if not is_journal(text):
+        raise error(f"{path} is not a kvviz journal")
+    found, header, lines = parse_journal(text, str(path), error)
+    if found != kind:
+        raise error(f"{path} is the journal of a {found}, not of {what}")
+    return header, lines
 
 
 def parse_journal(text: str, source: str, error: type[KeptFileError] = KeptFileError) -> tuple[str, dict, list[Any]]:

@@ -43,8 +43,8 @@ import numpy as np
 
 from kvviz.files import evaluation
 from kvviz.files.evaluation import EvalRun
-from kvviz.files.journal import Journal, ended_without_saving, is_journal, journal_path, parse_journal
-from kvviz.files.jsonfile import KeptFileError, read_text, write_json
+from kvviz.files.journal import Journal, ended_without_saving, journal_path, read_journal_of
+from kvviz.files.jsonfile import KeptFileError, write_json
 from kvviz.files.qa import ANSWER_RECORD, ITEM_RECORD, REGIMES, AnswerRecord, QAItem, build_item
 from kvviz.files.schema import (
     MAX_BYTES,
@@ -318,12 +318,7 @@ class SweptSoFar:
 
 def read_journal(path: str | os.PathLike) -> SweptSoFar:
     """A sweep's journal, checked like a sweep file. Raises SweepFileError naming what is wrong."""
-    text = read_text(path, "kvviz journal", SweepFileError)
-    if not is_journal(text):
-        raise SweepFileError(f"{path} is not a kvviz journal")
-    kind, header, lines = parse_journal(text, str(path), SweepFileError)
-    if kind != FORMAT:
-        raise SweepFileError(f"{path} is the journal of a {kind}, not of a sweep")
+    header, lines = read_journal_of(path, FORMAT, "a sweep", SweepFileError)
     return _swept(header, lines, str(path))
 
 
