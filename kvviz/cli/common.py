@@ -170,4 +170,3 @@ def out_folder(out: Path | None) -> Path | None:
     if not os.access(out, os.W_OK):
         raise UsageError(f"cannot write into the folder {out}: it is not writable")
     return out
-
