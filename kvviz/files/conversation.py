@@ -169,7 +169,6 @@ class ConversationTrace:
 # -- the journal of a conversation while it runs ------------------------------------------------------------
 
 _GROWING = ("messages", "turns", "steps")  # the lists a turn adds to
-_STATE = ("system", "template", "capacity", "prefix")  # what a turn (or a new chat) may set again
 
 
 class ConversationJournal:
@@ -332,6 +331,7 @@ _STATE_FIELDS = {
     "prefix": optional(Record({"tokens": _POSITIONS, "cache_bytes": Int(0, MAX_BYTES),
                                "prefill_ms": Number(0, MAX_MS)}, null=True, what="the cached prefix")),
 }
+_STATE = tuple(_STATE_FIELDS)  # what a turn (or a new chat) may set again: each journal line holds it
 _CONVERSATION = Record(
     {
         "model": MODEL_CARD,
