@@ -2,7 +2,9 @@
 
 Each turn prints the reply (streamed) and a line of figures: tokens the turn fed and kept, time to first token,
 decode speed, cache bytes, tokens evicted, and with --compare-reprefill a full prefill of the whole history
-measured beside it. Ctrl-C or SIGTERM keeps every finished turn in the trace.
+measured beside it. Ctrl-C or SIGTERM keeps every finished turn in the trace; with --trace each finished turn is
+also journaled as it ends (FILE.journal), so that a chat killed without warning loses at most the turn in progress
+(`kvviz trace FILE.journal` shows what it holds, and the window opens it).
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ def add_parser(subparsers) -> None:
     chat.add_argument("--compare-reprefill", action="store_true",
                       help="after each turn, measure a full prefill of the whole history into a fresh cache (time to "
                       "first token without the kept cache, and how far its logits are from the kept cache's)")
-    chat.add_argument("--trace", type=Path, help="write the conversation trace here (kvviz-conversation JSON)")
+    chat.add_argument("--trace", type=Path, help="write the conversation trace here (kvviz-conversation JSON; each "
+                      "finished turn is journaled in FILE.journal meanwhile, which a kill leaves behind)")
     chat.add_argument("--json", action="store_true", help="print the turns as JSON on stdout at the end")
     chat.add_argument("--quiet", action="store_true", help="do not stream the replies")
 
@@ -111,6 +114,11 @@ def command(args) -> int:
     loaded = models.load_model(args.model, dtype=args.dtype, device=args.device, progress=common.progress)
     common.check_switch_order(choice, switches, loaded.model)
     conversation = Conversation(loaded, choice, settings, system=system, notify=common.notice)
+    journal = None
+    if args.trace is not None:
+        from kvviz.files.conversation import ConversationJournal
+
+        journal = ConversationJournal(args.trace, conversation.trace)
     messages = lines if lines is not None else _typed()
     total = sum(line != NEW_CHAT for line in lines) if lines is not None else None
     stream = not (args.json or args.quiet)
@@ -145,6 +153,8 @@ def command(args) -> int:
                 break
             if args.compare_reprefill:
                 conversation.reprefill(turn)
+            if journal is not None:
+                journal.update()
             if not args.json:
                 common.log(conversation_turn(turn.record, total))
     except KeyboardInterrupt as exc:
@@ -156,6 +166,9 @@ def command(args) -> int:
                 conversation.trace.save(args.trace)
             except OSError as exc:
                 raise RuntimeError(f"cannot write the trace to {args.trace}: {exc.strerror or exc}") from None
+            if journal.journal.problem:
+                common.log(journal.journal.problem)
+            journal.remove()
     if args.json:
         from dataclasses import asdict
 

@@ -7,7 +7,9 @@ configuration is also asked questions first (tasks kvviz writes, the user's own,
 regimes asked, and its accuracy stands beside its perplexity. Then the answer: the smallest cache within the
 tolerance and the best quality within the budget, never one that answers worse than the accuracy tolerance.
 `--out DIR` keeps the sweep (sweep.json, a kvviz-sweep file the window opens), sweep.csv, report.md and the
-frontier picture (frontier.png, frontier.svg). Ctrl-C or SIGTERM keeps and writes the configurations that finished.
+frontier picture (frontier.png, frontier.svg), and journals the sweep as it goes (each configuration as it finishes,
+the answers to each item as they are given), so that `--resume` continues a sweep killed or stopped. Ctrl-C or
+SIGTERM keeps and writes the configurations that finished.
 
 Exit status: 0 when some configuration meets the tolerance and some fits the budget, 3 when none does (the
 nearest is named), 2 for a mistake in the arguments, 130/143 when stopped.
@@ -96,6 +98,10 @@ def add_parser(subparsers) -> None:
                        help="accuracy you accept to lose against the exact cache's, in points (default 5)")
     parser.add_argument("--out", type=Path, metavar="DIR",
                         help="write sweep.json, sweep.csv, report.md, frontier.png and frontier.svg")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue a sweep stopped (Ctrl-C, SIGTERM) or killed in --out DIR (same model, text, "
+                        "question, configurations and questions asked): the configurations that finished and the "
+                        "items answered are kept, the rest read again")
     parser.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
 
 
@@ -120,6 +126,8 @@ def command(args) -> int:
         raise UsageError(f"--context must be at least 1 token, not {args.context}")
     if args.sequences < 1:
         raise UsageError(f"--sequences must be at least 1, not {args.sequences}")
+    if args.resume and args.out is None:
+        raise UsageError("--resume continues the sweep journaled in --out DIR; give --out")
     configs = common.strategy_list(args.configs) if args.configs else None
     if configs is not None and not configs:
         raise UsageError("--configs names no configuration; give e.g. dynamic,sink:window=252")
@@ -157,12 +165,18 @@ def command(args) -> int:
         common.log(f"asking {counted(sum(len(i.turns) for i in asked.items), 'question')} of "
                    f"{counted(len(asked.items), 'item')} ({asked.source}) in {', '.join(asked.regimes)}, read "
                    f"{'as plain text' if asked.raw else 'in the chat template'}")
+    journal, kept = _journal(out, run, sweep.resume_key(run, args.budget), args.resume) if out else (None, [])
     table = Table(run.sweep, args.json)
+    for config in kept:
+        table.show(config)
     run.on_progress = Progress(run).update
     interrupted = None
     try:
         for config in run:
             table.show(config)
+            if journal is not None and config.status != "cancelled":
+                journal.finished(next(i for i, c in enumerate(run.sweep.configurations) if c is config),
+                                 run.elapsed_s)
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: keep what finished
         interrupted = exc
     with interrupts.deferred():  # a second Ctrl-C waits until what finished is shown and written
@@ -170,9 +184,50 @@ def command(args) -> int:
         for config in result.configurations:  # those that did not finish: their rows say so
             table.show(config)
         said = _finish(result, out, args.json)
+        if journal is not None:  # only now: killed before this, --resume still finds the journal
+            if journal.journal.problem:
+                common.log(journal.journal.problem)
+            if interrupted is None:
+                journal.remove()
+            else:
+                journal.journal.close()
+                if journal.journal.started:
+                    common.log(f"the journal stays in {out}: the same command with --resume continues this sweep")
     if interrupted is not None:
         raise interrupted
     return 0 if said.met else NOT_MET
+
+
+def _journal(out: Path, run, key: dict, resume: bool):
+    """The sweep's journal beside sweep.json (`SweepJournal`), and with `resume` the configurations the journal an
+    earlier process left holds, taken up (`SweepRun.resume`) after checking it matches `key`."""
+    from kvviz.engine import sweep
+    from kvviz.files.sweep import SweepJournal
+
+    journal = SweepJournal(out / "sweep.json", run.sweep, key)
+    left = journal.journal.path
+    run.on_answered = journal.answered
+    if not resume:
+        if left.exists():
+            common.log(f"{out} holds the journal of a sweep that did not end ({left.name}); this one replaces it "
+                       "(--resume would have continued it)")
+        return journal, []
+    if not left.exists():
+        raise UsageError(f"--resume: {out} holds no sweep journal to resume (a sweep that ended wrote its files and "
+                         "removed its journal)")
+    try:
+        found, kept = sweep.take_up(run, left, key)
+    except OptionError as exc:
+        raise UsageError(f"--resume: {exc}") from None
+    journal.carry(found)
+    count = len(run.sweep.configurations)
+    said = f"--resume: {counted(len(found.finished), 'configuration')} of {count:,} kept as measured"
+    if found.answered:
+        said += f", the answers to {counted(len(found.answered), 'item')} kept"
+    if len(found.finished) < count:
+        said += "; the exact cache reads the text again (the reference the others are compared with)"
+    common.log(said)
+    return journal, kept
 
 
 def _regimes(args) -> list[str]:

@@ -21,6 +21,7 @@ from kvviz import interrupts
 from kvviz.cli import common
 from kvviz.errors import UsageError
 from kvviz.files.evaluation import ms_per_prediction, seconds_left
+from kvviz.files.journal import differences, digest
 from kvviz.present import clock, counted, mib, number, perplexity
 
 SEGMENTS_NOTE = (
@@ -174,11 +175,9 @@ def _print_footer(evaluations) -> None:
 def _resume_key(args, card: dict, ids: list[int], choices) -> dict:
     """What an evaluation's journal keeps for `--resume` to check: the same model, tokens, settings and
     strategies give the same numbers."""
-    import hashlib
-
     return {
         "model": card,
-        "tokens_sha256": hashlib.sha256(json.dumps(ids).encode("ascii")).hexdigest(),
+        "tokens_sha256": digest(ids),
         "settings": {"tokens": args.tokens, "one_at_a_time": args.one_at_a_time},
         "strategies": [{"name": c.name, "options": dict(c.options)} for c in choices],
     }
@@ -206,10 +205,12 @@ def _journals(out: Path, evaluations, key: dict, resume: bool) -> list:
         except evaluation.EvalFileError as exc:
             raise UsageError(f"--resume: {exc}") from None
         theirs = {k: v for k, v in found.resume.items() if k != "index"}
-        differences = _differences(theirs, key)
-        if differences:
+        differing = differences(theirs, key, {
+            "model": "the model", "tokens_sha256": "the document's tokens",
+            "settings": "--tokens or --one-at-a-time", "strategies": "the strategies"})
+        if differing:
             raise UsageError(f"--resume: {path} was measured with other settings than these, so its numbers would not "
-                             "continue: " + "; ".join(differences))
+                             "continue: " + "; ".join(differing))
         i = found.resume.get("index")
         if not isinstance(i, int) or not 0 <= i < len(evaluations) or journals[i].path != path.with_suffix(""):
             raise UsageError(f"--resume: {path} is not the journal of one of these strategies")
@@ -218,31 +219,6 @@ def _journals(out: Path, evaluations, key: dict, resume: bool) -> list:
         if evaluations[i].finished:  # kept whole: its journal is written again at once, ended
             journals[i].update(end=True)
     return journals
-
-
-def _differences(theirs: dict, ours: dict) -> list[str]:
-    """What differs between the resume keys of a journal and of this command, in words."""
-    names = {"model": "the model", "tokens_sha256": "the document's tokens", "settings": "--tokens or "
-             "--one-at-a-time", "strategies": "the strategies"}
-    differences = []
-    for key, name in names.items():
-        if theirs.get(key) != ours.get(key):
-            if key == "tokens_sha256":
-                differences.append(f"{name} (another text, or another part of it)")
-            elif key == "model":
-                differences.append(f"{name} ({(theirs.get(key) or {}).get('name', '?')} there, "
-                                   f"{ours[key].get('name')} here, or its dtype or device)")
-            else:
-                differences.append(f"{name} ({_short(theirs.get(key))} there, {_short(ours[key])} here)")
-    return differences
-
-
-def _short(value) -> str:
-    if isinstance(value, list):  # strategies
-        from kvviz.present import strategy_label
-
-        return ", ".join(strategy_label(v) if isinstance(v, dict) else str(v) for v in value)
-    return json.dumps(value)
 
 
 def _file(out: Path, i: int, e) -> Path:

@@ -104,6 +104,7 @@ class Asking:
         self._context = Geometry.of(self.model.config, self.model.dtype).context
         self._read: list[list[int]] = []  # each item's context, as tokens
         self._at = (0, regimes[0] if regimes else "")  # the item and regime being asked
+        self.done: set[tuple[str, int]] = set()  # (regime, item index) answered before (`resume`): not asked again
 
     def cancel(self) -> None:
         self._cancel.set()
@@ -117,6 +118,13 @@ class Asking:
         """Questions each configuration is asked in all."""
         return len(self.regimes) * sum(len(item.turns) for item in self.items)
 
+    def resume(self, answers: list[list[AnswerRecord]], done: list[tuple[str, int]]) -> None:
+        """Take up the answers an earlier process gave (per configuration, in the order asked) to the items `done`
+        ((regime, item index)): those items are not asked again, and the answers stand in the order asking them
+        here would have given."""
+        self.answers = [list(given) for given in answers]
+        self.done = set(done)
+
     def __iter__(self) -> Iterator[tuple[str, int]]:
         self._read = [self.rendering.context(item) for item in self.items]
         steps = {"query-agnostic": self._agnostic, "query-aware": self._aware, "decode-time": self._decode_time,
@@ -125,6 +133,8 @@ class Asking:
             for index, item in enumerate(self.items):
                 if self.cancelled:
                     return
+                if (regime, index) in self.done:
+                    continue
                 self._at = (index, regime)
                 started = time.perf_counter()
                 try:

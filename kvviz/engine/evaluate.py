@@ -39,7 +39,8 @@ from kvviz.engine.own_caches import feed_refusal
 from kvviz.engine.strategies import StrategyChoice, capacity_for, get
 from kvviz.errors import OptionError, failure
 from kvviz.files.documents import Document
-from kvviz.files.evaluation import EvalRun, TokenRecord, token_count_problem
+from kvviz.files.evaluation import EvalRun, Journaled, TokenRecord, token_count_problem
+from kvviz.files.journal import digest
 
 CHUNK = 128  # tokens per forward for exact strategies
 MAX_TOKENS = 10**7  # a document this long is cut here even for strategies that stream past the context
@@ -365,6 +366,28 @@ class Evaluation:
             records.append(record)
         self.result.records.extend(records)
         return records
+
+
+def take_up(evaluation: Evaluation, found: Journaled) -> str:
+    """Continue in `evaluation` what a journal a killed or stopped evaluation left holds (`Evaluation.resume`, as
+    `kvviz eval --resume` does), after checking it read the same tokens with the same model and strategy; returns
+    what was done, in words. Raises OptionError naming each difference."""
+    kept, ours = found.run, evaluation.result
+    ids = evaluation.ids[0].tolist()
+    differing = []
+    if kept.model != ours.model:
+        differing.append(f"the model ({kept.model.get('name', '?')} there, {ours.model.get('name')} here, or its "
+                         "dtype or device)")
+    if kept.strategy != ours.strategy:
+        differing.append(f"the strategy ({kept.label()} there, {ours.label()} here)")
+    digest_there = found.resume.get("tokens_sha256")
+    if kept.document.get("tokens") != len(ids) or kept.document.get("first_token_id") != ids[0] \
+            or (digest_there is not None and digest_there != digest(ids)):
+        differing.append("the document's tokens (another text, or another part of it)")
+    if differing:
+        raise OptionError("the journal was measured otherwise, so its numbers would not continue: "
+                          + "; ".join(differing))
+    return evaluation.resume(kept, found.ended in ("finished", "error"))
 
 
 def starts(evaluations: list[Evaluation], share: bool) -> tuple[list[int], int | None]:

@@ -19,6 +19,7 @@ more than a run on another machine or thread count may; fed one at a time, they 
 from __future__ import annotations
 
 import dataclasses
+import os
 import statistics
 import threading
 import time
@@ -39,7 +40,8 @@ from kvviz.engine.target_memory import target_memory
 from kvviz.errors import OptionError, failure
 from kvviz.files.evaluation import EvalRun, seconds_left
 from kvviz.files.frontier import parse_budget, parse_tolerance
-from kvviz.files.sweep import Asked, Configuration, Question, SpeedRecord, Sweep
+from kvviz.files.journal import differences, digest
+from kvviz.files.sweep import Asked, Configuration, Question, SpeedRecord, Sweep, SweptSoFar, read_journal
 from kvviz.present import size
 
 # Batched rows per forward. The default model on this 2-core CPU (quiet machine): a plain forward of one token costs
@@ -116,6 +118,61 @@ def ask(model, context: int | None = None, sequences: int = 1, budget: str = "fr
     return Question(context, sequences, budget_bytes, said, parse_tolerance(tolerance), accuracy_tolerance)
 
 
+# what a sweep's journal keeps for a resume to check, by what a refusal calls it
+RESUME_NAMES = {"model": "the model", "tokens_sha256": "the text's tokens", "context": "the target context",
+                "sequences": "the sequences", "budget": "the budget", "tolerance": "the tolerance",
+                "accuracy_tolerance": "the accuracy tolerance", "grid": "the configurations",
+                "rows": "the rows per forward", "quantized_alone": "quantized caches fed alone or not",
+                "questions": "the questions asked (their source, items, seed and length, plain text or not)",
+                "regimes": "the regimes"}
+
+
+def resume_key(run: SweepRun, budget: str) -> dict:
+    """What a sweep's journal keeps for a resume to check: the same model, text, question (`budget` as the user gave
+    it), configurations and questions give the same table."""
+    sweep = run.sweep
+    question, asked = sweep.question, sweep.asked
+    questions = None
+    if asked is not None:
+        questions = {"source": asked.source, "raw": asked.raw, "seed": asked.seed, "length": asked.length,
+                     "items_sha256": digest([item.to_dict() for item in asked.items])}
+    return {"model": sweep.model, "tokens_sha256": digest(run.ids), "context": question.context,
+            "sequences": question.sequences,
+            # the free memory changes from one run to the next: "free" is the same budget
+            "budget": "free" if budget.strip().lower() == "free" else question.budget_bytes,
+            "tolerance": question.tolerance.to_dict(), "accuracy_tolerance": question.accuracy_tolerance,
+            "grid": [c.run.strategy for c in sweep.configurations], "rows": run.rows,
+            "quantized_alone": run.quantized_alone, "questions": questions,
+            "regimes": list(asked.regimes) if asked else None}
+
+
+def take_up(run: SweepRun, journal: str | os.PathLike, key: dict) -> tuple[SweptSoFar, list[Configuration]]:
+    """Continue in `run` the sweep whose journal an earlier process left (`SweepRun.resume`), after checking that it
+    was measured as `run` would measure it (`key`, from `resume_key`): what it holds, and the configurations kept.
+    Raises OptionError naming what is wrong with the journal, or each difference."""
+    from kvviz.files.sweep import SweepFileError
+
+    try:
+        found = read_journal(journal)
+    except SweepFileError as exc:
+        raise OptionError(str(exc)) from None
+    differing = differences(found.resume, key, RESUME_NAMES)
+    if differing:
+        raise OptionError(f"{journal} was measured with other settings than these, so its table would not continue: "
+                          + "; ".join(differing))
+    return found, run.resume(found)
+
+
+def asked_again(model, found: SweptSoFar) -> Question:
+    """The question a journaled sweep asked, asked again here: the same, but a budget of the device's free memory,
+    which is measured again."""
+    question = found.sweep.question
+    if found.resume.get("budget") != "free":
+        return question
+    free, where = machine.free_memory(model.device)
+    return dataclasses.replace(question, budget_bytes=free, budget=f"{size(free)} ({where})")
+
+
 def floor_forward_ms(run: CacheRun, token_ids: torch.Tensor, tokens: int, forwards: int) -> list[float] | None:
     """The compute-bound floor of a sweep, timed: `forwards` plain forwards of one token for as many rows as
     `token_ids` ``[rows, 1]`` has, through the model's own attention and a DynamicCache each row of which holds the
@@ -186,11 +243,34 @@ class SweepRun:
         # the items as asked: each needle placed on the tokens the model reads
         self.sweep.asked = None if asked is None else dataclasses.replace(asked, items=self.asking.items)
         self.on_progress: Callable[[], None] = lambda: None  # called after every prediction (`progress` tells how far)
+        self.on_answered: Callable[[str, int], None] = lambda regime, item: None  # after each item is asked
+        self._kept: set[int] = set()  # configurations an earlier process finished (`resume`): not read again
+        self._earlier_s = 0.0  # the time the sweep took in earlier processes
+        self._started: float | None = None
         self._forwards = 0  # token-by-token forwards (batched or alone) and their time, for the speed figures
         self._forward_ms = 0.0
         self._row_tokens = 0
         self._floor_bytes = 0.0
         self._asking_s: float | None = None
+
+    def resume(self, kept: SweptSoFar) -> list[Configuration]:
+        """Take up what an earlier process measured (its journal): the configurations it finished stand as they
+        were, the items it asked are not asked again. Returns the configurations kept, in the order a sweep finishes
+        them. The exact cache reads the text again where any other configuration remains (its predictions, too
+        large to journal, are what the others are compared with); a batch of configurations reads again whole, so
+        that each row's forwards are the very ones an uninterrupted sweep runs."""
+        for i in kept.finished:
+            self.sweep.configurations[i] = kept.sweep.configurations[i]
+        self._kept = set(kept.finished)
+        self._earlier_s = kept.elapsed_s
+        if self.asking is not None:
+            self.asking.resume([c.answers for c in kept.sweep.configurations], kept.answered)
+        return [self.sweep.configurations[i] for group in self.groups() for i in group if i in self._kept]
+
+    @property
+    def elapsed_s(self) -> float:
+        """The sweep's time so far, in this process and any it resumes."""
+        return self._earlier_s + (time.perf_counter() - self._started if self._started is not None else 0.0)
 
     def cancel(self) -> None:
         self._cancel.set()
@@ -201,16 +281,20 @@ class SweepRun:
 
     def seconds_left(self) -> tuple[float | None, bool]:
         """(seconds, complete) until every configuration has read the text (`evaluation.seconds_left`)."""
-        return seconds_left([(e.result, e.predictions) for e in self.evaluations if e is not None])
+        return seconds_left([(e.result, e.predictions) for e in self._to_read()])
 
     def progress(self) -> tuple[int, int]:
         """(predictions made, predictions in all) over every configuration."""
-        live = [e for e in self.evaluations if e is not None]
+        live = self._to_read()
         done, total = sum(len(e.result.records) for e in live), sum(e.predictions for e in live)
         if self.asking is not None:  # a question counts as a prediction
             done += sum(len(answers) for answers in self.asking.answers)
             total += self.asking.questions * len(self.asking.choices)
         return done, total
+
+    def _to_read(self) -> list[Evaluation]:
+        """The evaluations this process reads (not those refused, nor those an earlier process finished)."""
+        return [e for i, e in enumerate(self.evaluations) if e is not None and (i not in self._kept or not i)]
 
     def groups(self) -> list[list[int]]:
         """Indices of the evaluations in the order they read: the exact cache first (alone), then batches of up to
@@ -224,7 +308,7 @@ class SweepRun:
         return [[0], *batches, *([i] for i in alone)]
 
     def __iter__(self) -> Iterator[Configuration]:
-        started = time.perf_counter()
+        started = self._started = time.perf_counter()
         reference_chunk = self.evaluations[0].chunk
         stream = ReferenceStream(self.model, self.evaluations[0].ids, reference_chunk)
         self.evaluations[0].offers = True  # the exact cache reads the text once, for itself and the stream
@@ -232,13 +316,18 @@ class SweepRun:
         try:
             if self.asking is not None:
                 self._ask()
-            for group in self.groups():
+            groups = [group for group in self.groups() if not self._kept.issuperset(group)]
+            if groups and groups[0] != [0]:  # the exact cache, kept, reads the text again: the reference
+                groups.insert(0, [0])
+            for group in groups:
                 if self.cancelled:
                     break
                 evaluations = [self.evaluations[i] for i in group]
                 for e in evaluations:
                     e.reference = stream
                 self._read(evaluations)
+                if group == [0] and 0 in self._kept:
+                    continue
                 for i in group:
                     config = self.sweep.configurations[i]
                     e = self.evaluations[i]
@@ -264,11 +353,13 @@ class SweepRun:
         """Ask every configuration the questions (`Asking`), before the text is read: each configuration's row is
         shown when it has read the text, with its answers."""
         begun = time.perf_counter()
-        for config, answers in zip(self.sweep.configurations, self.asking.answers, strict=True):
-            config.answers = answers  # filled as the questions are answered: a stop keeps what was
+        for i, (config, answers) in enumerate(zip(self.sweep.configurations, self.asking.answers, strict=True)):
+            if i not in self._kept:
+                config.answers = answers  # filled as the questions are answered: a stop keeps what was
         self.asking.on_progress = self.on_progress
         try:
-            for _ in self.asking:
+            for regime, item in self.asking:
+                self.on_answered(regime, item)
                 self.on_progress()
         finally:
             self._asking_s = time.perf_counter() - begun
@@ -320,7 +411,8 @@ class SweepRun:
         """The rows that read the text token by token (every configuration but the exact cache) and the median time
         of a forward of the compute-bound floor for them (`floor_forward_ms`, over half the text); None where not
         measured."""
-        rows = sum(1 for e in self.evaluations[1:] if e is not None and e.chunk == 1 and e.finished)
+        rows = sum(1 for i, e in enumerate(self.evaluations) if i and e is not None and e.chunk == 1
+                   and (e.finished or i in self._kept))
         if not rows or not self.floor_forwards:
             return None
         exact = self.evaluations[0]
@@ -346,7 +438,8 @@ class SweepRun:
 
     def _speed(self, wall_s: float, floor: tuple[int, float] | None) -> SpeedRecord:
         bandwidth = machine.memory_bandwidth(self.model.device)
-        speed = SpeedRecord(wall_s=wall_s, bandwidth_bytes_per_s=bandwidth, answering_s=self._asking_s)
+        speed = SpeedRecord(wall_s=self._earlier_s + wall_s, bandwidth_bytes_per_s=bandwidth,
+                            answering_s=self._asking_s)
         if floor is not None:
             speed.floor_rows = floor[0]
             speed.floor_s = floor[1] * self.evaluations[0].predictions / 1000.0

@@ -11,6 +11,10 @@ the window read them. A conversation trace is JSON:
 Token ranges count the tokens of the templated history, from 0; `end` is exclusive. A message's range is the
 one it had when its turn ran (an edited or regenerated turn keeps its own). Steps are the generated tokens of
 every turn, in order, with the figures the plots draw (per-layer records stay in `kvviz run`'s traces).
+
+While a chat runs, each finished turn is journaled beside the file it becomes (`ConversationJournal`,
+`kvviz.files.journal`): a killed chat loses at most the turn in progress, and its journal opens (File ▸ Open,
+`kvviz trace`) as the conversation so far.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from kvviz.files.journal import Journal, ended_without_saving, journal_path
 from kvviz.files.jsonfile import KeptFileError, write_json
 from kvviz.files.schema import (
     MAX_BYTES,
@@ -161,6 +166,66 @@ class ConversationTrace:
         return write_json(path, self.to_dict)
 
 
+# -- the journal of a conversation while it runs ------------------------------------------------------------
+
+_GROWING = ("messages", "turns", "steps")  # the lists a turn adds to
+
+
+class ConversationJournal:
+    """A conversation kept as it goes (`kvviz.files.journal`), beside the file it becomes: `update()` after each
+    finished turn (fsynced), `remove()` once the conversation's file is written. The header is the conversation's
+    model, strategy and settings; each line holds what the turns since the last line added to the messages, turns
+    and steps, and the system prompt, template, capacity and prefix as they stand (a line ``{"from": counts}``
+    says where its lists' items begin). Should a list have lost items (an edit), the journal starts again, whole."""
+
+    def __init__(self, path: str | os.PathLike, trace: ConversationTrace):
+        self.path = Path(path)
+        self.trace = trace
+        self.journal = Journal(journal_path(self.path), FORMAT)
+        self._written = dict.fromkeys(_GROWING, 0)
+
+    def update(self) -> None:
+        data = self.trace.to_dict()
+        if any(len(data[name]) < count for name, count in self._written.items()):
+            self._written = dict.fromkeys(_GROWING, 0)
+            self.journal.close()
+            self.journal.started = False
+        line = {"from": dict(self._written), **{name: data[name][self._written[name]:] for name in _GROWING},
+                **{name: data[name] for name in _STATE}}
+        self._written = {name: len(data[name]) for name in _GROWING}
+        if not self.journal.started:
+            self.journal.start({"format": FORMAT, "version": VERSION, "model": data["model"],
+                                "strategy": data["strategy"], "settings": data["settings"]}, [line])
+        else:
+            self.journal.extend([line])
+        self.journal.sync()
+
+    def remove(self) -> None:
+        """The conversation's file is written: the journal goes."""
+        self.journal.remove()
+
+
+def _from_journal(header: dict, lines: list, source: str) -> ConversationTrace:
+    """The conversation a killed process's journal holds (`ConversationJournal`): its finished turns, said cancelled
+    and why in its error."""
+    data: dict[str, Any] = {key: header.get(key) for key in ("format", "version", "model", "strategy", "settings")}
+    data.update({name: [] for name in _GROWING})
+    states = []  # each line's, all checked (the last one stands)
+    for number, line in enumerate(lines, start=2):
+        starts = line.get("from") if isinstance(line, dict) else None
+        if not isinstance(starts, dict) or not all(isinstance(line.get(name), list) for name in _GROWING) \
+                or any(starts.get(name) != len(data[name]) for name in _GROWING):
+            raise ConversationFileError(f"{source}: line {number:,} of the journal is not the turns that follow line "
+                                        f"{number - 1:,} (an object with {', '.join(_GROWING)} and where they begin)")
+        for name in _GROWING:
+            data[name] += line[name]
+        states.append({name: line.get(name) for name in _STATE})
+        data.update(states[-1])
+    data.update(cancelled=True, error=ended_without_saving(len(data["turns"]), None, "turn"),
+                journal={"states": states})
+    return FILE_FORMAT.parse(data, source)
+
+
 class ConversationFileError(KeptFileError):
     """A file is not a readable kvviz conversation; the message says what is wrong and where."""
 
@@ -259,16 +324,23 @@ def _turns_and_steps_agree(data: dict, where) -> None:
                 raise Refusal(at(where, name, i, "turn"), f"a turn of the file (0 to {count - 1})", item["turn"])
 
 
+_STATE_FIELDS = {
+    "system": optional(Text(), ""),
+    "template": optional(Text(), ""),
+    "capacity": optional(_POSITIONS, 0),
+    "prefix": optional(Record({"tokens": _POSITIONS, "cache_bytes": Int(0, MAX_BYTES),
+                               "prefill_ms": Number(0, MAX_MS)}, null=True, what="the cached prefix")),
+}
+_STATE = tuple(_STATE_FIELDS)  # what a turn (or a new chat) may set again: each journal line holds it
 _CONVERSATION = Record(
     {
         "model": MODEL_CARD,
         "strategy": STRATEGY,
-        "system": optional(Text(), ""),
-        "template": optional(Text(), ""),
         "settings": optional(SETTINGS, {}),
-        "capacity": optional(_POSITIONS, 0),
-        "prefix": optional(Record({"tokens": _POSITIONS, "cache_bytes": Int(0, MAX_BYTES),
-                                   "prefill_ms": Number(0, MAX_MS)}, null=True, what="the cached prefix")),
+        **_STATE_FIELDS,
+        # a journal's (`ConversationJournal`): what each of its lines set, as it did; absent from a conversation file
+        "journal": optional(Record({"states": ListOf(Record(_STATE_FIELDS, what="a journal line's state"))},
+                                   null=True, what="the journal's lines (an object)")),
         "messages": ListOf(_MESSAGE),
         "turns": ListOf(_TURN),
         "steps": ListOf(_STEP),
@@ -298,4 +370,5 @@ def _build(data: dict) -> ConversationTrace:
 
 
 FILE_FORMAT = FileFormat(name=FORMAT, version=VERSION, kind="kvviz conversation", schema=_CONVERSATION,
-                         build=_build, error=ConversationFileError, summary=ConversationTrace.summary)
+                         build=_build, error=ConversationFileError, summary=ConversationTrace.summary,
+                         from_journal=_from_journal)

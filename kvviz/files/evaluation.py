@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from kvviz.files.journal import Journal, ended_without_saving, is_journal, journal_path, parse_journal
-from kvviz.files.jsonfile import KeptFileError, read_text, write_atomic, write_json
+from kvviz.files.journal import Journal, ended_without_saving, journal_path, read_journal_of
+from kvviz.files.jsonfile import KeptFileError, write_atomic, write_json
 from kvviz.files.schema import (
     MAX_BYTES,
     FileFormat,
@@ -192,12 +192,7 @@ class Journaled:
 
 def read_journal(path: str | os.PathLike) -> Journaled:
     """An evaluation's journal, checked like an evaluation file. Raises EvalFileError naming what is wrong."""
-    text = read_text(path, "kvviz journal", EvalFileError)
-    if not is_journal(text):
-        raise EvalFileError(f"{path} is not a kvviz journal")
-    kind, header, lines = parse_journal(text, str(path), EvalFileError)
-    if kind != FORMAT:
-        raise EvalFileError(f"{path} is the journal of a {kind}, not of an evaluation")
+    header, lines = read_journal_of(path, FORMAT, "an evaluation", EvalFileError)
     return _journaled(header, lines, str(path))
 
 

@@ -32,6 +32,7 @@ from kvviz.files.jsonfile import (
     deferred_signals,
     encode_json,
     part_name,
+    read_text,
     remove_stale_parts,
     sync_folder,
 )
@@ -151,6 +152,19 @@ def is_journal(text: str) -> bool:
     return text.startswith(_START)
 
 
+def read_journal_of(path: str | os.PathLike, kind: str, what: str,
+                    error: type[KeptFileError]) -> tuple[dict, list[Any]]:
+    """(header, lines) of the journal at `path`, which must be of `kind` (`what`: its name in words, "an
+    evaluation"). Raises `error` naming what is wrong."""
+    text = read_text(path, "kvviz journal", error)
+    if not is_journal(text):
+        raise error(f"{path} is not a kvviz journal")
+    found, header, lines = parse_journal(text, str(path), error)
+    if found != kind:
+        raise error(f"{path} is the journal of a {found}, not of {what}")
+    return header, lines
+
+
 def parse_journal(text: str, source: str, error: type[KeptFileError] = KeptFileError) -> tuple[str, dict, list[Any]]:
     """(kind, header, lines) of a journal's text. A last line cut mid-write (no newline at its end, or not JSON)
     is dropped; a line that is not JSON before the last is damage, refused naming it."""
@@ -176,3 +190,40 @@ def parse_journal(text: str, source: str, error: type[KeptFileError] = KeptFileE
         except RecursionError:
             raise error(f"{source}: line {number:,} of the journal is nested too deeply to read") from None
     return str(first.get("kind")), first["header"], values
+
+
+# -- resuming -------------------------------------------------------------------------------------------
+
+
+def digest(value: Any) -> str:
+    """The SHA-256 of a value's JSON: what a journal keeps of the text's tokens or the items asked, for a resume
+    to check it reads the same ones."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps(value, sort_keys=True, allow_nan=False).encode("ascii")).hexdigest()
+
+
+def differences(theirs: dict, ours: dict, names: dict[str, str]) -> list[str]:
+    """What differs between what a journal keeps for a resume to check (`theirs`: its "resume" header) and what the
+    measurement about to continue it would keep (`ours`), in words: each key of `names` that differs, by its name,
+    with both values where they can be shown."""
+    found = []
+    for key, name in names.items():
+        if theirs.get(key) == ours.get(key):
+            continue
+        if key == "tokens_sha256":
+            found.append(f"{name} (another text, or another part of it)")
+        elif key == "model":
+            found.append(f"{name} ({(theirs.get(key) or {}).get('name', '?')} there, {ours[key].get('name')} here, or "
+                         "its dtype or device)")
+        else:
+            found.append(f"{name} ({_shown(theirs.get(key))} there, {_shown(ours.get(key))} here)")
+    return found
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, list) and all(isinstance(v, dict) and "name" in v for v in value):  # strategies
+        from kvviz.present import strategy_label
+
+        return ", ".join(strategy_label(v) for v in value)
+    return json.dumps(value)

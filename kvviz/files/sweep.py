@@ -26,6 +26,10 @@ divergence KL(exact || configuration) in nats, and whether the two most likely n
 present when the sweep also asked questions (`kvviz choose --task` or `--qa`): the items, and per configuration
 its answer to each question in each regime, scored 0 to 1 (`kvviz.files.qa`); a configuration's accuracy in a
 regime is its mean score there.
+
+While a sweep runs with `kvviz choose --out DIR`, it is kept as a journal beside sweep.json (`SweepJournal`,
+`kvviz.files.journal`): each configuration as it finishes, the answers to each item as they are given, so that a
+killed sweep loses at most the configurations it was reading, and `kvviz choose --resume` continues it.
 """
 
 from __future__ import annotations
@@ -39,10 +43,12 @@ import numpy as np
 
 from kvviz.files import evaluation
 from kvviz.files.evaluation import EvalRun
+from kvviz.files.journal import Journal, ended_without_saving, journal_path, read_journal_of
 from kvviz.files.jsonfile import KeptFileError, write_json
 from kvviz.files.qa import ANSWER_RECORD, ITEM_RECORD, REGIMES, AnswerRecord, QAItem, build_item
 from kvviz.files.schema import (
     MAX_BYTES,
+    Either,
     FileFormat,
     Flag,
     Int,
@@ -54,7 +60,7 @@ from kvviz.files.schema import (
     at,
     optional,
 )
-from kvviz.files.trace_schema import MAX_POSITIONS, MODEL_CARD
+from kvviz.files.trace_schema import MAX_POSITIONS, MODEL_CARD, STRATEGY
 
 FORMAT = "kvviz-sweep"
 VERSION = 1
@@ -245,6 +251,133 @@ class Sweep:
         return write_json(path, self.to_dict)
 
 
+# -- the journal of a sweep while it runs ------------------------------------------------------------------
+
+
+class SweepJournal:
+    """A sweep kept as it is measured (`kvviz.files.journal`), beside the sweep file it becomes: `answered()` after
+    each item is asked, `finished(index)` as each configuration ends (both fsynced: a line is minutes of work),
+    `remove()` once the sweep's files are written.
+
+    The header is the sweep's model, document, question and questions asked, the configurations' strategies in
+    order, and `resume`: what `kvviz choose --resume` checks before it continues. Each line is either
+    ``{"regime": r, "item": i, "answers": [[answer record, ...] for each configuration]}`` (the answers that item
+    added) or ``{"configuration": index, "elapsed_s": the sweep's time so far, "data": the configuration}``."""
+
+    def __init__(self, path: str | os.PathLike, sweep: Sweep, resume: dict[str, Any]):
+        self.path = Path(path)
+        self.sweep = sweep
+        self.resume = resume
+        self.journal = Journal(journal_path(self.path), FORMAT)
+        self._answers = [0] * len(sweep.configurations)  # answers journaled, per configuration
+
+    def carry(self, kept: SweptSoFar) -> None:
+        """Start with what an earlier process journaled (a resumed sweep), so that a kill now loses none of it."""
+        self._answers = [len(c.answers) for c in self.sweep.configurations]
+        self._append(kept.lines)
+
+    def answered(self, regime: str, item: int) -> None:
+        configurations = self.sweep.configurations
+        new = [[a.to_dict() for a in c.answers[done:]] for c, done in zip(configurations, self._answers, strict=True)]
+        self._answers = [len(c.answers) for c in configurations]
+        self._append([{"regime": regime, "item": item, "answers": new}])
+
+    def finished(self, index: int, elapsed_s: float) -> None:
+        self._append([{"configuration": index, "elapsed_s": elapsed_s,
+                       "data": self.sweep.configurations[index].to_dict()}])
+
+    def _append(self, lines: list[Any]) -> None:
+        if not self.journal.started:
+            sweep = self.sweep
+            self.journal.start({"format": FORMAT, "version": VERSION, "model": sweep.model,
+                                "document": sweep.document, "question": sweep.question.to_dict(),
+                                "asked": sweep.asked.to_dict() if sweep.asked else None,
+                                "strategies": [c.run.strategy for c in sweep.configurations],
+                                "resume": self.resume}, lines)
+        else:
+            self.journal.extend(lines)
+        self.journal.sync()
+
+    def remove(self) -> None:
+        """The sweep's files are written: the journal goes."""
+        self.journal.remove()
+
+
+@dataclass
+class SweptSoFar:
+    """What a sweep's journal holds: the partial sweep (every configuration, those not finished cancelled), which
+    finished (by index), the items answered, the sweep's time so far, what a resume checks, and the lines as read."""
+
+    sweep: Sweep
+    finished: list[int]
+    answered: list[tuple[str, int]]
+    elapsed_s: float
+    resume: dict[str, Any]
+    lines: list[Any]
+
+
+def read_journal(path: str | os.PathLike) -> SweptSoFar:
+    """A sweep's journal, checked like a sweep file. Raises SweepFileError naming what is wrong."""
+    header, lines = read_journal_of(path, FORMAT, "a sweep", SweepFileError)
+    return _swept(header, lines, str(path))
+
+
+def _swept(header: dict, lines: list, source: str) -> SweptSoFar:
+    strategies = header.get("strategies")
+    if not isinstance(strategies, list) or not strategies:
+        raise SweepFileError(f'{source}: the journal\'s header has no "strategies" (a list of the configurations)')
+    count = len(strategies)
+    answers: list[list[Any]] = [[] for _ in strategies]
+    kept: dict[int, Any] = {}
+    answered, elapsed = [], 0.0
+    for number, line in enumerate(lines, start=2):
+        if isinstance(line, dict) and line.keys() == {"regime", "item", "answers"} \
+                and isinstance(line["answers"], list) and len(line["answers"]) == count \
+                and all(isinstance(added, list) for added in line["answers"]):
+            for own, added in zip(answers, line["answers"], strict=True):
+                own += added
+            answered.append((line["regime"], line["item"]))
+        elif isinstance(line, dict) and line.keys() == {"configuration", "elapsed_s", "data"} \
+                and type(line["configuration"]) is int and 0 <= line["configuration"] < count \
+                and type(line["elapsed_s"]) in (int, float) and 0 <= line["elapsed_s"] <= _MAX_S \
+                and isinstance(line["data"], dict):
+            kept[line["configuration"]] = line["data"]
+            elapsed = float(line["elapsed_s"])
+        else:
+            raise SweepFileError(f"{source}: line {number:,} of the journal is neither the answers to an item (for "
+                                 f"each of its {count:,} configurations) nor a finished configuration (with the "
+                                 "sweep's time so far in seconds)")
+    ended = ended_without_saving(len(kept), count, "configuration")
+    configurations = [kept.get(i) or _not_finished(header, strategy, answers[i], ended)
+                      for i, strategy in enumerate(strategies)]
+    data = {key: header.get(key) for key in ("format", "version", "model", "document", "question", "asked")}
+    data.update(speed=SpeedRecord(wall_s=elapsed if kept else None).to_dict(), cancelled=len(kept) < count,
+                configurations=configurations, journal={"strategies": strategies, "resume": header.get("resume")})
+    sweep = FILE_FORMAT.parse(data, source)
+    items = len(sweep.asked.items) if sweep.asked else 0
+    regimes = sweep.asked.regimes if sweep.asked else []
+    if not all(regime in regimes and type(item) is int and 0 <= item < items for regime, item in answered):
+        raise SweepFileError(f"{source}: a line of answers names an item or regime the sweep did not ask")
+    return SweptSoFar(sweep, sorted(kept), answered, elapsed, header["resume"], lines)
+
+
+_MAX_S = 10**9  # the longest a sweep could have taken, in seconds (NaN and 10^400 are not times)
+
+
+def _not_finished(header: dict, strategy: Any, answers: list, ended: str) -> dict[str, Any]:
+    """A configuration the journal does not hold finished: no records, cancelled, with the answers it gave."""
+    evaluation_run = {"model": header.get("model"), "strategy": strategy, "document": header.get("document"),
+                      "method": {"mode": "token-by-token", "chunk": 1}, "cancelled": True, "error": ended,
+                      "first_eviction": None, "records": {name: [] for name in evaluation.COLUMNS}}
+    return {"evaluation": evaluation_run, "kl": [], "top1": [], "decode_ms": None, "measured_rows": 1,
+            "target": None, "answers": answers}
+
+
+def _from_journal(header: dict, lines: list, source: str) -> Sweep:
+    """The partial sweep a killed process's journal holds (`SweepJournal`), said so in its configurations' errors."""
+    return _swept(header, lines, source).sweep
+
+
 # -- reading -----------------------------------------------------------------------------------------------
 
 
@@ -275,7 +408,39 @@ def _answers_asked(sweep: dict, where) -> None:
                               show_found=False)
 
 
+def _journal_agrees(sweep: dict, where) -> None:
+    """A journal's header lists the configurations' strategies in order (`SweepJournal`)."""
+    journaled = sweep["journal"]
+    if journaled is None:
+        return
+    strategies = journaled["strategies"]
+    configurations = sweep["configurations"]
+    if len(strategies) != len(configurations):
+        raise Refusal(at(where, "journal", "strategies"), f"one strategy per configuration ({len(configurations):,})",
+                      show_found=False)
+    for i, (strategy, config) in enumerate(zip(strategies, configurations, strict=True)):
+        if strategy != config["evaluation"]["strategy"]:
+            raise Refusal(at(where, "configurations", i, "evaluation", "strategy"),
+                          f"the strategy the journal's header lists for configuration {i}", show_found=False)
+
+
 _BYTES = Int(0, MAX_BYTES, null=True, what="a byte count")
+_TOLERANCE = Record({"kind": Text(QUALITY_KINDS), "value": Number(0)}, what="a tolerance")
+# what a sweep's journal keeps for a resume to check (`kvviz.engine.sweep.resume_key`)
+_RESUME = Record(
+    {"model": MODEL_CARD, "tokens_sha256": Text(nonempty=True), "context": Int(1, MAX_POSITIONS),
+     "sequences": Int(1), "budget": Either(Text(("free",)), Int(0, MAX_BYTES, what="a byte count")),
+     "tolerance": _TOLERANCE, "accuracy_tolerance": Number(0, 1), "grid": ListOf(STRATEGY), "rows": Int(1),
+     "quantized_alone": Flag(),
+     "questions": Record({"source": Text(), "raw": Flag(), "seed": Int(0, null=True),
+                          "length": Int(1, MAX_POSITIONS, null=True), "items_sha256": Text(nonempty=True)},
+                         null=True, what="the questions asked (an object)"),
+     "regimes": ListOf(Text(REGIMES), null=True)},
+    what="what a resume checks (an object)",
+)
+# a journal's own header fields (`SweepJournal`); absent from a sweep file
+_JOURNAL = Record({"strategies": ListOf(STRATEGY), "resume": _RESUME}, null=True,
+                  what="the journal's header (an object)")
 _TARGET = Record(
     {"cache_bytes": _BYTES, "policy_bytes": Int(0, MAX_BYTES, what="a byte count"), "per_sequence_bytes": _BYTES,
      "sequences_in_budget": Int(0, null=True), "longest_context": Int(0, null=True),
@@ -303,7 +468,7 @@ _SWEEP = Record(
         "document": evaluation.DOCUMENT,
         "question": Record(
             {"context": Int(1, MAX_POSITIONS), "sequences": Int(1), "budget_bytes": _BYTES, "budget": Text(),
-             "tolerance": Record({"kind": Text(QUALITY_KINDS), "value": Number(0)}, what="a tolerance"),
+             "tolerance": _TOLERANCE,
              "accuracy_tolerance": optional(Number(0, 1, what="a share of the exact cache's accuracy"), 0.05)},
             what="the question (an object)",
         ),
@@ -314,8 +479,9 @@ _SWEEP = Record(
              "length": Int(1, MAX_POSITIONS, null=True), "items": ListOf(ITEM_RECORD)},
             null=True, what="the questions asked (an object)")),
         "configurations": ListOf(_CONFIGURATION),
+        "journal": optional(_JOURNAL),
     },
-    rules=(_answers_asked,),
+    rules=(_answers_asked, _journal_agrees),
 )
 
 
@@ -337,5 +503,5 @@ def _build(data: dict) -> Sweep:
 
 
 FILE_FORMAT = FileFormat(name=FORMAT, version=VERSION, kind="kvviz sweep", schema=_SWEEP, build=_build,
-                         error=SweepFileError)
+                         error=SweepFileError, from_journal=_from_journal)
 

@@ -11,7 +11,7 @@ from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication
 
 from kvviz import resources
-from kvviz.qt import theme
+from kvviz.qt import theme, unsaved
 from kvviz.qt.log_file import keep_log
 from kvviz.qt.quit_signals import QuitSignals
 
@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.connect:
         window.modes["server"].connect_requested(args.connect)
     window.show()
+    unsaved.clean()  # what windows that ended left, beyond the rule Help ▸ About says
     window.say_left_behind()
     if args.quit_after is not None:
         QTimer.singleShot(int(args.quit_after * 1000), window.close)

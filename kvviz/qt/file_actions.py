@@ -73,8 +73,10 @@ class FileActions(QObject):
             self.show_message("Could not open", f"Could not open {Path(path).name}: {exc}")
             return None
         shown = self.window.show_kept(kept)
-        if str(path).endswith(JOURNAL_SUFFIX) and shown is not None and kept.error:  # why it is partial
-            self.window.statusBar().showMessage(kept.error, 30_000)
+        if str(path).endswith(JOURNAL_SUFFIX) and shown is not None:
+            if getattr(kept, "error", None):  # why it is partial
+                self.window.statusBar().showMessage(kept.error, 30_000)
+            self.window.mode.offer_to_continue(kept, Path(path))
         return shown
 
     def open_prompt_file(self, path: str | os.PathLike) -> str | None:
@@ -159,6 +161,14 @@ class FileActions(QObject):
         box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         box.open()
         self.message_box = box
+
+    def ask(self, title: str, text: str, yes: str, on_yes) -> QMessageBox:
+        """A window-modal question that does not block the caller: `yes` (its button) calls `on_yes`; or Cancel."""
+        box = QMessageBox(QMessageBox.Icon.Question, title, text, QMessageBox.StandardButton.Cancel, self.window)
+        box.addButton(yes, QMessageBox.ButtonRole.AcceptRole).clicked.connect(on_yes)
+        box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        box.open()
+        return box
 
     def install(self, modes) -> None:
         """The File menu's entries (the shell's, with each mode's own after Save trace), drag and drop of kept files

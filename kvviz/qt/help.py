@@ -168,8 +168,8 @@ class HelpMenu:
             "what it costs in memory and time, and what each cache strategy changes.</p>"
             + table_html(versions())
             + f"<p>Failures are explained in the window; their details (tracebacks) go to {log_path()}.</p>"
-            + f"<p>A conversation not saved when the window closed is kept in "
-            f"{unsaved.folder()}.</p>"
+            + f"<p>A conversation not saved when the window closed is kept in {unsaved.folder()}, with the journals "
+            f"of windows that ended without closing (what they measured: File ▸ Open shows it); {unsaved.RULE}.</p>"
         )
         box = QMessageBox(QMessageBox.Icon.NoIcon, "About kvviz", text, QMessageBox.StandardButton.Ok, self.window)
         box.setTextFormat(Qt.TextFormat.RichText)

@@ -87,6 +87,11 @@ class ModeHost:
         returns None."""
         raise NotImplementedError
 
+    def ask(self, title: str, text: str, yes: str, on_yes: Callable[[], None]) -> QWidget:
+        """A question that does not block (so scripts and tests go on): `yes` is its button that calls `on_yes`,
+        beside Cancel. Returns the dialog."""
+        raise NotImplementedError
+
     def update_controls(self) -> None:
         """Every mode's buttons and the menus again (something started, ended, or was typed)."""
         raise NotImplementedError
@@ -196,6 +201,10 @@ class Mode(QObject):
         """Show a kept record of one of `formats` (File ▸ Open, drag and drop, --open); it or its run id, None when
         refused (the mode says why)."""
         return None
+
+    def offer_to_continue(self, kept: Any, journal: Path) -> None:
+        """`kept` (shown by `open`) came from `journal`, a journal that a process ended without warning left: where
+        the mode can continue what it holds, ask the user (`ModeHost.ask`) and continue on yes."""
 
     def restore_settings(self, settings: QSettings) -> None:
         """Its part of the settings of the last session."""

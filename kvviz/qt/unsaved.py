@@ -5,7 +5,11 @@ saved when the window closes is kept in the same folder (`ChatMode.keep_at_close
 Each run and each evaluated strategy has a journal in the user's state folder (`folder()`; KVVIZ_UNSAVED_DIR
 overrides it), named after the window's process. A window that closes normally removes its own: what was not saved
 goes with it, as it always did. The journals of a window that ended without closing stay; the next window says where
-they are (`left_behind`), and File ▸ Open shows each as the partial run or evaluation it holds.
+they are (`left_behind`), and File ▸ Open shows each as the partial run, evaluation or chat it holds.
+
+What windows leave here is cleaned when a window starts (`clean`, said in Help ▸ About as `RULE`): the newest
+KEEP_NEWEST files left by windows that ended stay while they are younger than KEEP_DAYS days; the rest go. A
+running window's journals are never touched.
 """
 
 from __future__ import annotations
@@ -14,17 +18,24 @@ import contextlib
 import logging
 import os
 import re
+import time
 from pathlib import Path
 
 import platformdirs
 
+from kvviz.files.conversation import ConversationJournal, ConversationTrace
 from kvviz.files.evaluation import EvalJournal, EvalRun
 from kvviz.files.journal import SUFFIX
 from kvviz.files.jsonfile import process_alive
 from kvviz.files.trace import Trace, TraceJournal
 
 log = logging.getLogger(__name__)
-_OWNED = re.compile(r"^(?:run|eval)-(\d+)-.*\.json" + re.escape(SUFFIX) + "$")  # the owner's process id
+KEEP_NEWEST = 20  # files left by windows that ended, kept at most
+KEEP_DAYS = 14  # and for at most this long
+RULE = (f"kvviz keeps the newest {KEEP_NEWEST} of them for {KEEP_DAYS} days and removes the rest when a window "
+        "starts: save what you want to keep")
+_KEPT_AT_CLOSE = re.compile(r"^conversation-.*\.json$")  # `ChatMode.keep_at_close`'s files
+_OWNED = re.compile(r"^(?:run|eval|chat)-(\d+)-.*\.json" + re.escape(SUFFIX) + "$")  # the owner's process id
 
 
 def folder() -> Path:
@@ -41,6 +52,12 @@ def eval_journal(eval_id: int, index: int, run: EvalRun) -> EvalJournal | None:
     """Likewise for one strategy of an evaluation."""
     path = _file(f"eval-{os.getpid()}-{eval_id}-{index + 1}-{run.strategy['name']}.json")
     return EvalJournal(path, run, {}) if path else None
+
+
+def conversation_journal(chat_id: int, trace: ConversationTrace) -> ConversationJournal | None:
+    """Likewise for a chat: its finished turns."""
+    path = _file(f"chat-{os.getpid()}-{chat_id}.json")
+    return ConversationJournal(path, trace) if path else None
 
 
 def _file(name: str) -> Path | None:
@@ -69,3 +86,24 @@ def remove_own() -> None:
         if pid == os.getpid():
             with contextlib.suppress(OSError):
                 path.unlink()
+
+
+def clean(now: float | None = None) -> list[Path]:
+    """Remove what windows that ended left here beyond `RULE` (their journals, the chats kept at close): all but the
+    newest KEEP_NEWEST, and any older than KEEP_DAYS days. Returns what was removed."""
+    now = time.time() if now is None else now
+    left = [path for path, pid in _journals() if not process_alive(pid)]
+    with contextlib.suppress(OSError):
+        left += [p for p in folder().iterdir() if _KEPT_AT_CLOSE.match(p.name)]
+    dated = []
+    for path in left:
+        with contextlib.suppress(OSError):
+            dated.append((path.stat().st_mtime, path))
+    dated.sort(reverse=True)
+    removed = []
+    for rank, (mtime, path) in enumerate(dated):
+        if rank >= KEEP_NEWEST or now - mtime > KEEP_DAYS * 86400:
+            with contextlib.suppress(OSError):
+                path.unlink()
+                removed.append(path)
+    return removed

@@ -51,6 +51,9 @@ class WindowHost(ModeHost):
         self.saved(where, detail(written))
         return written
 
+    def ask(self, title: str, text: str, yes: str, on_yes: Callable[[], None]):
+        return self.window.file_actions.ask(title, text, yes, on_yes)
+
     def update_controls(self) -> None:
         self.window.update_controls()
 

@@ -37,9 +37,10 @@ def preloaded(tiny_model, monkeypatch):
     monkeypatch.setattr(models, "load_model", lambda spec, **kwargs: tiny_model)
 
 
-def in_child(args, kill_at: int | None = None, part: float = 0.5):
+def in_child(args, kill_at: int | None = None, part: float = 0.5, stderr: Path | None = None):
     """Run `kvviz ARGS` in a forked child; with `kill_at`, the child writes `part` of its kill_at-th write to a
-    journal and kills itself with SIGKILL. Returns KILLED or the command's exit status."""
+    journal and kills itself with SIGKILL. Returns KILLED or the command's exit status (and with `stderr`, writes
+    what the command said there into that file)."""
     pid = os.fork()
     if pid == 0:  # the child: never returns into pytest
         code = 70
@@ -50,7 +51,10 @@ def in_child(args, kill_at: int | None = None, part: float = 0.5):
             torch.set_num_threads(1)
             if kill_at is not None:
                 _kill_at_write(kill_at, part)
-            code = kvviz(*args).returncode
+            ran = kvviz(*args)
+            if stderr is not None:
+                stderr.write_text(ran.stderr)
+            code = ran.returncode
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)

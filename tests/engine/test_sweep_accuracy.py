@@ -48,10 +48,10 @@ def test_the_answers_are_kept_in_the_sweep_file_csv_and_report(swept, tmp_path):
     kept = read_kept(tmp_path / "sweep.json")
     assert kept.asked == swept.asked and kept.question.accuracy_tolerance == 0.1
     assert [c.answers for c in kept.configurations] == [c.answers for c in swept.configurations]
-    row = sweep_file.csv_row(kept, kept.configurations[1])
+    row = sweep_report.csv_row(kept, kept.configurations[1])
     assert row["accuracy_query_agnostic"] == kept.configurations[1].accuracy("query-agnostic")
     assert row["accuracy_decode_time"] is None  # not asked: unknown, not 0
-    sweep_file.write_csv(kept, tmp_path / "sweep.csv")
+    sweep_report.write_csv(kept, tmp_path / "sweep.csv")
     assert "accuracy_multi_turn" in (tmp_path / "sweep.csv").read_text().splitlines()[0]
     report = sweep_report.markdown(kept)
     assert "### Answers, query-agnostic" in report and "### Answers, multi-turn" in report

@@ -55,12 +55,17 @@ def test_a_closed_window_loses_no_finished_turn(qtbot, window, tmp_path, monkeyp
     """Closed while answering, a chat never saved is kept in the folder About names, and the file another chat was
     saved to is left as it was (a chat saved before is written again to its own file)."""
     from kvviz.files import conversation as conversation_file
+    from kvviz.qt import unsaved as unsaved_folder
 
     monkeypatch.setenv("KVVIZ_UNSAVED_DIR", str(tmp_path))
     load(qtbot, window)
     window.set_mode("chat")
     window.controls.settings_panel.max_new_tokens.setValue(3)
     send(qtbot, window, "Hello there.", 1)
+    from kvviz.files.formats import read_kept
+
+    (journal,) = (tmp_path / "unsaved").glob("chat-*.json.journal")  # each finished turn, on disk at once
+    assert [m.content for m in read_kept(journal).messages if m.role == "user"] == ["Hello there."]
     saved = window.modes["chat"].save(tmp_path / "chat.json")
     window.modes["chat"].view.system.setText("Be brief.")  # a changed system prompt begins another conversation
     window.modes["chat"].view.message.setPlainText("What is a cache?")
@@ -68,10 +73,11 @@ def test_a_closed_window_loses_no_finished_turn(qtbot, window, tmp_path, monkeyp
     chatter = window.modes["chat"].chatter
     qtbot.waitUntil(lambda: chatter.conversation.system == "Be brief." and chatter.conversation.turn is not None)
     folder = tmp_path / "unsaved"
-    assert str(folder) in window.help.show_about().text()
+    about = window.help.show_about().text()
+    assert str(folder) in about and unsaved_folder.RULE in about
     window.close()  # at once, as the close button does: the answer stops at its step in progress
 
-    (kept,) = folder.iterdir()
+    (kept,) = folder.iterdir()  # the journals gone with the window that closed: the chat kept whole
     unsaved = conversation_file.load(kept)
     roles = [(m.role, m.content) for m in unsaved.messages]
     assert roles[:2] == [("system", "Be brief."), ("user", "What is a cache?")]

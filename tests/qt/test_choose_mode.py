@@ -154,3 +154,45 @@ def test_stop_keeps_the_finished_configurations(window, qtbot):
     unfinished = next(i for i in range(3) if i not in finished)
     mode.pick(unfinished)
     assert mode.selected is None
+
+
+def test_a_sweep_journal_opened_offers_to_continue_and_ends_as_kvviz_choose_does(window, qtbot, tmp_path, monkeypatch):
+    """A sweep `kvviz choose --out` stopped after its exact cache: File ▸ Open of its journal shows it and asks
+    to continue; continued here (the engine's resume, as --resume runs it), its files are those of a sweep that was
+    never stopped."""
+    from kvviz.files.sweep import SweepJournal
+    from tests.commands import kvviz
+
+    args = ["choose", "--model", "tiny", "--tokens", TOKENS, "--context", "512", "--budget", "1GiB", "--rows", "2",
+            "--configs", "sliding:window=8,sink:sink_tokens=2:window=6"]
+    assert kvviz(*args, "--out", tmp_path / "whole").returncode == 0
+    finished = SweepJournal.finished
+
+    def ctrl_c_after_one(journal, index, elapsed_s):  # as a terminal's Ctrl-C, between two configurations
+        if index == 1:
+            raise KeyboardInterrupt
+        finished(journal, index, elapsed_s)
+
+    monkeypatch.setattr(SweepJournal, "finished", ctrl_c_after_one)
+    assert kvviz(*args, "--out", tmp_path / "stopped").returncode == 130
+    monkeypatch.undo()
+    journal = tmp_path / "stopped" / "sweep.json.journal"
+    assert journal.exists()
+
+    load(qtbot, window)
+    assert window.file_actions.open_trace(journal) is not None
+    mode = window.modes["choose"]
+    assert window.mode is mode and mode.offer is not None
+    assert "stopped after 1 of 3 configurations" in mode.offer.text()
+    (go,) = [b for b in mode.offer.buttons() if b.text() == "Continue"]
+    with qtbot.waitSignal(mode.sigDone, timeout=120000):
+        go.click()
+    assert not journal.exists(), window.last_error
+    assert [c.status for c in mode.sweep.configurations] == ["finished"] * 3
+
+    def rows(folder):
+        with (folder / "sweep.csv").open() as f:
+            return [{k: v for k, v in row.items() if not k.endswith("tokens_per_s")} for row in csv.DictReader(f)]
+
+    assert rows(tmp_path / "stopped") == rows(tmp_path / "whole")
+    assert (tmp_path / "stopped" / "frontier.png").exists()

@@ -306,3 +306,40 @@ def test_a_longer_axis_label_is_centred_again_when_the_plot_grows(qtbot):
     axis = plot.plot.getAxis("left")
     top = axis.label.pos().y() - axis.label.boundingRect().width()  # the label is turned: its width runs upward
     assert 0 <= top and axis.label.pos().y() <= axis.size().height()
+
+
+def test_an_evaluation_journal_opened_offers_to_continue_and_ends_as_kvviz_eval_does(window, qtbot, tmp_path,
+                                                                                     monkeypatch):
+    """An evaluation `kvviz eval --out` stopped after its first chunk: File ▸ Open of its journal shows it and asks to
+    continue; continued here (the engine's resume, as --resume runs it), its file holds the predictions of an
+    evaluation that was never stopped."""
+    from kvviz.files import evaluation
+    from tests.commands import kvviz
+
+    args = ["eval", "--model", "tiny", "--builtin", "alice", "--tokens", "200", "--strategies", "dynamic"]
+    assert kvviz(*args, "--out", tmp_path / "whole").returncode == 0
+    update = evaluation.EvalJournal.update
+
+    def ctrl_c_after_a_chunk(journal, end=False):  # as a terminal's Ctrl-C, between two chunks
+        if len(journal.run.records) == 128 and not end:
+            raise KeyboardInterrupt
+        update(journal, end)
+
+    monkeypatch.setattr(evaluation.EvalJournal, "update", ctrl_c_after_a_chunk)
+    assert kvviz(*args, "--out", tmp_path / "stopped").returncode == 130
+    monkeypatch.undo()
+    journal = tmp_path / "stopped" / "eval-1-dynamic.json.journal"
+
+    load(qtbot, window, "tiny")
+    assert window.file_actions.open_trace(journal) is not None
+    mode = window.modes["evaluate"]
+    assert window.mode is mode and "stopped after 128 of 199 tokens" in mode.offer.text()
+    (go,) = [b for b in mode.offer.buttons() if b.text() == "Continue"]
+    with qtbot.waitSignal(mode.sigDone, timeout=60000):
+        go.click()
+    assert not journal.exists(), window.last_error
+    assert "continues after token 128 of 199" in mode.notice
+    ours = evaluation.load(tmp_path / "stopped" / "eval-1-dynamic.json")
+    theirs = evaluation.load(tmp_path / "whole" / "eval-1-dynamic.json")
+    assert ours.status == "finished" and len(ours.records) == 199
+    assert [r.nll for r in ours.records] == pytest.approx([r.nll for r in theirs.records], abs=1e-6)

@@ -6,7 +6,8 @@ slots, and every engine call runs there. While a turn generates, the loop serves
 between two steps (`switch`), so that a switch mid-answer takes effect at the next step. Records travel as the
 engine's own `ConversationTrace`, which the window reads when it redraws; the latest step's per-layer record (the
 cache map) comes with each progress signal. Each action is a job of its own id: `cancel()` may be called from any
-thread, even before the worker takes the action up.
+thread, even before the worker takes the action up. Each finished turn is journaled in the folder of unsaved work
+(`kvviz.qt.unsaved`), so that a window killed while chatting loses at most the turn in progress.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from PySide6.QtCore import QCoreApplication, QEvent, Signal, Slot
 
 from kvviz.errors import failure
+from kvviz.qt import unsaved
 from kvviz.qt.jobs import WorkerJob
 from kvviz.qt.worker import Worker
 
@@ -36,6 +38,7 @@ class Chatter(WorkerJob):
     def __init__(self, worker: Worker):
         super().__init__(worker)
         self.conversation = None
+        self.journal = None  # the conversation's finished turns, on disk (None: the folder cannot be written)
         self.chat_id = 0
 
     # -- any thread ----------------------------------------------------------------------------------
@@ -67,6 +70,7 @@ class Chatter(WorkerJob):
             self.conversation = Conversation(loaded, choice, settings, system=request["system"],
                                              notify=lambda message: self.sigNotice.emit(chat_id, message))
             self.chat_id = chat_id
+            self.journal = unsaved.conversation_journal(chat_id, self.conversation.trace)
         except Exception as exc:  # noqa: BLE001 - refused: the window says why
             self.sigFailed.emit(chat_id, failure("starting the conversation", exc))
             return
@@ -119,6 +123,8 @@ class Chatter(WorkerJob):
             steps = turn.decoder.trace.steps
             if steps:
                 self.sigProgress.emit(chat_id, steps[-1])
+            if self.journal is not None:
+                self.journal.update()
             self.sigTurnFinished.emit(chat_id, turn.record)
 
     @Slot(int, str, object)

@@ -107,6 +107,8 @@ class ChooseMode(Mode):
         self.done: set[int] = set()  # the configurations (indices) that have ended
         self.selected: int | None = None  # the configuration whose curves are shown
         self.opened = False  # the sweep on screen came from a file
+        self.continuing: Path | None = None  # the journal of the sweep that runs, where it continues one
+        self.offer = None  # the question asked when a journal was opened
         self.notice = ""  # why the text was cut
         self._dirty = False
 
@@ -177,10 +179,13 @@ class ChooseMode(Mode):
         if problem:
             self.host.show_error(f"Cannot choose: {problem}")
             return None
+        return self._begin({"document": self.document_panel.document(), "tokens": self.document_panel.tokens.value(),
+                            "configurations": self.config_panel.chosen(), "asked": self.asked_panel.request(),
+                            **self.question_panel.question()})
+
+    def _begin(self, request: dict) -> int:
         sweep_id = self.jobs.begin()
-        request = {"document": self.document_panel.document(), "tokens": self.document_panel.tokens.value(),
-                   "configurations": self.config_panel.chosen(), "asked": self.asked_panel.request(),
-                   **self.question_panel.question()}
+        self.continuing = request.get("journal")
         self.run, self.sweep = None, None
         self.done, self.selected, self.opened, self.notice = set(), None, False, ""
         self.host.hide_error()
@@ -200,8 +205,8 @@ class ChooseMode(Mode):
         self.run = start["run"]
         self.sweep = self.run.sweep
         self.notice = start["notice"] or ""
-        # refused on this model before reading: ended already, their rows say why
-        self.done = {i for i, c in enumerate(self.sweep.configurations) if c.run.error}
+        # refused on this model before reading, or finished before a continuation: ended already
+        self.done = {i for i, c in enumerate(self.sweep.configurations) if c.run.error or c.finished}
         self._changed()
 
     def _on_configuration(self, sweep_id: int, index: int) -> None:
@@ -222,7 +227,41 @@ class ChooseMode(Mode):
         self.host.update_controls()
         self._dirty = True
         self.host.redraw()
+        if self.continuing is not None and self.sweep is not None and not self.sweep.cancelled:
+            self._finish_journal(self.continuing)
         self.sigDone.emit(sweep_id)
+
+    # -- a sweep a journal holds ----------------------------------------------------------------------
+
+    def offer_to_continue(self, kept, journal: Path) -> None:
+        """A sweep's journal opened (`kvviz choose --out` killed or stopped, or a sweep continued here): ask to
+        continue it on the loaded model, as `kvviz choose --resume` would."""
+        if not isinstance(kept, Sweep) or not kept.cancelled or self.busy:
+            return
+        done = sum(1 for c in kept.configurations if c.status != "cancelled")
+        total = len(kept.configurations)
+        self.offer = self.host.ask(
+            "Continue this sweep?",
+            f"{journal.name} holds a sweep of {kept.model.get('name', '?')} that stopped after {done} of "
+            f"{counted(total, 'configuration')}. Continue it with the model loaded here? The configurations that "
+            "finished are kept as measured; the exact cache reads the text again, then the rest. The sweep's files "
+            f"are written beside the journal when it ends.", "Continue", lambda: self.continue_sweep(journal))
+
+    def continue_sweep(self, journal: Path) -> int | None:
+        """Continue the sweep `journal` holds (opened: its text chosen in the Document box); its id, or None (and
+        a message) while something runs or no model is loaded."""
+        if self.busy or self.host.model.card is None or self.sweep is None:
+            self.host.show_error("Cannot continue the sweep: " + ("something is running" if self.busy else
+                                                                   "load a model first"))
+            return None
+        return self._begin({"document": self.document_panel.document(), "tokens": self.sweep.document.get("tokens"),
+                            "journal": journal})
+
+    def _finish_journal(self, journal: Path) -> None:
+        """A continued sweep ended: its files beside its journal, as `kvviz choose --out` writes them; then the
+        journal goes."""
+        if self.save(journal.parent):
+            journal.unlink(missing_ok=True)
 
     def pick(self, index: int) -> None:
         """Show configuration `index`'s curves along the text (a finished one's: one stopped part-way is on no

@@ -6,6 +6,11 @@ that runs torch. A sweep sends its `SweepRun` once it is built (its `sweep` list
 the window reads `progress()` and `seconds_left()` from it while it runs) and then the index of each configuration as
 it finishes. `cancel()` may be called from any thread: the configurations reading stop after their forward, the
 finished ones stay.
+
+A sweep that `kvviz choose --out` (or an earlier continuation here) journaled and did not end continues here with
+the journal's own question and configurations, through the code `kvviz choose --resume` runs
+(`kvviz.engine.sweep.take_up`): the journal goes on being written as configurations finish, and the mode writes the
+sweep's files beside it at the end.
 """
 
 from __future__ import annotations
@@ -43,7 +48,8 @@ class SweepRunner(WorkerJob):
     def choose(self, sweep_id: int, request: dict[str, Any]) -> None:
         """request: "document" (kvviz.files.documents.Document), "tokens", "context" (None: the model's maximum),
         "sequences", "budget" and "tolerance" (the user's words), "configurations" ([(name, options)]), "asked" (the
-        questions to ask too: `kvviz.engine.qa_prompt.asked`'s arguments, or None)."""
+        questions to ask too: `kvviz.engine.qa_prompt.asked`'s arguments, or None); or, to continue a sweep's
+        journal, "document", "tokens" and "journal" (its path)."""
         try:
             with self.running(sweep_id) as cancel:
                 self._run(sweep_id, request, cancel)
@@ -59,12 +65,48 @@ class SweepRunner(WorkerJob):
         loaded = self.worker.loaded
         if loaded is None:
             raise OptionError("no model is loaded yet; load one first")
-        question = sweep.ask(loaded.model, request["context"], request["sequences"], request["budget"],
-                             request["tolerance"])
-        choices = [strategies.choose(name, dict(options)) for name, options in request["configurations"]]
-        questions = asked(loaded.tokenizer, **request["asked"]) if request.get("asked") else None
-        ids, record, notice = evaluate.prepare(loaded, request["document"], choices, request["tokens"])
-        run = sweep.SweepRun(loaded, choices, ids, record, question, cancel=cancel, asked=questions)
+        if "journal" in request:
+            run, notice, journal = self._continued(loaded, request, cancel)
+        else:
+            question = sweep.ask(loaded.model, request["context"], request["sequences"], request["budget"],
+                                 request["tolerance"])
+            choices = [strategies.choose(name, dict(options)) for name, options in request["configurations"]]
+            questions = asked(loaded.tokenizer, **request["asked"]) if request.get("asked") else None
+            ids, record, notice = evaluate.prepare(loaded, request["document"], choices, request["tokens"])
+            run = sweep.SweepRun(loaded, choices, ids, record, question, cancel=cancel, asked=questions)
+            journal = None
         self.sigStarted.emit(sweep_id, {"run": run, "notice": notice})
-        for config in run:
-            self.sigConfiguration.emit(sweep_id, run.sweep.configurations.index(config))
+        try:
+            for config in run:
+                index = next(i for i, c in enumerate(run.sweep.configurations) if c is config)
+                if journal is not None and config.status != "cancelled":
+                    journal.finished(index, run.elapsed_s)
+                self.sigConfiguration.emit(sweep_id, index)
+        finally:
+            if journal is not None:
+                journal.journal.close()
+
+    @staticmethod
+    def _continued(loaded, request: dict[str, Any], cancel: threading.Event):
+        """The sweep a journal holds, continued (its run, why its text was cut, and its journal, written on)."""
+        from kvviz.engine import evaluate, strategies, sweep
+        from kvviz.files.sweep import SweepFileError, SweepJournal, read_journal
+
+        try:
+            found = read_journal(request["journal"])
+        except SweepFileError as exc:
+            raise OptionError(str(exc)) from None
+        if found.sweep.asked is not None:
+            raise OptionError("this sweep asked questions too; kvviz choose --resume continues it")
+        choices = [strategies.choose(c.run.strategy["name"], dict(c.run.strategy["options"]))
+                   for c in found.sweep.configurations]
+        ids, record, notice = evaluate.prepare(loaded, request["document"], choices, request["tokens"])
+        rows = found.resume.get("rows")
+        run = sweep.SweepRun(loaded, choices, ids, record, sweep.asked_again(loaded.model, found), cancel=cancel,
+                             rows=rows if isinstance(rows, int) else sweep.ROWS,
+                             quantized_alone=found.resume.get("quantized_alone") is True)
+        key = sweep.resume_key(run, "free" if found.resume.get("budget") == "free" else "")
+        found, _ = sweep.take_up(run, request["journal"], key)
+        journal = SweepJournal(str(request["journal"]).removesuffix(".journal"), run.sweep, key)
+        journal.carry(found)
+        return run, notice, journal

@@ -9,6 +9,10 @@ meanwhile wait for it (the window does not offer them). Results travel as the en
 objects: the engine appends each prediction's record to its run, and the window reads the records that
 arrived when it redraws. `cancel()` may be called from any thread: it stops every strategy (the one
 running after its current forward, the rest unstarted).
+
+An evaluation a journal holds (`kvviz eval --out` killed or stopped, or a window that ended without closing)
+continues here through the code `kvviz eval --resume` runs (`kvviz.engine.evaluate.take_up`): its journal goes on
+being written, and where the strategy ends, its evaluation file is written beside the journal, which then goes.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Any
 
 from PySide6.QtCore import Signal, Slot
 
-from kvviz.errors import failure
+from kvviz.errors import OptionError, failure
 from kvviz.present import CANCELLED, FAILED, FINISHED, NOT_RUN
 from kvviz.qt import unsaved
 from kvviz.qt.jobs import WorkerJob
@@ -39,15 +43,17 @@ class Evaluator(WorkerJob):
     sigFinished = Signal(int, object)  # eval id, each strategy's final state: finished, cancelled, failed, not run
     sigFailed = Signal(int, str)  # eval id, why nothing could be evaluated (user-facing)
 
+    resumed: dict[str, Any] = {}  # what the journal being continued keeps for a resume to check
+
     @Slot(int, object)
     def evaluate(self, eval_id: int, request: dict[str, Any]) -> None:
         """request: "document" (a kvviz.files.documents.Document), "tokens" (int or None: the whole document, cut
-        at the model's context), "strategies" ([(name, options)]). `cancel` stops every strategy, not only the
-        current one."""
+        at the model's context), "strategies" ([(name, options)]); and to continue a journal's evaluation, its
+        "journal" (a path; one strategy, the journal's). `cancel` stops every strategy, not only the current one."""
         with self.running(eval_id) as cancel:
             evaluations = self._prepare(eval_id, request, cancel)
             if evaluations is not None:
-                self._run(eval_id, evaluations, cancel)
+                self._run(eval_id, evaluations, cancel, request.get("journal"))
 
     def _prepare(self, eval_id: int, request: dict[str, Any], cancel: threading.Event) -> list | None:
         """Tokenize the document and build every strategy's evaluation (None, after sigFailed, if none can be
@@ -84,6 +90,15 @@ class Evaluator(WorkerJob):
                     except Exception as exc:  # noqa: BLE001 - refused on this model: shown in its row
                         errors[i] = failure(f"{choice.label()} on this model", exc)
                 evaluations.append(evaluation)
+            if "journal" in request and evaluations[0] is not None:
+                from kvviz.files import evaluation as evaluation_file
+
+                try:
+                    found = evaluation_file.read_journal(request["journal"])
+                except evaluation_file.EvalFileError as exc:
+                    raise OptionError(str(exc)) from None
+                notice = evaluate.take_up(evaluations[0], found)
+                self.resumed = found.resume  # kept in the journal written on
         except Exception as exc:  # noqa: BLE001 - the whole evaluation cannot start; the window says why
             self.sigFailed.emit(eval_id, failure(f"evaluation {eval_id}", exc))
             return None
@@ -92,8 +107,9 @@ class Evaluator(WorkerJob):
                                        "errors": errors})
         return evaluations
 
-    def _run(self, eval_id: int, evaluations: list, cancel: threading.Event) -> None:
+    def _run(self, eval_id: int, evaluations: list, cancel: threading.Event, continued=None) -> None:
         from kvviz.engine import evaluate
+        from kvviz.files.evaluation import EvalJournal
 
         runnable = [e for e in evaluations if e is not None]
         # one-time preparations (quanto builds its kernels once per install) before the first prediction,
@@ -108,8 +124,16 @@ class Evaluator(WorkerJob):
         self.sigNotice.emit(eval_id, "")
         shown, last = None, 0.0
         # on disk as they are measured, until the window closes (`kvviz.qt.unsaved`)
-        kept = [(e, unsaved.eval_journal(eval_id, i, e.result)) for i, e in enumerate(evaluations) if e is not None]
-        kept = [(e, journal) for e, journal in kept if journal is not None]
+        if continued is not None:  # the journal continued, written on (the records it held first)
+            kept = [(evaluations[0], EvalJournal(str(continued).removesuffix(".journal"), evaluations[0].result,
+                                                 self.resumed))]
+        else:
+            kept = [(e, unsaved.eval_journal(eval_id, i, e.result)) for i, e in enumerate(evaluations)
+                    if e is not None]
+            kept = [(e, journal) for e, journal in kept if journal is not None]
+        for e, journal in kept:
+            if e.finished:  # kept whole from the journal: written again at once, ended
+                journal.update(end=True)
         try:
             for _ in evaluate.evaluate_all(runnable, together=True):
                 for e, journal in kept:
@@ -125,7 +149,21 @@ class Evaluator(WorkerJob):
                 if not journal.ended:
                     journal.update(end=e.finished)
                 journal.journal.close()
+            if continued is not None:
+                self._finish_journal(eval_id, evaluations[0], kept[0][1])
             self.sigFinished.emit(eval_id, [_state(e) for e in evaluations])
+
+    def _finish_journal(self, eval_id: int, evaluation, journal) -> None:
+        """A continued evaluation that ended (not stopped): its file beside its journal, which then goes; but in the
+        folder of unsaved work, where the journal stays for the folder's rule (the tab shows it: File ▸ Save)."""
+        if evaluation.result.cancelled or journal.path.parent == unsaved.folder():
+            return
+        try:
+            journal.save()
+        except OSError as exc:
+            self.sigNotice.emit(eval_id, f"could not write {journal.path}: {exc.strerror or exc}")
+            return
+        journal.remove()
 
 
 def _state(evaluation) -> str:

@@ -105,6 +105,7 @@ class EvaluateMode(Mode):
         self.notice = ""  # why the document was cut
         self.pause = ""  # what a one-time pause before the first prediction is doing (quanto's kernels)
         self.opened = False  # the evaluation on screen came from files
+        self.offer = None  # the question asked when a journal was opened
         self._defaults: dict[str, dict] | None = None
         self._restored_list = False  # the settings held a list (even an empty one): no first list then
         self._dirty = False
@@ -156,9 +157,12 @@ class EvaluateMode(Mode):
         """Evaluate the list's strategies on the document; the evaluation's id, or None if it cannot start."""
         if not self.evaluate_button.isEnabled():
             return None
-        entries = self.list_panel.entries()
+        return self._begin({"document": self.document_panel.document(), "tokens": self.document_panel.token_count(),
+                            "strategies": self.list_panel.entries()})
+
+    def _begin(self, request: dict) -> int:
+        entries, document = request["strategies"], request["document"]
         eval_id = self.jobs.begin()
-        document = self.document_panel.document()
         self.active, self.opened = [], False
         self.model = dict(self.host.model.card or {})
         self.document = document.describe()
@@ -168,7 +172,6 @@ class EvaluateMode(Mode):
             s.defaults = self._defaults
         self.series[0].state = STARTING
         self.host.hide_error()
-        request = {"document": document, "tokens": self.document_panel.token_count(), "strategies": entries}
         self.sigRequestEvaluate.emit(eval_id, request)
         self.host.update_controls()
         self._changed()
@@ -263,6 +266,31 @@ class EvaluateMode(Mode):
         self.series[same : same + 1] = [series]
         self._changed()
         return run
+
+    def offer_to_continue(self, kept, journal: Path) -> None:
+        """An evaluation's journal opened (`kvviz eval --out` killed or stopped, or a window that ended without
+        closing): ask to continue it on the loaded model, as `kvviz eval --resume` would."""
+        if not isinstance(kept, EvalRun) or kept.status != "cancelled" or self.busy:
+            return
+        planned = kept.document.get("tokens")
+        of = f" of {planned - 1:,}" if isinstance(planned, int) else ""
+        self.offer = self.host.ask(
+            "Continue this evaluation?",
+            f"{journal.name} holds {kept.label()} on {kept.model.get('name', '?')}, stopped after "
+            f"{len(kept.records):,}{of} tokens. Continue it with the model loaded here? A cache that keeps every "
+            "token continues after its last whole forward; one that evicts or quantizes starts again. Its file is "
+            "written beside the journal when it ends.", "Continue", lambda: self.continue_evaluation(kept, journal))
+
+    def continue_evaluation(self, kept: EvalRun, journal: Path) -> int | None:
+        """Continue the evaluation `journal` holds (`kept`, opened: its text chosen in the Document box); its id, or
+        None (and a message) while something runs or no model is loaded."""
+        if self.busy or self.host.model.card is None:
+            self.host.show_error("Cannot continue the evaluation: " + ("something is running" if self.busy else
+                                                                        "load a model first"))
+            return None
+        return self._begin({"document": self.document_panel.document(), "tokens": kept.document.get("tokens"),
+                            "strategies": [(kept.strategy["name"], dict(kept.strategy["options"]))],
+                            "journal": journal})
 
     def _same_reading(self, run: EvalRun) -> bool:
         if not self.series:
