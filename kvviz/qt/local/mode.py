@@ -188,7 +188,9 @@ class LocalMode(Mode):
         self.host.say(f"switching to {strategy} at the next step…")
 
     def _on_switch_refused(self, strategy: str, why: str) -> None:
-        self.host.show_error(f"Cannot switch: {why}")
+        # the engine's refusal names both strategies ("cannot switch from 'dynamic' to 'kvzip': ..."); others do not
+        named = why.startswith("cannot switch from ")
+        self.host.show_error(why[0].upper() + why[1:] if named else f"Cannot switch to {strategy!r}: {why}")
 
     # -- drawing -------------------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ import html
 
 import numpy as np
 import pyqtgraph as pg
+from PySide6.QtCore import Qt
 
 from kvviz.files.trace import SlotState
 from kvviz.qt import theme
@@ -223,12 +224,21 @@ class CacheMapPlot(PlotPanel):
         self._image = np.zeros((0, 0), dtype=np.uint8)
         self._step = None  # the step drawn (hover reads its layers)
         self._lut = theme.state_lut(self.palette_)
+        # a line across the layers where the cache was compressed while decoding (RunSeries.compressions)
+        self.compression_marks = pg.PlotDataItem(connect="pairs", pen=self._marks_pen(self.palette_))
+        self.compression_marks.setZValue(1)  # over the image
+        self.plot.addItem(self.compression_marks, ignoreBounds=True)
+
+    @staticmethod
+    def _marks_pen(palette):
+        return pg.mkPen(palette.foreground, width=1, style=Qt.PenStyle.DashLine)
 
     def apply_palette(self, palette):
         super().apply_palette(palette)
         self.plot.showGrid(x=False, y=False)
         self._lut = theme.state_lut(palette)
         self.image.setLookupTable(self._lut)
+        self.compression_marks.setPen(self._marks_pen(palette))
         self._drawn = (None, -1)
 
     def legend_entries(self):
@@ -247,6 +257,13 @@ class CacheMapPlot(PlotPanel):
                       tooltip="per-head eviction: a position that some of the layer's KV heads hold, not all, is "
                       "full precision's blue, the fainter the fewer heads hold it; hover a cell for the count"),
             )
+        compressions = self._primary.compressions if self._primary is not None else []
+        if compressions:  # beside the evicted colour, what it is about (the legend's last entries may be cut)
+            after = next(i for i, e in enumerate(entries) if e.text == theme.STATE_LABELS[SlotState.EVICTED]) + 1
+            entries.insert(after, Entry(f"compressed while decoding ({len(compressions):,}×)", palette.foreground,
+                                 style=Qt.PenStyle.DashLine, width=1.0,
+                                 tooltip="a step after which the cache held fewer tokens than before it (a policy "
+                                 "compressing every decode_interval tokens); hover near a line for the sizes"))
         return entries
 
     def redraw(self, runs, primary):
@@ -264,6 +281,7 @@ class CacheMapPlot(PlotPanel):
         if kinds_before != set(np.unique(image).tolist()) & {SlotState.STATE, SlotState.SHARED}:
             self.update_legend()
         self._step = primary.latest if primary else None
+        self._mark_compressions(primary, image.shape[0])
         if image.size == 0:
             self.image.clear()
             return
@@ -273,7 +291,29 @@ class CacheMapPlot(PlotPanel):
         self.image.setRect(0, -0.5, image.shape[1], image.shape[0])
         self.plot.setLimits(xMin=0, xMax=max(image.shape[1], 1), yMin=-0.5, yMax=image.shape[0] - 0.5)
 
+    def _mark_compressions(self, primary, layers: int) -> None:
+        compressions = primary.compressions if primary is not None and layers else []
+        if not compressions:
+            self.compression_marks.setData([], [])
+            return
+        xs = np.repeat([c.x for c in compressions], 2)
+        self.compression_marks.setData(xs, np.tile([-0.5, layers - 0.5], len(compressions)))
+
+    def compression_positions(self) -> list[float]:
+        """x of each compression line drawn (tests)."""
+        x, _ = self.compression_marks.getData()
+        return [] if x is None else x[::2].tolist()
+
     def hover_text(self, x, y):
+        text = self._cell_text(x, y)
+        near = [c for c in (self._primary.compressions if self._primary is not None else []) if abs(c.x - x) <= 1]
+        if text and near:
+            c = near[0]
+            text += (f"<br>compressed at step {c.step}: {c.before:,.0f} → {c.after:,.0f} tokens held per layer"
+                     + (f", {c.scoring_ms:.1f} ms choosing" if c.scoring_ms else ""))
+        return text
+
+    def _cell_text(self, x, y) -> str:
         layer, position = int(np.floor(y + 0.5)), int(np.floor(x))
         image = self._image
         if not (0 <= layer < image.shape[0] and 0 <= position < image.shape[1]):
