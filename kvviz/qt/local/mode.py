@@ -20,7 +20,7 @@ from kvviz.present import final_status
 from kvviz.qt.local.help import HELP
 from kvviz.qt.local.runs import LocalRuns
 from kvviz.qt.local.view import LocalView
-from kvviz.qt.mode_api import Mode, ModeHost, Part
+from kvviz.qt.mode_api import Mode, ModeHost, Part, refused_switch
 
 
 class LocalMode(Mode):
@@ -188,9 +188,7 @@ class LocalMode(Mode):
         self.host.say(f"switching to {strategy} at the next step…")
 
     def _on_switch_refused(self, strategy: str, why: str) -> None:
-        # the engine's refusal names both strategies ("cannot switch from 'dynamic' to 'kvzip': ..."); others do not
-        named = why.startswith("cannot switch from ")
-        self.host.show_error(why[0].upper() + why[1:] if named else f"Cannot switch to {strategy!r}: {why}")
+        self.host.show_error(refused_switch(strategy, why))
 
     # -- drawing -------------------------------------------------------------------------------------
 
