@@ -34,6 +34,14 @@ Part = Callable[[], None]  # one piece of a redraw: the scheduler gives each its
 Figures = tuple[float | None, float | None, int | None]  # the status bar's tokens/s, share of the memory bound, cache
 
 
+def refused_switch(strategy: str, why: str) -> str:
+    """The message above the views when a running cache cannot switch to `strategy`: the engine's refusal names both
+    strategies ("cannot switch from 'dynamic' to 'kvzip': ..."), any other reason gets them said first."""
+    if why.startswith("cannot switch from "):
+        return why[0].upper() + why[1:]
+    return f"Cannot switch to {strategy!r}: {why}"
+
+
 @dataclass(frozen=True)
 class FileEntry:
     """An entry of the File menu that a mode adds (Save evaluation…): `ask` shows the dialog and does the rest."""

@@ -7,6 +7,8 @@ the window draws exactly the records the trace keeps. Plot code only reads these
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from kvviz.files.trace import SlotState, StepRecord, Switch, Trace
@@ -16,11 +18,12 @@ from kvviz.qt.cache_cells import head_counts, kv_heads, shade_partial
 # Columns of the per-step table. KL is NaN where no reference ran; FLOOR_MS, the step's memory-bound floor
 # (Trace.floor_ms), is NaN at the prefill and where the bandwidth or the bytes read are not known.
 # FIXED_MIB: the part of the cache that does not grow with the tokens generated (`RunSeries.fixed_kind`).
-X, WALL_MS, CACHE_MIB, PREDICTED_MIB, RSS_MIB, KL, FLOOR_MS, FIXED_MIB = range(8)
+# SCORING_MS: the part of WALL_MS the cache spent choosing what to keep (NaN: none chose, or not known).
+X, WALL_MS, CACHE_MIB, PREDICTED_MIB, RSS_MIB, KL, FLOOR_MS, FIXED_MIB, SCORING_MS = range(9)
 # What a cache's fixed part is: linear-attention and state-space layers' states, or an encoder-decoder's
 # cross-attention keys and values (of the encoder's output)
 FIXED_STATE, FIXED_CROSS = "fixed-size state", "cross-attention"
-_NCOLS = 8
+_NCOLS = 9
 
 
 def grown(data: np.ndarray, need: int) -> np.ndarray:
@@ -48,6 +51,23 @@ def nearest_index(xs: np.ndarray, x: float) -> int | None:
     return i
 
 
+@dataclass(frozen=True)
+class Compression:
+    """A decode step after which the cache held fewer tokens than before it, not by a switch: a policy compressing
+    while decoding (decode_interval). A sliding window or an every-step policy holds as many as before, never fewer."""
+
+    x: float  # tokens in context after the step (where it is drawn)
+    step: int
+    before: float  # tokens held per layer, the mean over the layers, before the step
+    after: float  # ... and after it
+    scoring_ms: float | None  # what choosing took, within the step's time
+
+
+def tokens_held(step: StepRecord) -> float:
+    """The tokens a step's cache holds per layer, the mean over the layers."""
+    return sum(layer.seq_len for layer in step.layers) / len(step.layers) if step.layers else 0.0
+
+
 class RunSeries:
     def __init__(self, run_id: int, trace: Trace, capacity: int = 256):
         self.run_id = run_id
@@ -68,6 +88,8 @@ class RunSeries:
         self._map_width = 0
         self._map_step = -1
         self.switches: list[tuple[float, str]] = []  # (x, strategy switched to) of trace.switches drawn
+        self.compressions: list[Compression] = []  # each compression while decoding, in step order
+        self.prefill_scoring_ms: float | None = None  # the prefill's time spent choosing (KVzip: its reading again)
         self.attention_step: StepRecord | None = None  # the newest step drawn that carries its attention matrix
         self.has_reference = False
         self.fixed_kind: str | None = None  # FIXED_STATE or FIXED_CROSS once a step held a part that does not grow
@@ -101,6 +123,8 @@ class RunSeries:
         self._data = grown(self._data, need)
         base = self.trace.prompt_tokens
         rows = self._data[self.n : need]
+        previous = self.latest
+        switched = {switch.step for switch in self.trace.switches}
         for row, step in zip(rows, steps, strict=True):
             x = base + step.index
             row[X] = x
@@ -113,13 +137,19 @@ class RunSeries:
             row[FIXED_MIB] = _mib(state + cross)
             self.fixed_kind = self.fixed_kind or (FIXED_CROSS if cross else FIXED_STATE if state else None)
             row[KL] = np.nan if step.kl is None else step.kl
+            row[SCORING_MS] = np.nan if step.scoring_ms is None else step.scoring_ms
             self.has_reference = self.has_reference or step.kl is not None
             self.latest = step
             row[FLOOR_MS] = np.nan
             if step.phase == "prefill":
                 self.prefill_ms = step.wall_ms
                 self.prefill_x = x
+                self.prefill_scoring_ms = step.scoring_ms
             else:
+                if previous is not None and step.index not in switched:
+                    before, after = tokens_held(previous), tokens_held(step)
+                    if after < before:
+                        self.compressions.append(Compression(x, step.index, before, after, step.scoring_ms))
                 self._decode_ms_sum += step.wall_ms
                 self._decode_count += 1
                 floor = self.trace.floor_ms(step.cache_bytes)
@@ -138,6 +168,7 @@ class RunSeries:
                     self._layer_ms_count += 1
             if step.attention is not None:
                 self._keep_attention(step)
+            previous = step
         self.n = need
         # a switch is drawn with the first step it applied to (the engine notes it just before that step)
         for switch in self.trace.switches[len(self.switches) :]:

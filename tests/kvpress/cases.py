@@ -33,7 +33,7 @@ class Case:
 
     def press(self, budget: int) -> dict:
         """The press, its budgets (the top press's, or a nested one's where it names "budget") filled in."""
-        if "{budget}" not in self.kvviz:
+        if not any(f"{{{name}}}" in self.kvviz for name in ("budget", "window", "half")):  # no budget (ThinK)
             return self.kvpress
         if "budget" not in str(self.kvpress):
             return {**self.kvpress, "budget": budget}
@@ -60,8 +60,9 @@ CASES = [
          "kvviz ranks it with the rest, as TOVA's code does", differs="newest"),
     Case("snapkv", "snapkv:budget={budget}", SNAPKV,
          "kvpress's SnapKV observes 64 queries by default, the authors' code 32 (kvviz's default): window_size=32"),
-    Case("knorm", "knorm:budget={budget}:skip_layers=0", {"class": "KnormPress"},
-         "kvpress compresses every layer, the authors leave the first two whole (kvviz's default): skip_layers=0"),
+    Case("knorm", "knorm:budget={budget}:skip_layers=0:decode_interval=0", {"class": "KnormPress"},
+         "kvpress compresses every layer, the authors leave the first two whole (kvviz's default): skip_layers=0; "
+         "kvpress compresses the prompt only, the authors' code at every step (kvviz's default): decode_interval=0"),
     Case("sink", "sink:sink_tokens=4:window={window}", {"class": "StreamingLLMPress", "kwargs": {"n_sink": 4}},
          "kvpress keeps the kept keys' rotation, kvviz re-rotates them as StreamingLLM does: the same positions kept"),
     Case("expected_attention", "expected_attention:budget={budget}", {"class": "ExpectedAttentionPress"}),

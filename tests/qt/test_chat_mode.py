@@ -83,3 +83,25 @@ def test_a_closed_window_loses_no_finished_turn(qtbot, window, tmp_path, monkeyp
     assert roles[:2] == [("system", "Be brief."), ("user", "What is a cache?")]
     assert len(unsaved.turns) == 1 and unsaved.cancelled == unsaved.turns[0].cancelled
     assert [m.content for m in conversation_file.load(saved).messages if m.role == "user"] == ["Hello there."]
+
+
+def test_a_switch_refused_mid_answer_says_why_and_the_answer_goes_on(qtbot, window):
+    """KVzip cannot take over a live cache: the engine's refusal, by name, above the views; the answer being generated
+    is not taken for finished (the chat stays busy until it is) and ends as it would have."""
+    load(qtbot, window)
+    window.set_mode("chat")
+    mode, picker = window.modes["chat"], window.controls.strategy_panel
+    window.controls.settings_panel.max_new_tokens.setValue(120)
+    mode.view.message.setPlainText("Hello there, tell me a long story.")
+    with qtbot.waitSignal(mode.sigTurnDone, timeout=180000):
+        assert window.start_run() is not None
+        qtbot.waitUntil(lambda: mode.latest_step is not None and mode.latest_step.index >= 3, timeout=60000)
+        assert picker.set_current("kvzip")
+        with qtbot.waitSignal(mode.chatter.sigSwitchRefused, timeout=60000):
+            assert window.switch_strategy()
+        qtbot.waitUntil(lambda: "kvzip scores a prompt" in window.last_error, timeout=5000)
+        refused_at = mode.latest_step.index
+        assert window.last_error.startswith("Cannot switch from 'dynamic' to 'kvzip': ") and mode.busy
+        qtbot.waitUntil(lambda: mode.latest_step.index >= refused_at + 3, timeout=60000)  # it decodes on
+    (turn,) = mode.trace.turns
+    assert not turn.cancelled and mode.chatter.conversation.run.choice.name == "dynamic"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+import pytest
 
 
 def test_switch_mid_run_converts_and_marks_the_plots(qtbot, drive, window, monkeypatch):
@@ -88,3 +89,43 @@ def test_reference_run_plots_kl(qtbot, drive, window):
     cells = [window.runs_table.cell(run_id, column) for column in ("top-1 agree", "mean KL", "first diverge")]
     assert cells == [f"{summary['top1_agreement']:,.3f}", f"{summary['mean_kl']:,.4f}",
                      "none" if summary["first_divergence"] is None else f"step {summary['first_divergence']}"]
+
+
+@pytest.mark.parametrize(("start", "to", "why"), [
+    (("dynamic", {}), ("kvzip", {"budget": 8}), "kvzip scores a prompt by having the model read it again"),
+    (("snapkv", {"budget": 8, "window": 4, "adaptive": True}), ("sliding", {"window": 8}),
+     "'snapkv' with adaptive=true keeps a different number of tokens in each KV head"),
+])
+def test_a_switch_the_engine_refuses_is_said_by_name_and_the_run_goes_on(qtbot, drive, window, start, to, why):
+    """KVzip needs the prompt read again (no switch gives it), AdaKV's KV heads hold different tokens (no other cache
+    takes them over): the engine's refusal, as one sentence above the views, and the run decodes on."""
+    drive.load(window, "tiny")
+    window.controls.prompt_panel.editor.setPlainText("Refuse me, please, with a reason I can read")
+    window.controls.settings_panel.max_new_tokens.setValue(400)
+    pick(window, *start)
+    with qtbot.waitSignal(window.sigRunDone, timeout=180000):
+        run_id = window.start_run(extra_settings={"stop_at_eos": False})
+        assert run_id is not None, window.last_error
+
+        def steps() -> int:  # the producer's trace replaces the request's once the run starts: read it each time
+            return len(window.store.runs[run_id].trace.steps)
+
+        qtbot.waitUntil(lambda: steps() >= 4, timeout=60000)
+        pick(window, *to)
+        with qtbot.waitSignal(window.model.worker.sigSwitchRefused, timeout=60000):
+            assert window.switch_strategy()
+        qtbot.waitUntil(lambda: why in window.last_error, timeout=5000)
+        refused_at = steps()
+        qtbot.waitUntil(lambda: steps() >= refused_at + 3, timeout=60000)  # it decodes on
+        window.stop_run()
+    assert window.last_error.startswith(f"Cannot switch from {start[0]!r} to {to[0]!r}: "), window.last_error
+    assert "Error" not in window.last_error and "Traceback" not in window.last_error
+    assert window.store.runs[run_id].trace.switches == []
+    assert {s.strategy for s in window.store.runs[run_id].trace.steps} == {start[0]}
+
+
+def pick(window, strategy: str, options: dict) -> None:
+    picker = window.controls.strategy_panel
+    assert picker.set_current(strategy)
+    for name, value in options.items():
+        picker.set_option(name, value)

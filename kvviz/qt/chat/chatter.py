@@ -33,6 +33,7 @@ class Chatter(WorkerJob):
     sigNewChat = Signal(int, object)  # chat id, the PrefixRecord new chats start from (None: none to share)
     sigFailed = Signal(int, str)  # chat id, why the request was refused (user-facing; the chat stays as it was)
     sigSwitched = Signal(int, str)  # chat id, the strategy the cache switches to
+    sigSwitchRefused = Signal(int, str, str)  # chat id, the strategy, why not (the answer being generated goes on)
     sigNotice = Signal(int, str)  # chat id, what a long one-time pause is doing ("" once over)
 
     def __init__(self, worker: Worker):
@@ -138,6 +139,6 @@ class Chatter(WorkerJob):
 
             conversation.request_switch(strategies.choose(strategy, dict(options)))
         except Exception as exc:  # noqa: BLE001 - refused: the window says why
-            self.sigFailed.emit(chat_id, failure(f"switching to {strategy}", exc))
+            self.sigSwitchRefused.emit(chat_id, strategy, failure(f"switching to {strategy}", exc))
             return
         self.sigSwitched.emit(chat_id, strategy)

@@ -31,7 +31,7 @@ from kvviz.qt.chat.help import HELP
 from kvviz.qt.chat.series import ChatSeries
 from kvviz.qt.chat.view import ChatView
 from kvviz.qt.jobs import JobControl
-from kvviz.qt.mode_api import FileEntry, Mode, ModeHost
+from kvviz.qt.mode_api import FileEntry, Mode, ModeHost, refused_switch
 
 
 class ChatMode(Mode):
@@ -95,6 +95,7 @@ class ChatMode(Mode):
         chatter.sigNewChat.connect(self._on_new_chat)
         chatter.sigFailed.connect(self._on_failed)
         chatter.sigSwitched.connect(self._on_switched)
+        chatter.sigSwitchRefused.connect(self._on_switch_refused)
         chatter.sigNotice.connect(self._on_notice)
         self.update_buttons()
 
@@ -259,6 +260,11 @@ class ChatMode(Mode):
         if chat_id == self.chat_id:
             when = "at the next step" if self.generating else "now"
             self.host.say(f"the chat's cache switches to {strategy} {when}")
+
+    def _on_switch_refused(self, chat_id: int, strategy: str, why: str) -> None:
+        """A refused switch ends nothing: the answer being generated goes on with the cache it has."""
+        if chat_id == self.chat_id:
+            self.host.show_error(refused_switch(strategy, why))
 
     def _on_notice(self, chat_id: int, message: str) -> None:
         if chat_id == self.chat_id and message:

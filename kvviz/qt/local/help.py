@@ -24,7 +24,10 @@ HELP = (
         "of those bytes grows with the context, so a growing cache's floor rises while a sink, sliding or "
         "quantized cache's stays low: a smaller cache is faster because each step reads fewer bytes. The "
         "status bar and the Runs table give the share of that limit a run reached. One-time pauses (quanto's "
-        "kernel build, torch.compile) are marked where they happened and are in no step's time.",
+        "kernel build, torch.compile) are marked where they happened and are in no step's time. Dots: the part of a "
+        "step its cache spent choosing what to keep (scoring), for a policy that compresses while decoding; the "
+        "prefill's scoring (KVzip's reading the prompt again, a forward of its own) is beside the prefill's time in "
+        "the legend.",
     ),
     (
         "Fidelity",
@@ -43,13 +46,16 @@ HELP = (
         "preallocated slots). {UNSEEN}: not yet used. {STATE}: fixed-size state: a linear-attention or state-space "
         "layer (Mamba, gated DeltaNet) folds every token into a convolution and a recurrent state whose size never "
         "changes, so it holds no positions (hover for the shapes). {SHARED}: shares another layer's keys and values "
-        "(Gemma 3n's KV-shared layers keep none of their own). With per-head eviction (H2O, SnapKV, key norm) each "
-        "KV head of a layer keeps its own positions: a position only some of them hold is a fainter {held}, "
-        "the fainter the fewer heads hold it (hover a cell for the count). The title names the run shown. A pinned "
-        "span (Controls ▸ Pinned spans: words of the prompt selected, or the needle of a task item; or right-click "
-        "words of the prompt in the Tokens panel) is outlined, its edges layer by layer green where every KV head "
-        "holds all its tokens, yellow where some are held, and in the text's colour where none is; the title and the "
-        "Runs table's needle held column say in how many layer-heads (layers x KV heads) all of it is held.",
+        "(Gemma 3n's KV-shared layers keep none of their own). With per-head eviction (H2O, SnapKV, key norm, "
+        "AdaKV's adaptive=true, KVzip, ...) each KV head of a layer keeps its own positions: a position only some "
+        "of them hold is a fainter {held}, the fainter the fewer heads hold it (hover a cell for the count). A "
+        "dashed line across the layers marks each compression while decoding (decode_interval): a step after "
+        "which the cache held fewer tokens than before it; hover near it for the sizes. The title names the run "
+        "shown. A pinned span (Controls ▸ Pinned spans: words of the prompt selected, or the needle of a task item; "
+        "or right-click words of the prompt in the Tokens panel) is outlined, its edges layer by layer green where "
+        "every KV head holds all its tokens, yellow where some are held, and in the text's colour where none is; "
+        "the title and the Runs table's needle held column say in how many layer-heads (layers x KV heads) all of "
+        "it is held.",
     ),
     (
         "Attention",

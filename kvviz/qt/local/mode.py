@@ -21,7 +21,7 @@ from kvviz.present import final_status
 from kvviz.qt.local.help import HELP
 from kvviz.qt.local.runs import LocalRuns
 from kvviz.qt.local.view import LocalView
-from kvviz.qt.mode_api import Mode, ModeHost, Part
+from kvviz.qt.mode_api import Mode, ModeHost, Part, refused_switch
 
 
 class LocalMode(Mode):
@@ -231,7 +231,7 @@ class LocalMode(Mode):
         self.host.say(f"switching to {strategy} at the next step…")
 
     def _on_switch_refused(self, strategy: str, why: str) -> None:
-        self.host.show_error(f"Cannot switch: {why}")
+        self.host.show_error(refused_switch(strategy, why))
 
     # -- drawing -------------------------------------------------------------------------------------
 

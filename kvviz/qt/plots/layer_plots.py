@@ -6,6 +6,7 @@ import html
 
 import numpy as np
 import pyqtgraph as pg
+from PySide6.QtCore import Qt
 
 from kvviz.files.trace import SlotState, heads_holding
 from kvviz.qt import theme
@@ -244,12 +245,21 @@ class CacheMapPlot(PlotPanel):
             curve.setZValue(10)
             self.plot.addItem(curve)
         self._pins_drawn: set[Held] = set()
+        # a line across the layers where the cache was compressed while decoding (RunSeries.compressions)
+        self.compression_marks = pg.PlotDataItem(connect="pairs", pen=self._marks_pen(self.palette_))
+        self.compression_marks.setZValue(1)  # over the image
+        self.plot.addItem(self.compression_marks, ignoreBounds=True)
+
+    @staticmethod
+    def _marks_pen(palette):
+        return pg.mkPen(palette.foreground, width=1, style=Qt.PenStyle.DashLine)
 
     def apply_palette(self, palette):
         super().apply_palette(palette)
         self.plot.showGrid(x=False, y=False)
         self._lut = theme.state_lut(palette)
         self.image.setLookupTable(self._lut)
+        self.compression_marks.setPen(self._marks_pen(palette))
         self._drawn = (None, -1)
         for state, curve in self.pin_curves.items():
             curve.setPen(pg.mkPen(self.pin_colour(state), width=3))
@@ -273,6 +283,13 @@ class CacheMapPlot(PlotPanel):
                       tooltip="per-head eviction: a position that some of the layer's KV heads hold, not all, is "
                       "full precision's blue, the fainter the fewer heads hold it; hover a cell for the count"),
             )
+        compressions = self._primary.compressions if self._primary is not None else []
+        if compressions:  # beside the evicted colour, what it is about (the legend's last entries may be cut)
+            after = next(i for i, e in enumerate(entries) if e.text == theme.STATE_LABELS[SlotState.EVICTED]) + 1
+            entries.insert(after, Entry(f"compressed while decoding ({len(compressions):,}×)", palette.foreground,
+                                 style=Qt.PenStyle.DashLine, width=1.0,
+                                 tooltip="a step after which the cache held fewer tokens than before it (a policy "
+                                 "compressing every decode_interval tokens); hover near a line for the sizes"))
         for state in Held:
             if state in self._pins_drawn:
                 entries.append(Entry(f"pinned: {state.value}", self.pin_colour(state), kind="line",
@@ -296,6 +313,7 @@ class CacheMapPlot(PlotPanel):
             self.update_legend()
         self._step = primary.latest if primary else None
         self._draw_pins(primary, image.shape[0])
+        self._mark_compressions(primary, image.shape[0])
         if image.size == 0:
             self.image.clear()
             return
@@ -320,7 +338,29 @@ class CacheMapPlot(PlotPanel):
             self._pins_drawn = drawn
             self.update_legend()
 
+    def _mark_compressions(self, primary, layers: int) -> None:
+        compressions = primary.compressions if primary is not None and layers else []
+        if not compressions:
+            self.compression_marks.setData([], [])
+            return
+        xs = np.repeat([c.x for c in compressions], 2)
+        self.compression_marks.setData(xs, np.tile([-0.5, layers - 0.5], len(compressions)))
+
+    def compression_positions(self) -> list[float]:
+        """x of each compression line drawn (tests)."""
+        x, _ = self.compression_marks.getData()
+        return [] if x is None else x[::2].tolist()
+
     def hover_text(self, x, y):
+        text = self._cell_text(x, y)
+        near = [c for c in (self._primary.compressions if self._primary is not None else []) if abs(c.x - x) <= 1]
+        if text and near:
+            c = near[0]
+            text += (f"<br>compressed at step {c.step}: {c.before:,.0f} → {c.after:,.0f} tokens held per layer"
+                     + (f", {c.scoring_ms:.1f} ms choosing" if c.scoring_ms else ""))
+        return text
+
+    def _cell_text(self, x, y) -> str:
         layer, position = int(np.floor(y + 0.5)), int(np.floor(x))
         image = self._image
         if not (0 <= layer < image.shape[0] and 0 <= position < image.shape[1]):

@@ -18,6 +18,7 @@ from kvviz.qt.series import (
     FLOOR_MS,
     KL,
     PREDICTED_MIB,
+    SCORING_MS,
     WALL_MS,
     RunSeries,
     X,
@@ -302,7 +303,8 @@ class LatencyPlot(SeriesPlot):
         "(dynamic, static's written part) rises, while a sink or sliding window's, or a quantized cache's, "
         "stays low and flat: a smaller cache is faster because each step reads fewer bytes. "
         "One-time pauses (quanto's kernel build, torch.compile) are marked where they happened and are "
-        "in no step's time; the star is the prefill."
+        "in no step's time; the star is the prefill. Dots: the part of a step its cache spent choosing what to keep "
+        "(a policy that compresses while decoding); the prefill's share (KVzip's reading again) is in the legend."
     )
 
     def __init__(self, parent=None):
@@ -314,9 +316,11 @@ class LatencyPlot(SeriesPlot):
         decode = pg.PlotDataItem(pen=pg.mkPen(colour, width=1))
         prefill = pg.ScatterPlotItem(size=10, symbol="star", pen=pg.mkPen(colour), brush=pg.mkBrush(colour))
         floor = pg.PlotDataItem(pen=pg.mkPen(colour, width=1, style=Qt.PenStyle.DashLine), connect="finite")
+        scoring = pg.PlotDataItem(pen=None, symbol="o", symbolSize=4, symbolPen=None, symbolBrush=pg.mkBrush(colour))
         curves = Curves()
-        curves.items = [decode, prefill, floor]
+        curves.items = [decode, prefill, floor, scoring]
         self.plot.addItem(decode)
+        self.plot.addItem(scoring)
         # The prefill often takes many times a decode step; keep it out of the auto range.
         self.plot.addItem(prefill, ignoreBounds=True)
         self.plot.addItem(floor)
@@ -328,6 +332,10 @@ class LatencyPlot(SeriesPlot):
         curves.items[0].setData(x, y)
         if series.share_of_memory_bound is not None:  # every decode step has its floor
             curves.items[2].setData(x, floor)
+        scoring = series.column(SCORING_MS)[start:]
+        chose = np.isfinite(scoring) & (scoring > 0)
+        if chose.any():
+            curves.items[3].setData(x[chose], scoring[chose])
         if series.prefill_x is not None and curves.prefill != series.prefill_ms:
             curves.prefill = series.prefill_ms
             curves.items[1].setData([series.prefill_x], [series.prefill_ms])
@@ -367,16 +375,29 @@ class LatencyPlot(SeriesPlot):
             return None
         return curves.items[2].getOriginalDataset()
 
+    def scoring_data(self, run_id: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """(x, scoring ms) of the decode steps whose cache chose what to keep, as drawn (tests), or None."""
+        curves = self._curves.get(run_id)
+        if curves is None or curves.items[3].xData is None or not len(curves.items[3].xData):
+            return None
+        return curves.items[3].getOriginalDataset()
+
     def legend_entries(self):
         """What the line styles mean (the runs' colours are the memory plot's and the table's), and the prefill
-        time of each run (a star, kept off the decode steps' scale)."""
+        time of each run (a star, kept off the decode steps' scale) with its scoring."""
         foreground = self.palette_.foreground
         entries = [
             Entry("step time", foreground),
             Entry("memory-bound floor", foreground, style=Qt.PenStyle.DashLine, tooltip=self.help_text),
         ]
+        if any(np.nan_to_num(s.column(SCORING_MS)[s.decode_start:]).any() for s in self._runs):
+            entries.append(Entry("scoring, within the step", foreground, kind="marker",
+                                 tooltip="the part of the step its cache spent choosing what to keep"))
         stars = [
-            Entry(f"{s.prefill_ms:.0f} ms", theme.run_colour(s.run_id), kind="marker", marker="star")
+            Entry(f"{s.prefill_ms:.0f} ms" + (f", {s.prefill_scoring_ms:.0f} scoring" if s.prefill_scoring_ms else ""),
+                  theme.run_colour(s.run_id), kind="marker", marker="star",
+                  tooltip="the prefill's time; scoring: the part its cache spent choosing what to keep of the prompt "
+                          "(KVzip: the model reading the prompt again)" if s.prefill_scoring_ms else "")
             for s in self._runs
             if s.prefill_ms is not None
         ]
@@ -389,6 +410,9 @@ class LatencyPlot(SeriesPlot):
             if i is None:
                 continue
             text = f"{series.column(WALL_MS)[i]:.1f} ms"
+            scoring = series.column(SCORING_MS)[i]
+            if np.isfinite(scoring) and scoring > 0:
+                text += f", {scoring:.1f} of it scoring"
             floor = series.column(FLOOR_MS)[i]
             weights = series.trace.weight_bytes
             if np.isfinite(floor) and weights is not None:
