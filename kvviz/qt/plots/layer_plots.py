@@ -352,7 +352,7 @@ class CacheMapPlot(PlotPanel):
         return [] if x is None else x[::2].tolist()
 
     def hover_text(self, x, y):
-        text = self._cell_text(x, y)
+        text = self._hover_cell(x, y)
         near = [c for c in (self._primary.compressions if self._primary is not None else []) if abs(c.x - x) <= 1]
         if text and near:
             c = near[0]
@@ -360,7 +360,7 @@ class CacheMapPlot(PlotPanel):
                      + (f", {c.scoring_ms:.1f} ms choosing" if c.scoring_ms else ""))
         return text
 
-    def _cell_text(self, x, y) -> str:
+    def _hover_cell(self, x, y) -> str:
         layer, position = int(np.floor(y + 0.5)), int(np.floor(x))
         image = self._image
         if not (0 <= layer < image.shape[0] and 0 <= position < image.shape[1]):
