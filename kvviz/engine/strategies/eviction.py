@@ -35,6 +35,7 @@ from kvviz.engine.strategies.base import (
     keep_own_layers,
     only_full_attention,
 )
+from kvviz.present import WRAPPERS_OFF
 
 POSITION_BYTES = 8  # an int64 position, what an EvictionLayer keeps per token and KV head
 NORM_BYTES = 4  # critical=1: the float32 norm of each held token's value through the output projection, per KV head
@@ -145,7 +146,7 @@ class EvictionStrategy(Strategy):
     def forks(self, options: dict) -> bool:
         # a cache filled by a take-over compresses its next feed as a prompt, as after a live switch: that is the
         # eviction it would have made itself only where it evicts at every step over its budget, unwrapped
-        wrapped = any(options.get(k) for k in ("adaptive", "chunk", "critical", "decode_target", "decode_fraction"))
+        wrapped = any(options.get(name, off) != off for name, off in WRAPPERS_OFF.items())
         return self.forkable and not wrapped and options.get("decode_interval") == 1
 
     def whole_layers(self, options: dict) -> int:
