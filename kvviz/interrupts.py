@@ -4,7 +4,9 @@ Exit status as shells report it: 130 for Ctrl-C (SIGINT), 143 for SIGTERM (a des
 `kill`). A signal that arrives while a module is being imported is delivered again once the import is
 over: raised inside an import it can abort the whole process (torch runs Python code from C++ through
 pybind11, which cannot pass the exception on), come out as another error (transformers' lazy modules
-turn it into an import error) or leave a half-imported extension that refuses to load again. Stdlib only.
+turn it into an import error) or leave a half-imported extension that refuses to load again. So is one
+that arrives inside a finalizer (`__del__`, run by the garbage collector at any moment): Python prints the
+exception there as "Exception ignored" and goes on as if no signal came. Stdlib only.
 """
 
 from __future__ import annotations
@@ -19,20 +21,30 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, handled like Ctrl-C but with its own exit status."""
 
 
-RETRY_S = 0.05  # how soon a signal deferred by an import is sent again
+RETRY_S = 0.05  # how soon a deferred signal is sent again
 
 
-def _inside_import(frame) -> bool:
+def _cannot_raise_here(frame) -> bool:
+    """Inside an import or a finalizer: places where an exception aborts, changes or is dropped."""
     while frame is not None:
-        if frame.f_code.co_filename.startswith("<frozen importlib"):
+        if frame.f_code.co_filename.startswith("<frozen importlib") or frame.f_code.co_name == "__del__":
             return True
         frame = frame.f_back
     return False
 
 
+def _send_again(signum: int) -> None:
+    # to the main thread itself: raised in the timer's thread, the signal would wait for the main thread's next
+    # bytecode, and a main thread blocked in a sleep or a wait would not see it until that ends
+    if hasattr(signal, "pthread_kill"):
+        signal.pthread_kill(threading.main_thread().ident, signum)
+    else:
+        signal.raise_signal(signum)
+
+
 def _raise(signum, frame) -> None:
-    if _inside_import(frame):
-        threading.Timer(RETRY_S, signal.raise_signal, (signum,)).start()
+    if _cannot_raise_here(frame):
+        threading.Timer(RETRY_S, _send_again, (signum,)).start()
         return
     raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
