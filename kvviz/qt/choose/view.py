@@ -86,6 +86,7 @@ class ChooseView(QWidget):
         layout.addWidget(self.splitter, 1)
         self._user_sized = False  # the user dragged the table's edge: its height is theirs from then on
         self.splitter.splitterMoved.connect(self._dragged)
+        self.redraw(None, [], None, "", None)  # no sweep yet: no accuracy plot, no Answers tab, no curves
 
     def redraw(self, sweep: Sweep | None, states: list[str], selected: int | None, header: str,
                answered: Sweep | None) -> None:
