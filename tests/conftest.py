@@ -4,7 +4,7 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-if os.environ.get("PYTEST_XDIST_WORKER"):  # one core per worker: torch's threads of two workers would wait on each other
+if os.environ.get("PYTEST_XDIST_WORKER"):  # a core per worker: torch's threads of two workers would wait on each other
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 if "KVVIZ_UNSAVED_DIR" not in os.environ:  # the windows of the suite journal their runs here, not in the user's folder
     import tempfile
