@@ -34,11 +34,11 @@ from typing import Any
 
 import numpy as np
 
+from kvviz.files.file_format import FileFormat
 from kvviz.files.journal import Journal, ended_without_saving, journal_path, read_journal_of
 from kvviz.files.jsonfile import KeptFileError, write_atomic, write_json
 from kvviz.files.schema import (
     MAX_BYTES,
-    FileFormat,
     Flag,
     Int,
     Json,

@@ -43,13 +43,13 @@ import numpy as np
 
 from kvviz.files import evaluation
 from kvviz.files.evaluation import EvalRun
+from kvviz.files.file_format import FileFormat
 from kvviz.files.journal import Journal, ended_without_saving, journal_path, read_journal_of
 from kvviz.files.jsonfile import KeptFileError, write_json
 from kvviz.files.qa import ANSWER_RECORD, ITEM_RECORD, REGIMES, AnswerRecord, QAItem, build_item
 from kvviz.files.schema import (
     MAX_BYTES,
     Either,
-    FileFormat,
     Flag,
     Int,
     ListOf,
