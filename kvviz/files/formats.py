@@ -25,7 +25,7 @@ FORMATS = {
     "kvviz-attach": "kvviz.attach.session",
     "kvviz-eval": "kvviz.files.evaluation",
     "kvviz-conversation": "kvviz.files.conversation",
-    "kvviz-sweep": "kvviz.files.sweep",
+    "kvviz-sweep": "kvviz.files.sweep_schema",
 }
 
 
