@@ -23,11 +23,11 @@ from typing import Any
 
 from kvviz.attach.client import RequestRecord, TokenTiming
 from kvviz.attach.metrics import Deriver, Histogram, Point, Snapshot, allocated_bytes_per_token
+from kvviz.files.file_format import FileFormat
 from kvviz.files.jsonfile import KeptFileError, write_json
 from kvviz.files.schema import (
     MAX_BYTES,
     Either,
-    FileFormat,
     Flag,
     Int,
     Json,

@@ -228,7 +228,7 @@ def _file(out: Path, i: int, e) -> Path:
 def _save(evaluations, journals, out: Path, keep_journals: bool) -> dict[int, str]:
     """Write every started evaluation and the summary CSV, then remove the journals unless `keep_journals` (an
     interrupted evaluation: `--resume` continues from them); returns the files by evaluation index."""
-    from kvviz.files import evaluation
+    from kvviz.files import evaluation_csv
 
     files: dict[int, str] = {}
     for i, e in enumerate(evaluations):
@@ -242,9 +242,9 @@ def _save(evaluations, journals, out: Path, keep_journals: bool) -> dict[int, st
         except OSError as exc:
             raise RuntimeError(f"cannot write {journal.path}: {exc.strerror or exc}") from None
         files[i] = str(path)
-    rows = [evaluation.summary_row(e.result, files.get(i)) for i, e in enumerate(evaluations) if e.started]
+    rows = [evaluation_csv.summary_row(e.result, files.get(i)) for i, e in enumerate(evaluations) if e.started]
     try:
-        evaluation.write_summary_csv(rows, out / "summary.csv")
+        evaluation_csv.write_summary_csv(rows, out / "summary.csv")
     except OSError as exc:
         raise RuntimeError(f"cannot write {out / 'summary.csv'}: {exc.strerror or exc}") from None
     for journal in journals:  # only now: killed before this, --resume still finds every journal

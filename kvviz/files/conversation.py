@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 
+from kvviz.files.file_format import FileFormat
 from kvviz.files.journal import Journal, ended_without_saving, journal_path
 from kvviz.files.jsonfile import KeptFileError, write_json
 from kvviz.files.schema import (
     MAX_BYTES,
-    FileFormat,
     Flag,
     Int,
     Json,

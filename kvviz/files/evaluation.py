@@ -24,8 +24,6 @@ negative log-likelihood `nll` (natural log). A summary that disagrees with the r
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 import os
 from dataclasses import dataclass, field
@@ -34,11 +32,11 @@ from typing import Any
 
 import numpy as np
 
+from kvviz.files.file_format import FileFormat
 from kvviz.files.journal import Journal, ended_without_saving, journal_path, read_journal_of
-from kvviz.files.jsonfile import KeptFileError, write_atomic, write_json
+from kvviz.files.jsonfile import KeptFileError, write_json
 from kvviz.files.schema import (
     MAX_BYTES,
-    FileFormat,
     Flag,
     Int,
     Json,
@@ -319,61 +317,6 @@ def seconds_left(runs: list[tuple[EvalRun, int]]) -> tuple[float | None, bool]:
             continue
         total_ms += max(predictions - len(run.records), 0) * ms
     return (total_ms / 1000.0 if by_mode else None), complete
-
-
-# -- the summary CSV of a whole evaluation ------------------------------------------------------------
-
-CSV_COLUMNS = (
-    "strategy", "options", "model", "document", "tokens", "perplexity", "second_half_perplexity",
-    "q1_perplexity", "q2_perplexity", "q3_perplexity", "q4_perplexity", "first_eviction",
-    "before_eviction_perplexity", "after_eviction_perplexity", "final_cache_mib", "peak_cache_mib",
-    "peak_policy_mib", "tokens_per_s", "wall_s", "method", "status", "file",
-)
-
-
-def summary_row(run: EvalRun, file: str | None = None) -> dict[str, Any]:
-    s = run.summary()
-    options = run.strategy.get("options") or {}
-    quarters = [q["perplexity"] for q in s["quarters"]] + [None] * QUARTERS
-    mib = {key: None if s[key] is None else s[key] / 2**20
-           for key in ("final_cache_bytes", "peak_cache_bytes", "peak_policy_bytes")}
-    method = run.method.get("mode", "")
-    if method == "chunked":
-        method += f" ({run.method.get('chunk')})"
-    elif method == "batched":
-        method += f" ({run.method.get('rows')})"
-    if run.method.get("prompt"):
-        method += f" after a prompt of {run.method['prompt']}"
-    if run.method.get("shared"):
-        method += f", its first {run.method['shared']} predictions shared"
-    row = {
-        "strategy": run.strategy.get("name", ""),
-        "options": " ".join(f"{k}={v}" for k, v in options.items()),
-        "model": run.model.get("name", ""),
-        "document": run.document.get("name", ""),
-        "final_cache_mib": mib["final_cache_bytes"],
-        "peak_cache_mib": mib["peak_cache_bytes"],
-        "peak_policy_mib": mib["peak_policy_bytes"],
-        "method": method,
-        "status": run.status,
-        "file": file,
-    }
-    row.update({f"q{i + 1}_perplexity": quarters[i] for i in range(QUARTERS)})
-    row.update({key: s[key] for key in CSV_COLUMNS if key in s})
-    return row
-
-
-def write_summary_csv(rows: list[dict[str, Any]], path: str | os.PathLike) -> Path:
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS)
-    for row in rows:
-        writer.writerow(["" if row.get(key) is None else _cell(row[key]) for key in CSV_COLUMNS])
-    return write_atomic(path, out.getvalue().encode("utf-8"))
-
-
-def _cell(value: Any) -> str:
-    return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
 # -- reading ------------------------------------------------------------------------------------------

@@ -16,8 +16,8 @@ import os
 from typing import Any
 
 from kvviz.files import journal
+from kvviz.files.file_format import FileFormat
 from kvviz.files.jsonfile import KeptFileError, parse_json, read_text
-from kvviz.files.schema import FileFormat
 
 # "format" field -> the module that declares FILE_FORMAT for it
 FORMATS = {
@@ -25,7 +25,7 @@ FORMATS = {
     "kvviz-attach": "kvviz.attach.session",
     "kvviz-eval": "kvviz.files.evaluation",
     "kvviz-conversation": "kvviz.files.conversation",
-    "kvviz-sweep": "kvviz.files.sweep",
+    "kvviz-sweep": "kvviz.files.sweep_schema",
 }
 
 

@@ -6,10 +6,10 @@ the short way to it. A refusal names the file, the field path and what was expec
 
 from __future__ import annotations
 
+from kvviz.files.file_format import FileFormat
 from kvviz.files.journal import ended_without_saving
 from kvviz.files.schema import (
     MAX_BYTES,
-    FileFormat,
     Flag,
     Int,
     Json,

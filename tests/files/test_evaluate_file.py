@@ -8,7 +8,7 @@ import re
 import pytest
 
 from kvviz import resources
-from kvviz.files import documents, evaluation
+from kvviz.files import documents, evaluation, evaluation_csv
 from kvviz.files.evaluation import EvalFileError, EvalRun, TokenRecord
 
 
@@ -77,10 +77,10 @@ def test_summary_of_nothing_measured_is_unknown_not_zero():
 
 def test_summary_csv(tmp_path):
     runs = [sample_run(), sample_run(first_eviction=3, error="RuntimeError: x")]
-    rows = [evaluation.summary_row(run, f"eval-{i}.json") for i, run in enumerate(runs)]
-    path = evaluation.write_summary_csv(rows, tmp_path / "summary.csv")
+    rows = [evaluation_csv.summary_row(run, f"eval-{i}.json") for i, run in enumerate(runs)]
+    path = evaluation_csv.write_summary_csv(rows, tmp_path / "summary.csv")
     table = list(csv.DictReader(path.open(encoding="utf-8")))
-    assert list(table[0]) == list(evaluation.CSV_COLUMNS)
+    assert list(table[0]) == list(evaluation_csv.CSV_COLUMNS)
     assert table[0]["strategy"] == "sliding" and table[0]["options"] == "window=8"
     assert table[0]["method"] == "chunked (4)" and table[0]["status"] == "finished"
     assert table[0]["first_eviction"] == "" and table[1]["first_eviction"] == "3"

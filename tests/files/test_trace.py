@@ -6,8 +6,9 @@ import pytest
 
 from kvviz.engine import decode, strategies
 from kvviz.files import formats, trace
+from kvviz.files.file_format import FileFormat
 from kvviz.files.jsonfile import KeptFileError
-from kvviz.files.schema import FileFormat, Int, ListOf, Record, Refusal, Text, at
+from kvviz.files.schema import Int, ListOf, Record, Refusal, Text, at
 
 
 def _rising(record, where):

@@ -23,7 +23,7 @@ from pathlib import Path
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QHBoxLayout, QPushButton, QWidget
 
-from kvviz.files import evaluation
+from kvviz.files import evaluation, evaluation_csv
 from kvviz.files.evaluation import EvalRun
 from kvviz.present import CANCELLED, FAILED, FINAL_STATUSES, FINISHED, NOT_RUN, STARTING, clock, number
 from kvviz.qt.evaluate.evaluator import Evaluator
@@ -319,8 +319,8 @@ class EvaluateMode(Mode):
             for index, run in self.runs():
                 path = run.save(folder / f"eval-{index + 1}-{run.strategy['name']}.json")
                 written.append(path)
-                rows.append(evaluation.summary_row(run, str(path)))
-            return [*written, evaluation.write_summary_csv(rows, folder / "summary.csv")]
+                rows.append(evaluation_csv.summary_row(run, str(path)))
+            return [*written, evaluation_csv.write_summary_csv(rows, folder / "summary.csv")]
 
         return self.host.write("the evaluation", write, folder,
                                lambda written: f"{len(written) - 1} evaluation files and summary.csv") or []
@@ -331,8 +331,8 @@ class EvaluateMode(Mode):
         if not runs:
             self.host.tell("Nothing to export", "Evaluate some strategies first, or open an evaluation file.")
             return None
-        return self.host.write("the summary", lambda: evaluation.write_summary_csv(
-            [evaluation.summary_row(run) for run in runs], path), path, lambda _: f"{len(runs)} strategies")
+        return self.host.write("the summary", lambda: evaluation_csv.write_summary_csv(
+            [evaluation_csv.summary_row(run) for run in runs], path), path, lambda _: f"{len(runs)} strategies")
 
     def _ask_save(self) -> None:
         folder = self.host.dialogs.folder("evaluations", "Save evaluation into folder")
