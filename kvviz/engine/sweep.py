@@ -30,7 +30,8 @@ import torch
 from kvviz.engine import machine
 from kvviz.engine.answering import Asking
 from kvviz.engine.cache_run import CacheRun
-from kvviz.engine.evaluate import Evaluation, evaluate_together, prompt_tokens
+from kvviz.engine.evaluate import Evaluation, prompt_tokens
+from kvviz.engine.evaluate_many import evaluate_together
 from kvviz.engine.fidelity import ReferenceStream
 from kvviz.engine.forward import model_forward
 from kvviz.engine.geometry import Geometry
