@@ -135,7 +135,7 @@ def command(args) -> int:
     document = _text(args)
     questions = _questions(args)
     out = common.out_folder(args.out)
-    from kvviz.engine import evaluate, models, sweep
+    from kvviz.engine import evaluate, models, sweep, sweep_resume
     from kvviz.engine.qa_prompt import longest_reading
 
     loaded = models.load_model(args.model, dtype=args.dtype, device=args.device,
@@ -165,7 +165,7 @@ def command(args) -> int:
         common.log(f"asking {counted(sum(len(i.turns) for i in asked.items), 'question')} of "
                    f"{counted(len(asked.items), 'item')} ({asked.source}) in {', '.join(asked.regimes)}, read "
                    f"{'as plain text' if asked.raw else 'in the chat template'}")
-    journal, kept = _journal(out, run, sweep.resume_key(run, args.budget), args.resume) if out else (None, [])
+    journal, kept = _journal(out, run, sweep_resume.resume_key(run, args.budget), args.resume) if out else (None, [])
     table = Table(run.sweep, args.json)
     for config in kept:
         table.show(config)
@@ -201,7 +201,7 @@ def command(args) -> int:
 def _journal(out: Path, run, key: dict, resume: bool):
     """The sweep's journal beside sweep.json (`SweepJournal`), and with `resume` the configurations the journal an
     earlier process left holds, taken up (`SweepRun.resume`) after checking it matches `key`."""
-    from kvviz.engine import sweep
+    from kvviz.engine import sweep_resume
     from kvviz.files.sweep import SweepJournal
 
     journal = SweepJournal(out / "sweep.json", run.sweep, key)
@@ -216,7 +216,7 @@ def _journal(out: Path, run, key: dict, resume: bool):
         raise UsageError(f"--resume: {out} holds no sweep journal to resume (a sweep that ended wrote its files and "
                          "removed its journal)")
     try:
-        found, kept = sweep.take_up(run, left, key)
+        found, kept = sweep_resume.take_up(run, left, key)
     except OptionError as exc:
         raise UsageError(f"--resume: {exc}") from None
     journal.carry(found)

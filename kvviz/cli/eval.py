@@ -73,7 +73,7 @@ def command(args) -> int:
         raise UsageError(f"--tokens: {problem}")
     document = common.document(args)
     out = common.out_folder(args.out)
-    from kvviz.engine import evaluate, models
+    from kvviz.engine import evaluate, evaluate_many, models
 
     choices = common.strategy_list(args.strategies)
     loaded = models.load_model(args.model, dtype=args.dtype, device=args.device,
@@ -90,7 +90,7 @@ def command(args) -> int:
     progress = Progress(evaluations)
     interrupted = None
     try:
-        for index, _ in evaluate.evaluate_all(evaluations, together=not args.one_at_a_time):
+        for index, _ in evaluate_many.evaluate_all(evaluations, together=not args.one_at_a_time):
             for e, journal in zip(evaluations, kept, strict=False):  # what was measured, on disk as it comes
                 if not journal.ended:
                     journal.update(end=e.finished)

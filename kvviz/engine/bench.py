@@ -107,7 +107,7 @@ def reading_bench(model_spec: str, document, tokens: int, choices: list | None, 
     with plain generate's decode rate in fresh processes beside it. Returns the figures."""
     import torch
 
-    from kvviz.engine import evaluate, models
+    from kvviz.engine import evaluate, evaluate_many, models
     from kvviz.engine import sweep as sweeps
 
     said = [time.monotonic()]
@@ -141,7 +141,7 @@ def reading_bench(model_spec: str, document, tokens: int, choices: list | None, 
         evaluations = [evaluate.Evaluation(loaded, choice, ids, record) for choice in choices]
         started = time.perf_counter()
         total = sum(e.predictions for e in evaluations)
-        for _ in evaluate.evaluate_all(evaluations, together=True):
+        for _ in evaluate_many.evaluate_all(evaluations, together=True):
             progress(sum(len(e.result.records) for e in evaluations), total)
         wall_s = time.perf_counter() - started
         results = [e.result for e in evaluations]

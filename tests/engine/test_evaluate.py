@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from kvviz.engine import evaluate, strategies
+from kvviz.engine import evaluate, evaluate_many, strategies
 from kvviz.errors import OptionError
 from kvviz.files import documents
 
@@ -200,7 +200,7 @@ def test_cancel_stops_between_tokens_and_keeps_what_was_measured(tiny_model):
     cancel = threading.Event()
     evaluations = [evaluate.Evaluation(tiny_model, strategies.choose(name, {"window": 16}), ids, record, cancel)
                    for name in ("sliding", "sliding")]
-    for _, r in evaluate.evaluate_all(evaluations):
+    for _, r in evaluate_many.evaluate_all(evaluations):
         if r.position == 9:
             evaluations[0].cancel()
     first, second = (e.result for e in evaluations)
@@ -222,7 +222,7 @@ def test_a_failing_strategy_does_not_lose_the_others(tiny_model, caplog):
         return forward(*args, **kwargs)
 
     evaluations[1].run.forward = failing_forward
-    seen = [index for index, _ in evaluate.evaluate_all(evaluations)]
+    seen = [index for index, _ in evaluate_many.evaluate_all(evaluations)]
     assert seen == [0] * 29 + [1] * 5 + [2] * 29
     assert evaluations[1].result.error == "RuntimeError: out of memory"
     assert "failing_forward" in caplog.text  # its traceback, in kvviz's log

@@ -6,7 +6,7 @@ import threading
 import pytest
 import torch
 
-from kvviz.engine import cache_rows, evaluate, strategies
+from kvviz.engine import cache_rows, evaluate, evaluate_many, strategies
 from kvviz.engine.fidelity import ReferenceStream
 from tests.engine.families import tiny_family
 from tests.engine.test_evaluate import TOLERANCE, document_ids
@@ -27,7 +27,7 @@ def evaluations_of(loaded, specs, ids, record, cancel=None):
 
 def run_all(loaded, specs, ids, record, together):
     evaluations = evaluations_of(loaded, specs, ids, record)
-    order = [index for index, _ in evaluate.evaluate_all(evaluations, together=together)]
+    order = [index for index, _ in evaluate_many.evaluate_all(evaluations, together=together)]
     return evaluations, order
 
 
@@ -96,7 +96,7 @@ def test_a_row_that_fails_leaves_the_batch_and_the_others_go_on(tiny_model, capl
         return update(*args, **kwargs)
 
     layer.update = failing_update
-    order = [index for index, _ in evaluate.evaluate_all(evaluations, together=True)]
+    order = [index for index, _ in evaluate_many.evaluate_all(evaluations, together=True)]
     assert order == [0, 1, 2] * 5 + [0, 2] * 24
     assert evaluations[1].result.error == "RuntimeError: out of memory"
     logged = [r for r in caplog.records if r.name == "kvviz" and r.exc_info]  # the cause kept for --debug and the log
@@ -111,7 +111,7 @@ def test_stop_cancels_every_row_and_leaves_the_rest_unstarted(tiny_model):
     cancel = threading.Event()
     specs = [("sliding", {"window": 8}), ("tova", {"budget": 8}), ("dynamic", {})]
     evaluations = evaluations_of(tiny_model, specs, ids, record, cancel)
-    for _, r in evaluate.evaluate_all(evaluations, together=True):
+    for _, r in evaluate_many.evaluate_all(evaluations, together=True):
         if r.position == 9:
             cancel.set()
     assert [len(e.result.records) for e in evaluations[:2]] == [10, 10]
@@ -156,7 +156,7 @@ def read_with_reference(loaded, specs, ids, record, share):
     stream = ReferenceStream(loaded.model, evaluations[0].ids, evaluate.CHUNK)
     for e in evaluations:
         e.reference = stream
-    order = [index for index, _ in evaluate.evaluate_together(evaluations, share=share)]
+    order = [index for index, _ in evaluate_many.evaluate_together(evaluations, share=share)]
     return evaluations, order
 
 
@@ -206,7 +206,7 @@ def test_rows_waiting_for_a_row_that_failed_read_alone(tiny_model):
         return update(*args, **kwargs)
 
     layer.update = failing_update
-    list(evaluate.evaluate_together(evaluations, share=True))
+    list(evaluate_many.evaluate_together(evaluations, share=True))
     assert evaluations[0].result.error == "RuntimeError: out of memory"
     alone = [evaluate.Evaluation(tiny_model, strategies.parse_spec(s), ids, record) for s in specs[1:]]
     for e in alone:

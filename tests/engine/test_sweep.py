@@ -4,7 +4,7 @@ what finished, and the sweep file."""
 import pytest
 import torch
 
-from kvviz.engine import evaluate, strategies, sweep
+from kvviz.engine import evaluate, evaluate_many, strategies, sweep
 from kvviz.engine.cache_run import CacheRun
 from kvviz.engine.strategies import capacity_for
 from kvviz.engine.target_memory import size_at
@@ -138,7 +138,7 @@ def test_quantized_rows_read_together_predict_as_they_would_alone(tiny_model):
         pass
     rows = [evaluate.Evaluation(tiny_model, c, ids, record)
             for c in (choice, strategies.parse_spec("h2o:budget=24"))]
-    for _ in evaluate.evaluate_together(rows):
+    for _ in evaluate_many.evaluate_together(rows):
         pass
     a, b = alone.result.summary()["perplexity"], rows[0].result.summary()["perplexity"]
     assert abs(a / b - 1) < 1e-2

@@ -20,7 +20,7 @@ from tests.files.test_trace_fuzz import PYTHON_TEXT
 @pytest.fixture(scope="module")
 def journals(tiny_model, tmp_path_factory):
     """The text of a real sweep's journal (two configurations finished) and a real chat's (two turns)."""
-    from kvviz.engine import evaluate, strategies, sweep
+    from kvviz.engine import evaluate, strategies, sweep, sweep_resume
     from kvviz.engine.conversation import Conversation
     from kvviz.engine.decode import GenerationSettings
     from kvviz.files import documents
@@ -32,7 +32,7 @@ def journals(tiny_model, tmp_path_factory):
     ids, record, _ = evaluate.prepare(tiny_model, documents.builtin("alice"), sweep.with_reference(choices), 16)
     question = sweep.ask(tiny_model.model, context=1024, budget="2MiB")
     run = sweep.SweepRun(tiny_model, choices, ids, record, question, rows=2, floor_forwards=0)
-    swept = SweepJournal(folder / "sweep.json", run.sweep, sweep.resume_key(run, "2MiB"))
+    swept = SweepJournal(folder / "sweep.json", run.sweep, sweep_resume.resume_key(run, "2MiB"))
     for config in run:
         swept.finished(run.sweep.configurations.index(config), run.elapsed_s)
     chat = Conversation(tiny_model, strategies.choose("sink", {"sink_tokens": 2, "window": 16}),

@@ -270,6 +270,7 @@ def test_save_and_open_evaluation_files(window, qtbot, tmp_path):
 
 def test_no_engine_call_on_the_gui_thread(window, qtbot, monkeypatch):
     from kvviz.engine import evaluate as engine
+    from kvviz.engine import evaluate_many
     from kvviz.engine.cache_run import CacheRun
 
     threads: set[int] = set()
@@ -283,7 +284,7 @@ def test_no_engine_call_on_the_gui_thread(window, qtbot, monkeypatch):
 
     monkeypatch.setattr(engine, "prepare", noting(engine.prepare))
     monkeypatch.setattr(engine.Evaluation, "__init__", noting(engine.Evaluation.__init__))
-    monkeypatch.setattr(engine, "evaluate_all", noting(engine.evaluate_all))
+    monkeypatch.setattr(evaluate_many, "evaluate_all", noting(evaluate_many.evaluate_all))
     monkeypatch.setattr(CacheRun, "forward", noting(CacheRun.forward))
     monkeypatch.setattr(CacheRun, "measure", noting(CacheRun.measure))
     load(qtbot, window, "tiny")

@@ -9,8 +9,8 @@ finished ones stay.
 
 A sweep that `kvviz choose --out` (or an earlier continuation here) journaled and did not end continues here with
 the journal's own question and configurations, through the code `kvviz choose --resume` runs
-(`kvviz.engine.sweep.take_up`): the journal goes on being written as configurations finish, and the mode writes the
-sweep's files beside it at the end.
+(`kvviz.engine.sweep_resume.take_up`): the journal goes on being written as configurations finish, and the mode writes
+the sweep's files beside it at the end.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ class SweepRunner(WorkerJob):
     @staticmethod
     def _continued(loaded, request: dict[str, Any], cancel: threading.Event):
         """The sweep a journal holds, continued (its run, why its text was cut, and its journal, written on)."""
-        from kvviz.engine import evaluate, strategies, sweep
+        from kvviz.engine import evaluate, strategies, sweep, sweep_resume
         from kvviz.files.sweep import SweepFileError, SweepJournal, read_journal
 
         try:
@@ -102,11 +102,11 @@ class SweepRunner(WorkerJob):
                    for c in found.sweep.configurations]
         ids, record, notice = evaluate.prepare(loaded, request["document"], choices, request["tokens"])
         rows = found.resume.get("rows")
-        run = sweep.SweepRun(loaded, choices, ids, record, sweep.asked_again(loaded.model, found), cancel=cancel,
+        run = sweep.SweepRun(loaded, choices, ids, record, sweep_resume.asked_again(loaded.model, found), cancel=cancel,
                              rows=rows if isinstance(rows, int) else sweep.ROWS,
                              quantized_alone=found.resume.get("quantized_alone") is True)
-        key = sweep.resume_key(run, "free" if found.resume.get("budget") == "free" else "")
-        found, _ = sweep.take_up(run, request["journal"], key)
+        key = sweep_resume.resume_key(run, "free" if found.resume.get("budget") == "free" else "")
+        found, _ = sweep_resume.take_up(run, request["journal"], key)
         journal = SweepJournal(str(request["journal"]).removesuffix(".journal"), run.sweep, key)
         journal.carry(found)
         return run, notice, journal

@@ -108,7 +108,7 @@ class Evaluator(WorkerJob):
         return evaluations
 
     def _run(self, eval_id: int, evaluations: list, cancel: threading.Event, continued=None) -> None:
-        from kvviz.engine import evaluate
+        from kvviz.engine import evaluate_many
         from kvviz.files.evaluation import EvalJournal
 
         runnable = [e for e in evaluations if e is not None]
@@ -135,7 +135,7 @@ class Evaluator(WorkerJob):
             if e.finished:  # kept whole from the journal: written again at once, ended
                 journal.update(end=True)
         try:
-            for _ in evaluate.evaluate_all(runnable, together=True):
+            for _ in evaluate_many.evaluate_all(runnable, together=True):
                 for e, journal in kept:
                     if not journal.ended:
                         journal.update(end=e.finished)

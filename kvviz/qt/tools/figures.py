@@ -35,8 +35,9 @@ def render_comparison(traces: list[Trace], out: Path) -> dict[str, Path]:
     """Overlaid memory and latency plots and one cache map per run; returns {title: PNG path}."""
     drive.application("kvviz-figures")
     from kvviz.qt import theme
+    from kvviz.qt.plots.latency_plot import LatencyPlot
     from kvviz.qt.plots.layer_plots import CacheMapPlot
-    from kvviz.qt.plots.series_plots import LatencyPlot, MemoryPlot
+    from kvviz.qt.plots.series_plots import MemoryPlot
     from kvviz.qt.series import RunSeries
 
     theme.use("light")  # the figures' palette: run colours readable on white
