@@ -65,7 +65,7 @@ def _journal_agrees(sweep: dict, where) -> None:
 
 _BYTES = Int(0, MAX_BYTES, null=True, what="a byte count")
 _TOLERANCE = Record({"kind": Text(QUALITY_KINDS), "value": Number(0)}, what="a tolerance")
-# what a sweep's journal keeps for a resume to check (`kvviz.engine.sweep.resume_key`)
+# what a sweep's journal keeps for a resume to check (`kvviz.engine.sweep_resume.resume_key`)
 _RESUME = Record(
     {"model": MODEL_CARD, "tokens_sha256": Text(nonempty=True), "context": Int(1, MAX_POSITIONS),
      "sequences": Int(1), "budget": Either(Text(("free",)), Int(0, MAX_BYTES, what="a byte count")),
