@@ -328,7 +328,7 @@ def top_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
 def chunk_indices(scores: torch.Tensor, target: int, chunk: int) -> torch.Tensor:
     """ChunkKV's choice: the held tokens in key order cut into chunks of `chunk` from the oldest; the newest partial
     chunk (still filling) kept, and of the whole chunks the best by their mean score summed over KV heads, as many as
-    fit in `target` beside it (`strategies.eviction.chunk_kept`); the same chunks in every KV head ``[batch, 1,
+    kvpress keeps for `target` (`scorers.chunk_kept`); the same chunks in every KV head ``[batch, 1,
     kept]``."""
     batch, _, held = scores.shape
     whole = held // chunk

@@ -57,10 +57,14 @@ class Schedule:
 
 
 def chunk_kept(held: int, target: int, chunk: int) -> int:
-    """Tokens a chunked choice keeps of `held` for a target of `target`: the newest partial chunk (held % chunk
-    tokens, still filling) and as many whole chunks as fit beside it."""
+    """Tokens a chunked choice keeps of `held` for a target of `target`: as kvpress's ChunkKVPress counts them, the
+    target's share of all chunks (the newest partial one, still filling, counted as one; at least one chunk), which
+    are the partial chunk and the best whole ones. So it keeps up to a chunk less than the target (kvpress 0.5.5 keeps
+    int(chunks * (1 - compression ratio)) chunks; with the ratio of `target` of `held` tokens that is this floor)."""
     partial = held % chunk
-    return partial + max(0, target - partial) // chunk * chunk
+    chunks = held // chunk + (partial > 0)
+    kept = max(1, chunks * target // held)
+    return partial + (kept - 1) * chunk if partial else kept * chunk
 
 
 class Scorer:

@@ -34,7 +34,10 @@ def test_the_schedule_cuts_the_prompt_then_every_interval():
     assert fraction.compress_to(state, 0, held=7, new=1, seen=40) is None
     assert fraction.compress_to(state, 0, held=12, new=1, seen=41) == 10  # a quarter of all seen
     assert kvpress_ratio(256, 1024) == 0.75 and kvpress_ratio(256, 100) == 0.0
-    assert chunk_kept(held=1083, target=256, chunk=20) == 243  # the partial chunk (3) and 12 whole ones
+    # kvpress's count: the target's share of the 55 chunks (the partial one, 3 tokens, counted as one), floored
+    assert chunk_kept(held=1083, target=256, chunk=20) == 243  # 13 chunks: the partial one and 12 whole ones
+    assert chunk_kept(held=1083, target=128, chunk=20) == 103  # 6 chunks (filling the target would take 7)
+    assert chunk_kept(held=1080, target=128, chunk=20) == 120  # 54 whole chunks, 6 kept
 
 
 def test_decoding_compresses_every_interval_to_its_target(tiny_model):
