@@ -37,6 +37,19 @@ EXPORT_LAYOUT_WIDTH = 960  # px: exports are laid out at this width and scaled t
 DEFAULT_EXPORT_WIDTH = 1920
 
 
+def marker_line(colour: str, style: Qt.PenStyle, label: str, at: float, x: float | None = None) -> pg.InfiniteLine:
+    """A thin vertical line marking an event (a switch, a restart, a pause, the prefill) at `x`, in `colour` and
+    `style`, its label beside it at `at` of the plot's height; add it with ignoreBounds so it never widens the range."""
+    return pg.InfiniteLine(
+        pos=x,
+        angle=90,
+        movable=False,
+        pen=pg.mkPen(colour, width=1, style=style),
+        label=label,
+        labelOpts={"position": at, "color": colour, "anchors": [(0, 0.5), (0, 0.5)]},
+    )
+
+
 class IntegerAxis(pg.AxisItem):
     """An axis of whole things (layers): ticks only at integers, never 0.5."""
 

@@ -8,6 +8,7 @@ from PySide6.QtCore import Qt
 
 from kvviz.present import MIB, percent, seconds
 from kvviz.qt import theme
+from kvviz.qt.plots.base import marker_line
 from kvviz.qt.plots.legend import Entry
 from kvviz.qt.plots.series_plots import Curves, SeriesPlot
 from kvviz.qt.series import CACHE_MIB, FLOOR_MS, SCORING_MS, WALL_MS, RunSeries, X
@@ -71,14 +72,7 @@ class LatencyPlot(SeriesPlot):
             if pause_ms is None or x is None or kind in curves.pauses:
                 continue
             colour = theme.run_colour(series.run_id)
-            line = pg.InfiniteLine(
-                pos=x,
-                angle=90,
-                movable=False,
-                pen=pg.mkPen(colour, width=1, style=Qt.PenStyle.DotLine),
-                label=f"{kind} {seconds(pause_ms)} s, in no step",
-                labelOpts={"position": 0.5, "color": colour, "anchors": [(0, 0.5), (0, 0.5)]},
-            )
+            line = marker_line(colour, Qt.PenStyle.DotLine, f"{kind} {seconds(pause_ms)} s, in no step", 0.5, x)
             self.plot.addItem(line, ignoreBounds=True)
             curves.pauses[kind] = line
 

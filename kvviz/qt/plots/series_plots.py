@@ -8,7 +8,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 
 from kvviz.qt import theme
-from kvviz.qt.plots.base import PlotPanel
+from kvviz.qt.plots.base import PlotPanel, marker_line
 from kvviz.qt.plots.legend import Entry
 from kvviz.qt.series import (
     CACHE_MIB,
@@ -147,14 +147,7 @@ class SeriesPlot(PlotPanel):
             return
         colour = theme.run_colour(series.run_id)
         for x, strategy in series.switches[len(curves.switch_lines) :]:
-            line = pg.InfiniteLine(
-                pos=x,
-                angle=90,
-                movable=False,
-                pen=pg.mkPen(colour, width=1, style=Qt.PenStyle.DashDotLine),
-                label=f"→ {strategy}",
-                labelOpts={"position": 0.92, "color": colour, "anchors": [(0, 0.5), (0, 0.5)]},
-            )
+            line = marker_line(colour, Qt.PenStyle.DashDotLine, f"→ {strategy}", 0.92, x)
             self.plot.addItem(line, ignoreBounds=True)
             curves.switch_lines.append(line)
 
@@ -213,13 +206,7 @@ class MemoryPlot(SeriesPlot):
     def __init__(self, parent=None):
         super().__init__(parent)
         self.set_labels("cache memory (MiB)", "tokens in context")
-        self.prefill_line = pg.InfiniteLine(
-            angle=90,
-            movable=False,
-            pen=pg.mkPen("#999999", width=1, style=Qt.PenStyle.DotLine),
-            label="prefill",
-            labelOpts={"position": 0.5, "color": "#999999", "anchors": [(0, 0.5), (0, 0.5)]},
-        )
+        self.prefill_line = marker_line("#999999", Qt.PenStyle.DotLine, "prefill", 0.5)
         self.prefill_line.setVisible(False)
         self.plot.addItem(self.prefill_line, ignoreBounds=True)
 

@@ -17,7 +17,7 @@ from PySide6.QtWidgets import QComboBox
 
 from kvviz.present import number
 from kvviz.qt import theme
-from kvviz.qt.plots.base import PlotPanel
+from kvviz.qt.plots.base import PlotPanel, marker_line
 from kvviz.qt.plots.legend import Entry
 from kvviz.qt.server.series import ServerSeries
 from kvviz.qt.theme import BLUE, GREEN, ORANGE, PURPLE, YELLOW
@@ -150,14 +150,7 @@ class _ServerPlot(PlotPanel):
             self.restart_lines = []
         for x in restarts[len(self.restart_lines) :]:
             colour = self.palette_.muted
-            line = pg.InfiniteLine(
-                pos=x,
-                angle=90,
-                movable=False,
-                pen=pg.mkPen(colour, width=1, style=Qt.PenStyle.DotLine),
-                label="restart",
-                labelOpts={"position": 0.7, "color": colour, "anchors": [(0, 0.5), (0, 0.5)]},
-            )
+            line = marker_line(colour, Qt.PenStyle.DotLine, "restart", 0.7, x)
             self.plot.addItem(line, ignoreBounds=True)
             self.restart_lines.append(line)
 
