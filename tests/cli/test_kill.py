@@ -87,9 +87,13 @@ def _kill_at_write(kill_at: int, part: float) -> None:
 
 
 def readable(folder: Path) -> dict[str, object]:
-    """Every file a user sees in `folder` (kvviz's hidden temporary files aside), read: none may be unreadable."""
-    return {p.name: read_kept(p) for p in sorted(folder.iterdir())
-            if not p.name.startswith(".") and p.suffix != ".csv"}
+    """Every file a user sees in `folder` (kvviz's hidden temporary files aside), read: none may be unreadable. The
+    kept files (runs, sweeps, journals) come back as kvviz reads them; the tables and reports a finished command
+    writes beside them (summary.csv, sweep.csv, report.md) are only read as UTF-8 text."""
+    seen = [p for p in sorted(folder.iterdir()) if not p.name.startswith(".")]
+    for text in (p for p in seen if p.suffix in (".csv", ".md")):
+        text.read_text(encoding="utf-8")
+    return {p.name: read_kept(p) for p in seen if p.suffix not in (".csv", ".md")}
 
 
 def test_a_run_killed_at_any_step_keeps_every_step_written_before(tmp_path, preloaded):
