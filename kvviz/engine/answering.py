@@ -4,8 +4,8 @@ its answers are written greedily and scored (`kvviz.files.scoring`).
 The regimes (`qa.REGIMES`):
 
 - query-agnostic, kvpress's default: the context is prefilled in one forward and compressed before any question is
-  seen. The policy then stops: a cache that evicts becomes a plain dynamic cache of what it kept, at the positions
-  it kept them (a live switch, `CacheRun.switch`), so the question is not compressed; the question with its answer
+  seen. The policy then stops (`CacheRun.stop_evicting`): a cache that evicts becomes a plain dynamic cache of what
+  it kept, at the positions it kept them, so the question is not compressed; the question with its answer
   prefix, then the answer, are fed on it, positions continuing. Each question of an item is asked on its own copy
   of the compressed context, as kvpress asks several questions of one context.
 - query-aware, kvpress's `compress_questions`: the context and the question (to the end of its answer prefix) are
@@ -44,7 +44,7 @@ from kvviz.engine.models import LoadedModel
 from kvviz.engine.own_caches import feed_refusal
 from kvviz.engine.qa_prompt import Rendering
 from kvviz.engine.shared_prefill import prefill_together, unshared
-from kvviz.engine.strategies import StrategyChoice, capacity_for, choose, get
+from kvviz.engine.strategies import StrategyChoice, capacity_for, get
 from kvviz.errors import OptionError, failure
 from kvviz.files.qa import REGIMES, AnswerRecord, QAItem, chosen
 from kvviz.files.scoring import clean, score
@@ -191,7 +191,7 @@ class Asking:
                 try:
                     asked[i] = run.copy()
                 except Exception:  # noqa: BLE001 - read again instead
-                    again = {i: CacheRun(self.model, run.choice, run.capacity)}
+                    again = {i: self._run(run.choice, run.capacity)}
                     self._read_context(again, index, regime)
                     asked.update(again)
             yield turn, asked
@@ -220,11 +220,14 @@ class Asking:
                 if self._context and needed > self._context:
                     raise OptionError(f"the item takes {needed:,} positions, more than the model's context of "
                                       f"{self._context:,}")
-                runs[i] = CacheRun(self.model, choice, capacity_for(choice, total))
+                runs[i] = self._run(choice, capacity_for(choice, total))
                 runs[i].warm_up(lambda message: None)
             except Exception as exc:  # noqa: BLE001 - this configuration cannot answer; the others go on
                 self._refuse(i, exc)
         return runs
+
+    def _run(self, choice: StrategyChoice, capacity: int) -> CacheRun:
+        return CacheRun(self.model, choice, capacity, self.tokenizer)  # KVzip writes its own text to read
 
     def _refuse(self, i: int, exc: Exception) -> None:
         """Record configuration i's failure for the questions of the item being asked that it has not answered in
@@ -253,7 +256,7 @@ class Asking:
                         logits[i] = shared
             except Exception:  # noqa: BLE001 - a policy failed inside the shared attention: read each alone instead
                 for i in together:
-                    runs[i] = CacheRun(self.model, runs[i].choice, runs[i].capacity)
+                    runs[i] = self._run(runs[i].choice, runs[i].capacity)
         for i in [i for i in runs if i not in logits]:
             try:
                 logits[i] = runs[i].forward(tensor)[0, -1]
@@ -268,12 +271,11 @@ class Asking:
         self._refuse(i, exc)
 
     def _freeze(self, runs: dict[int, CacheRun]) -> None:
-        """Stop every evicting cache's policy: it becomes a plain dynamic cache of what it kept, where it kept it."""
-        dynamic = choose("dynamic")
+        """Stop every evicting cache's policy (`CacheRun.stop_evicting`)."""
         for i, run in list(runs.items()):
             if run.strategy.evicts:
                 try:
-                    run.switch(dynamic)
+                    run.stop_evicting()
                 except Exception as exc:  # noqa: BLE001 - this configuration's own failure
                     self._drop(runs, i, exc)
 

@@ -100,6 +100,7 @@ def sdpa_with_scores(module, query, key, value, attention_mask, dropout=0.0, sca
     requests = pending.get(module.layer_idx) if pending else None
     key_mask = next((getattr(consumer, "key_mask", None) for keys, consumer in (requests or {}).values()
                      if keys is key), None)
+    attention_mask = fitted(attention_mask, key.shape[-2])
     if key_mask is not None:
         attention_mask = with_key_mask(attention_mask, key_mask, query)
     output = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
@@ -114,6 +115,20 @@ def sdpa_with_scores(module, query, key, value, attention_mask, dropout=0.0, sca
             del requests[asker]
             consumer.attended(module.layer_idx, query, key, attention_mask, scale)
     return output
+
+
+def fitted(mask, n_keys: int):
+    """The forward's attention mask fitted to a layer's `n_keys` keys. transformers builds one mask per forward, as
+    wide as the cache's first full-attention layer; a layer holding another number of tokens (knorm's whole first
+    layers, PyramidKV's budgets per layer, AdaKV's longest head) has it cut or widened at the front: every key a
+    layer holds is older than every new token, so each new token sees all of them."""
+    if mask is None or mask.shape[-1] == n_keys:
+        return mask
+    extra = mask.shape[-1] - n_keys
+    if extra > 0:
+        return mask[..., extra:]
+    visible = mask.new_full((*mask.shape[:-1], -extra), True if mask.dtype == torch.bool else 0)
+    return torch.cat([visible, mask], dim=-1)
 
 
 def with_key_mask(mask, key_mask: torch.Tensor, query: torch.Tensor) -> torch.Tensor:

@@ -20,12 +20,13 @@ from transformers.cache_utils import DynamicLayer, StaticLayer
 from kvviz.engine import attention_scores, measure
 from kvviz.engine.attention_view import AttentionView
 from kvviz.engine.convert import convert, refusal
+from kvviz.engine.eviction_layers import EvictionLayer
 from kvviz.engine.forward import model_forward
 from kvviz.engine.geometry import Geometry
 from kvviz.engine.held_positions import Carried
 from kvviz.engine.machine import free_memory
 from kvviz.engine.own_caches import feed_refusal, layers_of
-from kvviz.engine.strategies import StrategyChoice, get
+from kvviz.engine.strategies import StrategyChoice, choose, get
 from kvviz.errors import OptionError
 from kvviz.files.trace import LayerRecord
 
@@ -187,6 +188,19 @@ class CacheRun:
         if strategy.renumbers_positions:
             self.position = cache.get_seq_length()
         self._note_eviction()
+
+    def stop_evicting(self) -> None:
+        """The policy evicts no more: the cache becomes a plain dynamic cache of what it kept, at the positions it kept
+        them (a live switch). A cache whose KV heads hold different numbers of tokens (AdaKV, KVzip), which no dynamic
+        cache can hold, keeps its own layers instead, and they only append from now on (`EvictionLayer.stop`)."""
+        dynamic = choose("dynamic")
+        refused = self.switch_refusal(dynamic)
+        stoppable = [layer for layer in layers_of(self.cache) if isinstance(layer, EvictionLayer)]
+        if refused is None or not stoppable:
+            self.switch(dynamic)  # raises the refusal's reason where there is one
+            return
+        for layer in stoppable:
+            layer.stop()
 
     def take_over(self, other: CacheRun) -> None:
         """Fill this run's new cache with what `other`'s holds, every token it was fed, none evicted and none

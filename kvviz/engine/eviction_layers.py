@@ -78,6 +78,7 @@ class EvictionLayer(KvvizLayer):
         self.target: int | None = None  # tokens to keep once this feed's attention arrives (None: no choice)
         self.unscored = 0  # feeds since the last time attention arrived
         self.scoring_ms = 0.0
+        self.stopped = False  # `stop()`: evicts no more, only appends
 
     # -- the cache-layer API -----------------------------------------------------------------------
 
@@ -173,6 +174,7 @@ class EvictionLayer(KvvizLayer):
         self.seen = self.unscored = 0
         self.target = None
         self.scoring_ms = 0.0
+        self.stopped = False
 
     def receive(self, key_states, value_states, positions, seen) -> None:
         self.lazy_initialization(key_states, value_states)
@@ -183,10 +185,21 @@ class EvictionLayer(KvvizLayer):
         self.state = ScheduleState()  # what it was given is its prompt: the next feed compresses it
         self.seen = seen
 
+    def stop(self) -> None:
+        """Evict no more: from now on the layer appends what it is fed to what it holds (a ragged layer still masks
+        its padding in attention). The scorer's state per token is dropped: nothing reads it any more."""
+        self.stopped = True
+        self.token_state = {}
+        self.target = None
+
     # -- the choice --------------------------------------------------------------------------------
 
     def appended(self, new: int) -> None:
         """Called by `update()` once `new` tokens were appended: choose now, or ask for attention."""
+        if self.stopped:
+            if self.valid is not None:
+                self.ask_for_attention()
+            return
         self.scorer.appended(self, new)
         if self.output_weight is not None:
             self._add_output_norms()
@@ -202,7 +215,7 @@ class EvictionLayer(KvvizLayer):
     def attended(self, layer_index: int, query, key, mask, scaling: float) -> None:
         self.unscored = 0
         with self.timed():
-            if self.scorer.every_feed:
+            if self.scorer.every_feed and not self.stopped:
                 self.scorer.observe(self, query, key, mask, scaling)
             if self.target is not None:
                 self.keep_top(self.scorer.scores(self, query, key, mask, scaling))

@@ -71,6 +71,12 @@ def prefill_together(runs: list[CacheRun], ids: torch.Tensor) -> tuple[torch.Ten
     shared = SharedCaches([run.cache for run in runs])
     logits = model_forward(runs[0].model, ids, shared, runs[0].positions(ids.shape[-1], ids.device))
     for i, run in enumerate(runs):
-        if i not in shared.failures:
-            run.fed(ids.shape[-1])
+        if i in shared.failures:
+            continue
+        try:
+            run.strategy.after_forward(run, ids)  # what the cache does after its own prefill (KVzip reads it again)
+        except Exception as exc:  # noqa: BLE001 - this member's strategy failed; the others go on
+            shared.failures[i] = exc
+            continue
+        run.fed(ids.shape[-1])
     return logits[0, -1], shared.failures

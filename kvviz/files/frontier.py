@@ -228,7 +228,8 @@ def disagreements(sweep: Sweep) -> list[str]:
 
 
 def caveats(sweep: Sweep) -> list[str]:
-    """What the answer rests on: the measured length against the target's, and configurations that did not finish."""
+    """What the answer rests on: the measured length against the target's, configurations that did not finish, and
+    those that could not answer."""
     reference = sweep.reference()
     measured = reference.summary()["tokens"] + 1 if reference else max(
         (c.summary()["tokens"] + 1 for c in sweep.configurations if c.run.records), default=0)
@@ -243,6 +244,14 @@ def caveats(sweep: Sweep) -> list[str]:
     if unfinished:
         said.append("Left out, as they did not finish: "
                     + "; ".join(f"{c.label} ({c.run.error or c.status})" for c in unfinished) + ".")
+    said += unanswered(sweep)
     if sweep.cancelled:
         said.append("The sweep was stopped before its end.")
     return said
+
+
+def unanswered(sweep: Sweep) -> list[str]:
+    """Why a configuration has no accuracy in a regime (its answers there failed): one sentence per configuration and
+    reason, naming the regimes."""
+    return [f"{config.label} could not answer ({', '.join(regimes)}): {reason}" + ("" if reason.endswith(".") else ".")
+            for config in sweep.configurations for reason, regimes in config.answer_failures().items()]

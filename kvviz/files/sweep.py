@@ -134,6 +134,14 @@ class Configuration:
         scores = [a.score for a in self.answered(regime)]
         return sum(scores) / len(scores) if scores and None not in scores else None
 
+    def answer_failures(self) -> dict[str, list[str]]:
+        """Why it could not answer where it failed: each reason with the regimes it failed in."""
+        reasons: dict[str, list[str]] = {}
+        for record in self.answers:
+            if record.error and record.regime not in reasons.setdefault(record.error, []):
+                reasons[record.error].append(record.regime)
+        return reasons
+
     @property
     def label(self) -> str:
         return self.run.label()

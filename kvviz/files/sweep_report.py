@@ -179,7 +179,8 @@ def csv_row(sweep: Sweep, config: Configuration) -> dict[str, Any]:
         "sweep_tokens_per_s": s["sweep_tokens_per_s"],
         "rows_per_forward": config.measured_rows,
         **{f"accuracy_{regime.replace('-', '_')}": config.accuracy(regime) for regime in REGIMES},
-        "error": config.run.error,
+        "error": config.run.error or "; ".join(f"answering ({', '.join(regimes)}): {reason}"
+                                               for reason, regimes in config.answer_failures().items()) or None,
     }
 
 

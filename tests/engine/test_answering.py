@@ -35,8 +35,9 @@ def held(layer) -> torch.Tensor:
 def test_a_shared_prefill_fills_each_cache_as_its_own_prefill_would(tiny_model):
     model = tiny_model.model
     ids = torch.randint(0, 1000, (1, 90), generator=torch.Generator().manual_seed(0))
-    shared = [CacheRun(model, parse_spec(spec), 200) for spec in FAMILIES]
-    alone = [CacheRun(model, parse_spec(spec), 200) for spec in FAMILIES]
+    families = [*FAMILIES, "kvzip:budget=30"]  # KVzip reads the prompt again after the prefill, shared or not
+    shared = [CacheRun(model, parse_spec(spec), 200, tiny_model.tokenizer) for spec in families]
+    alone = [CacheRun(model, parse_spec(spec), 200, tiny_model.tokenizer) for spec in families]
     assert all(unshared(run) is None for run in shared)
     with torch.inference_mode():
         logits, failures = prefill_together(shared, ids)
@@ -161,3 +162,38 @@ def test_a_cache_that_cannot_be_copied_reads_the_context_again(tiny_model, items
     asking = Asking(tiny_model, [quanto, choose("dynamic")], items[:1], ["query-agnostic", "decode-time"], raw=True)
     list(asking)  # two questions of one context: the first on a copy, which optimum-quanto's tensors refuse
     assert len(asking.answers[0]) == 4 and all(a.error is None and a.score is not None for a in asking.answers[0])
+
+
+UNEVEN = ["knorm:budget=30:skip_layers=1", "pyramidkv:budget=60:window=16", "snapkv:budget=40:window=8:adaptive=true",
+          "kvzip:budget=30"]  # layers of different lengths; KV heads of different lengths (AdaKV, KVzip)
+
+
+@pytest.mark.parametrize("spec", UNEVEN)
+def test_a_stopped_cache_of_uneven_layers_reads_tokens_at_once_as_one_at_a_time(tiny_model, spec):
+    ids = torch.randint(0, 1000, (1, 96), generator=torch.Generator().manual_seed(1))
+    run = CacheRun(tiny_model.model, parse_spec(spec), 200, tiny_model.tokenizer)
+    with torch.inference_mode():
+        run.forward(ids[:, :90])
+        assert run.evicted
+        run.stop_evicting()
+        kept = run.held(list(range(90)))  # per layer, per KV head
+        twin = run.copy()
+        at_once = run.forward(ids[:, 90:])[0, -1]  # the mask of the first layer, fitted to each layer
+        for position in range(90, 96):
+            one_at_a_time = twin.forward(ids[:, position : position + 1])[0, -1]
+    assert torch.allclose(at_once, one_at_a_time, atol=1e-4), (at_once - one_at_a_time).abs().max()
+    assert run.held(list(range(90))) == kept and kept != twin.held(list(range(90, 96)))  # evicted no more
+    assert run.held(list(range(90, 96))) == [[6] * len(heads) for heads in kept], spec  # and held the six fed
+
+
+def test_every_kind_of_cache_answers_in_every_regime(tiny_model, items):
+    choices = [parse_spec(spec) for spec in [*UNEVEN, "h2o:budget=40:adaptive=true:critical=true"]]
+    asking = Asking(tiny_model, choices, items[:1], list(REGIMES), raw=True)
+    evicted = set()  # (regime, configuration) whose cache had evicted when a question came
+    asking.on_answering = lambda regime, item, turn, runs: evicted.update((regime, i) for i, run in runs.items()
+                                                                          if run.evicted)
+    list(asking)
+    for i, (choice, answers) in enumerate(zip(choices, asking.answers, strict=True)):
+        assert len(answers) == 2 * len(REGIMES), choice.label()
+        assert all(a.error is None and a.score is not None for a in answers), [a.error for a in answers]
+        assert all((regime, i) in evicted for regime in REGIMES), choice.label()

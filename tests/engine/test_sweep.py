@@ -1,6 +1,8 @@
 """A sweep on the tiny model: the frontier, the answer, memory at a target against a measured run, a stop that keeps
 what finished, and the sweep file."""
 
+import copy
+
 import pytest
 import torch
 
@@ -13,7 +15,8 @@ from kvviz.files import documents, frontier
 from kvviz.files import sweep as sweep_file
 from kvviz.files.formats import read_kept
 from kvviz.files.jsonfile import KeptFileError
-from kvviz.files.sweep_report import speed_text
+from kvviz.files.qa import AnswerRecord
+from kvviz.files.sweep_report import csv_row, speed_text
 from kvviz.present import clock
 
 TOKENS = 96
@@ -81,6 +84,17 @@ def test_the_frontier_is_what_no_other_configuration_beats_on_both(swept):
         beaten = any(m2 <= m and q2 <= q and (m2, q2) != (m, q) for other, (m2, q2) in points.items() if other != label)
         assert (label in on) == (not beaten), label
     assert len(on) >= 2
+
+
+def test_a_configuration_that_could_not_answer_is_named_with_why(swept):
+    result = copy.deepcopy(swept[0].sweep)
+    config = result.configurations[1]
+    why = "the item takes 9,000 positions, more than the model's context of 4,096"
+    config.answers = [AnswerRecord(0, 0, regime, "", None, 0, 0, None, None, None, why)
+                      for regime in ("query-agnostic", "multi-turn")]
+    assert f"{config.label} could not answer (query-agnostic, multi-turn): {why}." in frontier.caveats(result)
+    assert csv_row(result, config)["error"] == f"answering (query-agnostic, multi-turn): {why}"
+    assert csv_row(result, result.configurations[2])["error"] is None
 
 
 def test_the_answer_agrees_with_the_table(swept):

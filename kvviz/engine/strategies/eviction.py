@@ -185,10 +185,12 @@ class EvictionStrategy(Strategy):
 
         from kvviz.engine import attention_scores
 
-        if self.reads_attention or options.get("adaptive"):  # an adaptive layer's padding is masked in attention
+        whole = self.whole_layers(options)
+        # kvviz's attention masks an adaptive layer's padding, and fits the mask to layers kept whole beside
+        # compressed ones (`attention_scores.fitted`)
+        if self.reads_attention or options.get("adaptive") or whole:
             attention_scores.install(model)
         n_layers = Geometry.of(model.config, model.dtype).num_layers
-        whole = self.whole_layers(options)
         layers = [DynamicLayer() if i < whole else self.make_layer(i, options, model) for i in range(n_layers)]
         return Cache(layers=keep_own_layers(model, layers))
 
