@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 
@@ -35,7 +36,9 @@ def test_stream_times_every_token(replay_server):
     assert record.finish_reason == "length"
     times = [t.t for t in record.tokens]
     assert times == sorted(times) and times[0] > 0
-    assert len(record.gaps_ms) == 11 and min(record.gaps_ms) >= 5  # the 10 ms spacing is seen on arrival
+    # the 10 ms spacing is seen on arrival (the median: on a loaded machine the client thread can wake late and read
+    # two events in one go)
+    assert len(record.gaps_ms) == 11 and statistics.median(record.gaps_ms) >= 5, record.gaps_ms
     assert record.total_s >= times[-1]
 
 
