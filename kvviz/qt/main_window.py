@@ -261,12 +261,14 @@ class MainWindow(QMainWindow):
         event.accept()
 
     def say_left_behind(self) -> list:
-        """Say where the runs and evaluations of a window that ended without closing are kept; returns them."""
+        """Say where the runs, evaluations, chats and sweeps of a window that ended without closing are kept; returns
+        them."""
         left = unsaved.left_behind()
         if left:
             self.statusBar().showMessage(
-                f"{len(left)} unsaved run(s) or evaluated strateg{'y' if len(left) == 1 else 'ies'} of a kvviz window "
-                f"that ended without closing are kept in {unsaved.folder()}: File ▸ Open shows them", 60_000)
+                f"{len(left)} unsaved journal(s) (runs, evaluated strategies, chats, sweeps) of a kvviz window that "
+                f"ended without closing are kept in {unsaved.folder()}: File ▸ Open shows them and offers to continue "
+                "an evaluation or a sweep", 60_000)
         return left
 
     def shutdown(self) -> None:
