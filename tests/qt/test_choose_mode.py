@@ -7,6 +7,7 @@ import csv
 import json
 import math
 import os
+from pathlib import Path
 
 from PySide6.QtCore import QPointF, Qt
 
@@ -210,8 +211,6 @@ def test_a_window_sweep_is_journaled_and_a_killed_one_continues_to_the_whole_tab
     """Every sweep of the window is journaled in the folder of unsaved work as configurations finish. A window killed
     once the exact cache had finished leaves that journal: opened, it offers to continue, and the continued sweep's
     table is that of the sweep never stopped (its decode speed aside); the journal, written on, then holds it all."""
-    from kvviz.files.jsonfile import process_alive
-
     mode = ready(qtbot, window)
     mode.question_panel.budget.setText("1GiB")  # the free memory changes between sweeps, and with it what fits
     with qtbot.waitSignal(mode.sigDone, timeout=120000) as done:
@@ -222,9 +221,7 @@ def test_a_window_sweep_is_journaled_and_a_killed_one_continues_to_the_whole_tab
     assert read_journal(own).finished == [0, 1, 2] and table(read_journal(own).sweep) == table(whole)
 
     # what a kill -9 right after the exact cache's line leaves: the header and that line, in a dead window's name
-    dead = next(pid for pid in range(2**22 - 1, 2**21, -1) if not process_alive(pid))
-    left = unsaved.folder() / f"sweep-{dead}-1.json.journal"
-    left.write_bytes(b"".join(own.read_bytes().splitlines(keepends=True)[:2]))
+    left = dead_journal(b"".join(own.read_bytes().splitlines(keepends=True)[:2]))
     try:
         kept = read_journal(left)
         assert kept.finished == [0] and kept.sweep.cancelled
@@ -243,6 +240,16 @@ def test_a_window_sweep_is_journaled_and_a_killed_one_continues_to_the_whole_tab
         assert not (unsaved.folder() / "sweep.json").exists()
     finally:
         left.unlink(missing_ok=True)
+
+
+def dead_journal(content: bytes) -> Path:
+    """A sweep journal holding `content` in the folder of unsaved work, as a window that was killed left it."""
+    from kvviz.files.jsonfile import process_alive
+
+    dead = next(pid for pid in range(2**22 - 1, 2**21, -1) if not process_alive(pid))
+    left = unsaved.folder() / f"sweep-{dead}-1.json.journal"
+    left.write_bytes(content)
+    return left
 
 
 def table(sweep) -> list[dict[str, str]]:
