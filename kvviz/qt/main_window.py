@@ -19,6 +19,7 @@ from typing import Any
 from PySide6.QtCore import QSettings, Qt, Signal
 from PySide6.QtWidgets import QApplication, QMainWindow, QVBoxLayout, QWidget
 
+from kvviz.present import counted
 from kvviz.qt import modes, unsaved, wheel_guard, window_settings
 from kvviz.qt.controls import Controls, SharedPanels
 from kvviz.qt.docks_aside import DocksAside
@@ -265,10 +266,10 @@ class MainWindow(QMainWindow):
         them."""
         left = unsaved.left_behind()
         if left:
+            # what to do first, the folder last: a narrow window cuts the end
             self.statusBar().showMessage(
-                f"{len(left)} unsaved journal(s) (runs, evaluated strategies, chats, sweeps) of a kvviz window that "
-                f"ended without closing are kept in {unsaved.folder()}: File ▸ Open shows them and offers to continue "
-                "an evaluation or a sweep", 60_000)
+                f"{counted(len(left), 'unsaved journal')} left by a window that ended without closing: File ▸ Open "
+                f"shows {'it' if len(left) == 1 else 'them'}, in {unsaved.folder()}", 60_000)
         return left
 
     def shutdown(self) -> None:
