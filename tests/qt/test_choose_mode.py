@@ -209,8 +209,8 @@ def test_a_sweep_journal_opened_offers_to_continue_and_ends_as_kvviz_choose_does
 
 def test_a_window_sweep_is_journaled_and_a_killed_one_continues_to_the_whole_table(window, qtbot):
     """Every sweep of the window is journaled in the folder of unsaved work as configurations finish. A window killed
-    once the exact cache had finished leaves that journal: opened, it offers to continue, and the continued sweep's
-    table is that of the sweep never stopped (its decode speed aside); the journal, written on, then holds it all."""
+    after any of them leaves that journal: opened, it offers to continue, and the continued sweep's table is that of
+    the sweep never stopped (its decode speed aside); the journal, written on, then holds it all."""
     mode = ready(qtbot, window)
     mode.question_panel.budget.setText("1GiB")  # the free memory changes between sweeps, and with it what fits
     with qtbot.waitSignal(mode.sigDone, timeout=120000) as done:
@@ -220,26 +220,30 @@ def test_a_window_sweep_is_journaled_and_a_killed_one_continues_to_the_whole_tab
     own = unsaved.folder() / f"sweep-{os.getpid()}-{done.args[0]}.json.journal"
     assert read_journal(own).finished == [0, 1, 2] and table(read_journal(own).sweep) == table(whole)
 
-    # what a kill -9 right after the exact cache's line leaves: the header and that line, in a dead window's name
-    left = dead_journal(b"".join(own.read_bytes().splitlines(keepends=True)[:2]))
-    try:
-        kept = read_journal(left)
-        assert kept.finished == [0] and kept.sweep.cancelled
-        assert left in window.say_left_behind()
+    # what a kill -9 after each configuration's line leaves (the header comes with the first): those lines, in a dead
+    # window's name
+    lines = own.read_bytes().splitlines(keepends=True)
+    for finished in range(1, len(lines) - 1):
+        left = dead_journal(b"".join(lines[: finished + 1]))
+        try:
+            kept = read_journal(left)
+            assert kept.finished == list(range(finished)) and kept.sweep.cancelled
+            assert left in window.say_left_behind()
 
-        assert window.file_actions.open_trace(left) is not None
-        assert mode.opened and mode.offer is not None
-        assert "stopped after 1 of 3 configurations" in mode.offer.text() and "File ▸ Save sweep" in mode.offer.text()
-        (go,) = [b for b in mode.offer.buttons() if b.text() == "Continue"]
-        with qtbot.waitSignal(mode.sigDone, timeout=120000):
-            go.click()
-        assert [c.status for c in mode.sweep.configurations] == ["finished"] * 3, window.last_error
-        assert table(mode.sweep) == table(whole)
-        # in the folder of unsaved work the journal stays (File ▸ Save sweep keeps the sweep), holding it whole
-        assert read_journal(left).finished == [0, 1, 2] and not read_journal(left).sweep.cancelled
-        assert not (unsaved.folder() / "sweep.json").exists()
-    finally:
-        left.unlink(missing_ok=True)
+            assert window.file_actions.open_trace(left) is not None
+            assert mode.opened and mode.offer is not None
+            text = mode.offer.text()
+            assert f"stopped after {finished} of 3 configurations" in text and "File ▸ Save sweep" in text
+            (go,) = [b for b in mode.offer.buttons() if b.text() == "Continue"]
+            with qtbot.waitSignal(mode.sigDone, timeout=120000):
+                go.click()
+            assert [c.status for c in mode.sweep.configurations] == ["finished"] * 3, window.last_error
+            assert table(mode.sweep) == table(whole), finished
+            # in the folder of unsaved work the journal stays (File ▸ Save sweep keeps the sweep), holding it whole
+            assert read_journal(left).finished == [0, 1, 2] and not read_journal(left).sweep.cancelled
+            assert not (unsaved.folder() / "sweep.json").exists()
+        finally:
+            left.unlink(missing_ok=True)
 
 
 def dead_journal(content: bytes) -> Path:
