@@ -222,7 +222,9 @@ def _journals(out: Path, evaluations, key: dict, resume: bool) -> list:
 
 
 def _file(out: Path, i: int, e) -> Path:
-    return out / f"eval-{i + 1}-{e.result.strategy['name']}.json"
+    from kvviz.files.evaluation_csv import file_name
+
+    return out / file_name(i, e.result.strategy)
 
 
 def _save(evaluations, journals, out: Path, keep_journals: bool) -> dict[int, str]:

@@ -1,4 +1,5 @@
-"""The summary CSV of a whole evaluation: one row of figures per strategy, as `kvviz eval` and the window write it."""
+"""The summary CSV of a whole evaluation: one row of figures per strategy, as `kvviz eval` and the window write it;
+and how the files of an evaluation kept in a folder are named (`kvviz eval --out`, File ▸ Save evaluation)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from kvviz.files.evaluation import QUARTERS, EvalRun
+from kvviz.files.evaluation import QUARTERS, EvalRun, load, read_journal
+from kvviz.files.journal import journal_path
 from kvviz.files.jsonfile import write_atomic
 
 CSV_COLUMNS = (
@@ -58,6 +60,27 @@ def write_summary_csv(rows: list[dict[str, Any]], path: str | os.PathLike) -> Pa
     for row in rows:
         writer.writerow(["" if row.get(key) is None else _cell(row[key]) for key in CSV_COLUMNS])
     return write_atomic(path, out.getvalue().encode("utf-8"))
+
+
+def file_name(index: int, strategy: dict[str, Any]) -> str:
+    """The file of strategy `index` (from 0) of an evaluation kept in a folder: "eval-2-sliding.json"."""
+    return f"eval-{index + 1}-{strategy['name']}.json"
+
+
+def write_folder_summary(folder: str | os.PathLike, strategies: list[dict[str, Any]]) -> Path:
+    """The summary CSV of the evaluation of `strategies` kept in `folder`, written again from what the folder holds
+    (a strategy continued there since): a row per strategy in order, from its file, or where it has none from its
+    journal (what was measured, no file); a strategy with neither never started and has no row. Raises KeptFileError
+    naming a file there that cannot be read, or OSError."""
+    folder = Path(folder)
+    rows = []
+    for index, strategy in enumerate(strategies):
+        path = folder / file_name(index, strategy)
+        if path.exists():
+            rows.append(summary_row(load(path), str(path)))
+        elif journal_path(path).exists():
+            rows.append(summary_row(read_journal(journal_path(path)).run))
+    return write_summary_csv(rows, folder / "summary.csv")
 
 
 def _cell(value: Any) -> str:

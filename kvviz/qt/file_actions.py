@@ -44,7 +44,7 @@ from kvviz.qt.plots.titles import short_forms
 from kvviz.qt.recorder import install_recorder
 
 TRACE_FILTER = ("kvviz traces, evaluations, sweeps and server sessions (*.json *.journal);;"
-                "Journals a killed run or evaluation left (*.journal);;All files (*)")
+                "Journals a killed run, evaluation, chat or sweep left (*.journal);;All files (*)")
 EXPORT_WIDTHS = (320, 7680)  # px: the widths an export may have
 
 

@@ -169,7 +169,8 @@ class HelpMenu:
             + table_html(versions())
             + f"<p>Failures are explained in the window; their details (tracebacks) go to {log_path()}.</p>"
             + f"<p>A conversation not saved when the window closed is kept in {unsaved.folder()}, with the journals "
-            f"of windows that ended without closing (what they measured: File ▸ Open shows it); {unsaved.RULE}.</p>"
+            "of windows that ended without closing (the runs, evaluations, chats and sweeps they measured: File ▸ Open "
+            f"shows them, and continues an evaluation or a sweep); {unsaved.RULE}.</p>"
         )
         box = QMessageBox(QMessageBox.Icon.NoIcon, "About kvviz", text, QMessageBox.StandardButton.Ok, self.window)
         box.setTextFormat(Qt.TextFormat.RichText)

@@ -19,6 +19,7 @@ from typing import Any
 from PySide6.QtCore import QSettings, Qt, Signal
 from PySide6.QtWidgets import QApplication, QMainWindow, QVBoxLayout, QWidget
 
+from kvviz.present import counted
 from kvviz.qt import modes, unsaved, wheel_guard, window_settings
 from kvviz.qt.controls import Controls, SharedPanels
 from kvviz.qt.docks_aside import DocksAside
@@ -261,12 +262,14 @@ class MainWindow(QMainWindow):
         event.accept()
 
     def say_left_behind(self) -> list:
-        """Say where the runs and evaluations of a window that ended without closing are kept; returns them."""
+        """Say where the runs, evaluations, chats and sweeps of a window that ended without closing are kept; returns
+        them."""
         left = unsaved.left_behind()
         if left:
+            # what to do first, the folder last: a narrow window cuts the end
             self.statusBar().showMessage(
-                f"{len(left)} unsaved run(s) or evaluated strateg{'y' if len(left) == 1 else 'ies'} of a kvviz window "
-                f"that ended without closing are kept in {unsaved.folder()}: File ▸ Open shows them", 60_000)
+                f"{counted(len(left), 'unsaved journal')} left by a window that ended without closing: File ▸ Open "
+                f"shows {'it' if len(left) == 1 else 'them'}, in {unsaved.folder()}", 60_000)
         return left
 
     def shutdown(self) -> None:

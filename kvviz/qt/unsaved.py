@@ -1,11 +1,12 @@
-"""Runs and evaluations the window measured and nobody has saved yet, kept on disk as they are measured
-(`kvviz.files.journal`), so that a crash, kill -9 or a power cut does not take them with the window. A chat not
-saved when the window closes is kept in the same folder (`ChatMode.keep_at_close`), as a conversation file.
+"""Runs, evaluations, chats and sweeps the window measured and nobody has saved yet, kept on disk as they are
+measured (`kvviz.files.journal`), so that a crash, kill -9 or a power cut does not take them with the window. A chat
+not saved when the window closes is kept in the same folder (`ChatMode.keep_at_close`), as a conversation file.
 
-Each run and each evaluated strategy has a journal in the user's state folder (`folder()`; KVVIZ_UNSAVED_DIR
-overrides it), named after the window's process. A window that closes normally removes its own: what was not saved
-goes with it, as it always did. The journals of a window that ended without closing stay; the next window says where
-they are (`left_behind`), and File ▸ Open shows each as the partial run, evaluation or chat it holds.
+Each run, each evaluated strategy, each chat and each sweep has a journal in the user's state folder (`folder()`;
+KVVIZ_UNSAVED_DIR overrides it), named after the window's process. A window that closes normally removes its own:
+what was not saved goes with it, as it always did. The journals of a window that ended without closing stay; the next
+window says where they are (`left_behind`), and File ▸ Open shows each as the partial run, evaluation, chat or sweep it
+holds, and offers to continue an evaluation or a sweep.
 
 What windows leave here is cleaned when a window starts (`clean`, said in Help ▸ About as `RULE`): the newest
 KEEP_NEWEST files left by windows that ended stay while they are younger than KEEP_DAYS days; the rest go. A
@@ -27,6 +28,7 @@ from kvviz.files.conversation import ConversationJournal, ConversationTrace
 from kvviz.files.evaluation import EvalJournal, EvalRun
 from kvviz.files.journal import SUFFIX
 from kvviz.files.jsonfile import process_alive
+from kvviz.files.sweep import Sweep, SweepJournal
 from kvviz.files.trace import Trace, TraceJournal
 
 log = logging.getLogger(__name__)
@@ -35,7 +37,7 @@ KEEP_DAYS = 14  # and for at most this long
 RULE = (f"kvviz keeps the newest {KEEP_NEWEST} of them for {KEEP_DAYS} days and removes the rest when a window "
         "starts: save what you want to keep")
 _KEPT_AT_CLOSE = re.compile(r"^conversation-.*\.json$")  # `ChatMode.keep_at_close`'s files
-_OWNED = re.compile(r"^(?:run|eval|chat)-(\d+)-.*\.json" + re.escape(SUFFIX) + "$")  # the owner's process id
+_OWNED = re.compile(r"^(?:run|eval|chat|sweep)-(\d+)-.*\.json" + re.escape(SUFFIX) + "$")  # the owner's process id
 
 
 def folder() -> Path:
@@ -58,6 +60,18 @@ def conversation_journal(chat_id: int, trace: ConversationTrace) -> Conversation
     """Likewise for a chat: its finished turns."""
     path = _file(f"chat-{os.getpid()}-{chat_id}.json")
     return ConversationJournal(path, trace) if path else None
+
+
+def sweep_journal(sweep_id: int, sweep: Sweep, resume: dict) -> SweepJournal | None:
+    """Likewise for a sweep of the Choose tab: each configuration as it finishes, the answers as they are given;
+    `resume` is what a continuation checks (`kvviz.engine.sweep_resume.resume_key`)."""
+    path = _file(f"sweep-{os.getpid()}-{sweep_id}.json")
+    return SweepJournal(path, sweep, resume) if path else None
+
+
+def holds(path: str | os.PathLike) -> bool:
+    """`path` lies in the folder of unsaved work (a window's journal, not one beside a command's --out files)."""
+    return Path(path).resolve().parent == folder().resolve()
 
 
 def _file(name: str) -> Path | None:

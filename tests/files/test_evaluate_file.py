@@ -88,6 +88,28 @@ def test_summary_csv(tmp_path):
     assert float(table[0]["final_cache_mib"]) == pytest.approx(12000 / 2**20, rel=1e-5)
 
 
+def test_a_folder_summary_is_written_again_from_its_files_and_journals(tmp_path):
+    """An evaluation kept in a folder (kvviz eval --out) of three strategies: the first has its file, the second only
+    the journal a killed process left, the third never started. Its summary has a row for each of the first two."""
+    strategies = [{"name": "sliding", "options": {"window": 8}}, {"name": "sink", "options": {}},
+                  {"name": "dynamic", "options": {}}]
+    first = tmp_path / evaluation_csv.file_name(0, strategies[0])
+    sample_run().save(first)
+    second = sample_run(n=5, strategy=strategies[1])
+    journal = evaluation.EvalJournal(tmp_path / evaluation_csv.file_name(1, strategies[1]), second, {})
+    journal.update()
+    journal.journal.close()
+    written = evaluation_csv.write_folder_summary(tmp_path, strategies)
+    table = list(csv.DictReader(written.open(encoding="utf-8")))
+    assert [(r["strategy"], r["status"], r["file"], r["tokens"]) for r in table] == [
+        ("sliding", "finished", str(first), "12"), ("sink", "cancelled", "", "5")]
+
+    (tmp_path / "eval-1-sliding.json").write_text("{}", encoding="utf-8")  # damaged: named, nothing written
+    with pytest.raises(EvalFileError, match="eval-1-sliding.json"):
+        evaluation_csv.write_folder_summary(tmp_path, strategies)
+    assert written.read_text(encoding="utf-8").count("\n") == 3
+
+
 def mutate(data, path, value):
     *parents, last = path
     for key in parents:

@@ -6,11 +6,15 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
+from pathlib import Path
 
 from PySide6.QtCore import QPointF, Qt
 
 from kvviz.files import frontier
+from kvviz.files.sweep import read_journal
 from kvviz.files.sweep_report import by_memory
+from kvviz.qt import unsaved
 from tests.qt.conftest import load, tab
 
 TOKENS = 32  # a batched read costs about 0.3 s a forward here (the engine's), so the text is short
@@ -137,7 +141,7 @@ def test_stop_keeps_the_finished_configurations(window, qtbot):
             mode.stop()
 
     mode.sigChanged.connect(stop_after_first)
-    with qtbot.waitSignal(mode.sigDone, timeout=120000):
+    with qtbot.waitSignal(mode.sigDone, timeout=120000) as done:
         assert mode.start() is not None
     mode.sigChanged.disconnect(stop_after_first)
     window.redraw()
@@ -145,6 +149,10 @@ def test_stop_keeps_the_finished_configurations(window, qtbot):
     assert sweep.cancelled and sweep.configurations[0].finished
     finished = [i for i, c in enumerate(sweep.configurations) if c.finished and c.target is not None]
     assert len(finished) < 3
+    # its journal, in the folder of unsaved work until the window closes, holds the configurations that finished
+    journal = read_journal(unsaved.folder() / f"sweep-{os.getpid()}-{done.args[0]}.json.journal")
+    assert journal.finished == finished and journal.sweep.cancelled
+    assert [table(journal.sweep)[i] for i in finished] == [table(sweep)[i] for i in finished]
     assert sorted(i for i, _, _ in mode.view.frontier_plot._placed) == finished
     states = mode.states()
     assert all(states[i] in ("not run", "cancelled") for i in range(3) if i not in finished)
@@ -196,3 +204,60 @@ def test_a_sweep_journal_opened_offers_to_continue_and_ends_as_kvviz_choose_does
 
     assert rows(tmp_path / "stopped") == rows(tmp_path / "whole")
     assert (tmp_path / "stopped" / "frontier.png").exists()
+
+
+
+def test_a_window_sweep_is_journaled_and_a_killed_one_continues_to_the_whole_table(window, qtbot):
+    """Every sweep of the window is journaled in the folder of unsaved work as configurations finish. A window killed
+    after any of them leaves that journal: opened, it offers to continue, and the continued sweep's table is that of
+    the sweep never stopped (its decode speed aside); the journal, written on, then holds it all."""
+    mode = ready(qtbot, window)
+    mode.question_panel.budget.setText("1GiB")  # the free memory changes between sweeps, and with it what fits
+    with qtbot.waitSignal(mode.sigDone, timeout=120000) as done:
+        assert mode.start() is not None
+    whole = mode.sweep
+    assert [c.status for c in whole.configurations] == ["finished"] * 3, window.last_error
+    own = unsaved.folder() / f"sweep-{os.getpid()}-{done.args[0]}.json.journal"
+    assert read_journal(own).finished == [0, 1, 2] and table(read_journal(own).sweep) == table(whole)
+
+    # what a kill -9 after each configuration's line leaves (the header comes with the first): those lines, in a dead
+    # window's name
+    lines = own.read_bytes().splitlines(keepends=True)
+    for finished in range(1, len(lines) - 1):
+        left = dead_journal(b"".join(lines[: finished + 1]))
+        try:
+            kept = read_journal(left)
+            assert kept.finished == list(range(finished)) and kept.sweep.cancelled
+            assert left in window.say_left_behind()
+
+            assert window.file_actions.open_trace(left) is not None
+            assert mode.opened and mode.offer is not None
+            text = mode.offer.text()
+            assert f"stopped after {finished} of 3 configurations" in text and "File ▸ Save sweep" in text
+            (go,) = [b for b in mode.offer.buttons() if b.text() == "Continue"]
+            with qtbot.waitSignal(mode.sigDone, timeout=120000):
+                go.click()
+            assert [c.status for c in mode.sweep.configurations] == ["finished"] * 3, window.last_error
+            assert table(mode.sweep) == table(whole), finished
+            # in the folder of unsaved work the journal stays (File ▸ Save sweep keeps the sweep), holding it whole
+            assert read_journal(left).finished == [0, 1, 2] and not read_journal(left).sweep.cancelled
+            assert not (unsaved.folder() / "sweep.json").exists()
+        finally:
+            left.unlink(missing_ok=True)
+
+
+def dead_journal(content: bytes) -> Path:
+    """A sweep journal holding `content` in the folder of unsaved work, as a window that was killed left it."""
+    from kvviz.files.jsonfile import process_alive
+
+    dead = next(pid for pid in range(2**22 - 1, 2**21, -1) if not process_alive(pid))
+    left = unsaved.folder() / f"sweep-{dead}-1.json.journal"
+    left.write_bytes(content)
+    return left
+
+
+def table(sweep) -> list[dict[str, str]]:
+    """The sweep's table as the window and the command line write it, but for the decode speed (a timing)."""
+    from kvviz.files.sweep_report import cells
+
+    return [{k: v for k, v in cells(sweep, c).items() if k != "decode"} for c in sweep.configurations]

@@ -6,6 +6,7 @@ recorded them. A bad question file gets the command's message and loses nothing 
 from __future__ import annotations
 
 import math
+import os
 
 from PySide6.QtCore import Qt
 
@@ -42,7 +43,8 @@ def test_a_sweep_with_task_items_shows_accuracy_and_each_answer(window, qtbot, t
             item.setCheckState(Qt.CheckState.Checked if name == "sink" and not kept else Qt.CheckState.Unchecked)
             kept = kept or name == "sink"
     assert [n for n, _ in mode.config_panel.chosen()] == ["dynamic", "sink"]
-    with qtbot.waitSignal(mode.sigDone, timeout=180000):
+    mode.question_panel.budget.setText("1GiB")  # the free memory changes between sweeps, and with it what fits
+    with qtbot.waitSignal(mode.sigDone, timeout=180000) as done:
         assert mode.start() is not None
     sweep = mode.sweep
     assert sweep.asked is not None and sweep.asked.regimes == ["query-agnostic", "query-aware"], window.last_error
@@ -66,3 +68,26 @@ def test_a_sweep_with_task_items_shows_accuracy_and_each_answer(window, qtbot, t
         assert row[4] == " ".join(record.answer.split())[:59] or row[4].endswith("…")
         assert row[6] == held_text(record)
     assert not mode.view.below.tabBar().isHidden()
+
+    # its journal (the folder of unsaved work) as a kill -9 after the answers and the exact cache's line leaves it:
+    # continued with its own questions, its answers and its table are the whole sweep's
+    from kvviz.files.sweep import read_journal
+    from kvviz.qt import unsaved
+    from tests.qt.test_choose_mode import dead_journal, table
+
+    own = unsaved.folder() / f"sweep-{os.getpid()}-{done.args[0]}.json.journal"
+    lines = own.read_bytes().splitlines(keepends=True)
+    first = next(i for i, line in enumerate(lines) if line.startswith(b'{"configuration":0,'))
+    left = dead_journal(b"".join(lines[: first + 1]))
+    try:
+        assert read_journal(left).finished == [0] and len(read_journal(left).answered) == 2
+        assert window.file_actions.open_trace(left) is not None and mode.offer is not None
+        mode.offer.close()
+        with qtbot.waitSignal(mode.sigDone, timeout=180000):
+            assert mode.continue_sweep(left) is not None
+        assert [c.status for c in mode.sweep.configurations] == ["finished"] * 2, window.last_error
+        assert table(mode.sweep) == table(sweep)
+        assert [[a.to_dict() for a in c.answers] for c in mode.sweep.configurations] == \
+            [[a.to_dict() for a in c.answers] for c in sweep.configurations]
+    finally:
+        left.unlink(missing_ok=True)

@@ -344,3 +344,47 @@ def test_an_evaluation_journal_opened_offers_to_continue_and_ends_as_kvviz_eval_
     theirs = evaluation.load(tmp_path / "whole" / "eval-1-dynamic.json")
     assert ours.status == "finished" and len(ours.records) == 199
     assert [r.nll for r in ours.records] == pytest.approx([r.nll for r in theirs.records], abs=1e-6)
+
+
+def test_a_strategy_continued_in_an_eval_folder_writes_its_summary_again(window, qtbot, tmp_path, monkeypatch):
+    """`kvviz eval --out` stopped in its second strategy: continued here, that strategy's file is written and the
+    folder's summary.csv again, as `kvviz eval --out` writes it for the whole evaluation (timings aside)."""
+    from tests.commands import kvviz
+
+    args = ["eval", "--model", "tiny", "--builtin", "alice", "--tokens", "100", "--strategies",
+            "dynamic,sliding:window=8"]
+    assert kvviz(*args, "--out", tmp_path / "whole").returncode == 0
+    update = evaluation.EvalJournal.update
+
+    def ctrl_c_in_the_second(journal, end=False):  # as a terminal's Ctrl-C, while sliding reads
+        if journal.run.strategy["name"] == "sliding" and len(journal.run.records) >= 40 and not end:
+            raise KeyboardInterrupt
+        update(journal, end)
+
+    monkeypatch.setattr(evaluation.EvalJournal, "update", ctrl_c_in_the_second)
+    assert kvviz(*args, "--out", tmp_path / "stopped").returncode == 130
+    monkeypatch.undo()
+    stopped = tmp_path / "stopped"
+
+    def summary(folder):
+        with (folder / "summary.csv").open(encoding="utf-8") as f:
+            return list(csv.DictReader(f))
+
+    def figures(rows):
+        return [{k: v for k, v in row.items() if k not in ("tokens_per_s", "wall_s", "file")} for row in rows]
+
+    assert [row["status"] for row in summary(stopped)] == ["finished", "cancelled"]
+
+    load(qtbot, window, "tiny")
+    journal = stopped / "eval-2-sliding.json.journal"
+    assert window.file_actions.open_trace(journal) is not None
+    mode = window.modes["evaluate"]
+    assert "summary.csv" in mode.offer.text()
+    (go,) = [b for b in mode.offer.buttons() if b.text() == "Continue"]
+    with qtbot.waitSignal(mode.sigDone, timeout=60000):
+        go.click()
+    assert not journal.exists(), window.last_error
+    rows = summary(stopped)
+    assert figures(rows) == figures(summary(tmp_path / "whole"))
+    assert [row["status"] for row in rows] == ["finished", "finished"]
+    assert [row["file"] for row in rows] == [str(stopped / "eval-1-dynamic.json"), str(stopped / "eval-2-sliding.json")]

@@ -16,7 +16,8 @@ def test_the_newest_left_stay_for_a_while_and_the_rest_go(tmp_path, monkeypatch)
     now = time.time()
     left = []
     for age in range(unsaved.KEEP_NEWEST + 3):  # an hour apart, the newest first
-        path = folder / (f"eval-{dead}-{age}-1-dynamic.json.journal" if age % 2 else f"conversation-{age}.json")
+        path = folder / (f"eval-{dead}-{age}-1-dynamic.json.journal", f"sweep-{dead}-{age}.json.journal",
+                         f"conversation-{age}.json")[age % 3]
         path.write_text("{}")
         os.utime(path, (now - 3600 * age, now - 3600 * age))
         left.append(path)

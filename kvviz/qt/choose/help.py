@@ -15,7 +15,9 @@ HELP = (
         "for its numbers; click it (or its row) for its running perplexity, KL and measured cache along the text. "
         "Above, the answer: the smallest cache within the tolerance and the best quality within the budget, with "
         "what they rest on. Stop keeps the finished configurations; File ▸ Save sweep writes the kvviz-sweep "
-        "file, its CSV and the frontier picture.",
+        "file, its CSV and the frontier picture. The sweep is journaled as each configuration finishes (in the "
+        "folder Help ▸ About names, until the window closes): File ▸ Open of the journal a killed window or "
+        "kvviz choose --out left continues it, as kvviz choose --resume does.",
     ),
     (
         "Answers",

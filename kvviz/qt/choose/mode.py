@@ -5,8 +5,10 @@ sequences, in this memory? A sweep (`kvviz.engine.sweep.SweepRun`) answers it li
 shared model chooser in its Controls; `buttons` under them; `view` as the central "Choose" tab) and the sweep on
 screen. Choose sends the request to the `SweepRunner` on the worker's thread; each configuration appears on the
 frontier as it finishes, the time left is read from the running sweep at each redraw, and Stop keeps the
-finished configurations. Kept sweeps (`kvviz-sweep` files) open into the same view, and the one on screen saves
-as that file, its CSV and the frontier picture (PNG and SVG).
+finished configurations. The runner journals every sweep as it goes (in the folder of unsaved work, `kvviz.qt.unsaved`,
+until the window closes); opened, a journal of a sweep that did not end offers to continue it. Kept sweeps
+(`kvviz-sweep` files) open into the same view, and the one on screen saves as that file, its CSV and the frontier
+picture (PNG and SVG).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from PySide6.QtWidgets import QHBoxLayout, QPushButton, QVBoxLayout, QWidget
 from kvviz.files import sweep_report
 from kvviz.files.sweep import Sweep
 from kvviz.present import NOT_RUN, WAITING, clock, counted
+from kvviz.qt import unsaved
 from kvviz.qt.choose.help import HELP
 from kvviz.qt.choose.panel import DEFAULT_TOKENS, ConfigurationsPanel, QuestionPanel
 from kvviz.qt.choose.questions import QuestionsPanel
@@ -234,18 +237,20 @@ class ChooseMode(Mode):
     # -- a sweep a journal holds ----------------------------------------------------------------------
 
     def offer_to_continue(self, kept, journal: Path) -> None:
-        """A sweep's journal opened (`kvviz choose --out` killed or stopped, or a sweep continued here): ask to
-        continue it on the loaded model, as `kvviz choose --resume` would."""
+        """A sweep's journal opened (`kvviz choose --out` killed or stopped, a window's sweep stopped or killed, or a
+        sweep continued here): ask to continue it on the loaded model, as `kvviz choose --resume` would."""
         if not isinstance(kept, Sweep) or not kept.cancelled or self.busy:
             return
         done = sum(1 for c in kept.configurations if c.status != "cancelled")
         total = len(kept.configurations)
+        kept_as = ("File ▸ Save sweep keeps it once it ends" if unsaved.holds(journal) else
+                   "The sweep's files are written beside the journal when it ends")
         self.offer = self.host.ask(
             "Continue this sweep?",
             f"{journal.name} holds a sweep of {kept.model.get('name', '?')} that stopped after {done} of "
             f"{counted(total, 'configuration')}. Continue it with the model loaded here? The configurations that "
-            "finished are kept as measured; the exact cache reads the text again, then the rest. The sweep's files "
-            f"are written beside the journal when it ends.", "Continue", lambda: self.continue_sweep(journal))
+            f"finished are kept as measured; the exact cache reads the text again, then the rest. {kept_as}.",
+            "Continue", lambda: self.continue_sweep(journal))
 
     def continue_sweep(self, journal: Path) -> int | None:
         """Continue the sweep `journal` holds (opened: its text chosen in the Document box); its id, or None (and
@@ -259,7 +264,10 @@ class ChooseMode(Mode):
 
     def _finish_journal(self, journal: Path) -> None:
         """A continued sweep ended: its files beside its journal, as `kvviz choose --out` writes them; then the
-        journal goes."""
+        journal goes. But in the folder of unsaved work, where the journal stays for the folder's rule (the tab shows
+        the sweep: File ▸ Save sweep)."""
+        if unsaved.holds(journal):
+            return
         if self.save(journal.parent):
             journal.unlink(missing_ok=True)
 

@@ -7,21 +7,28 @@ the window reads `progress()` and `seconds_left()` from it while it runs) and th
 it finishes. `cancel()` may be called from any thread: the configurations reading stop after their forward, the
 finished ones stay.
 
-A sweep that `kvviz choose --out` (or an earlier continuation here) journaled and did not end continues here with
-the journal's own question and configurations, through the code `kvviz choose --resume` runs
+Every sweep is journaled as it goes, each configuration as it finishes and the answers to each item as they are
+given: a sweep started here in the folder of unsaved work (`kvviz.qt.unsaved`, until the window closes), so that a
+window killed mid-sweep keeps every configuration that finished. A sweep that a journal holds and that did not end
+(`kvviz choose --out` killed or stopped, a window killed, an earlier continuation here) continues here with the
+journal's own question, configurations and questions, through the code `kvviz choose --resume` runs
 (`kvviz.engine.sweep_resume.take_up`): the journal goes on being written as configurations finish, and the mode writes
-the sweep's files beside it at the end.
+the sweep's files beside an `--out` journal at the end.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
 from PySide6.QtCore import Signal, Slot
 
 from kvviz.errors import OptionError, failure
+from kvviz.qt import unsaved
 from kvviz.qt.jobs import WorkerJob
+
+log = logging.getLogger(__name__)
 
 
 class SweepRunner(WorkerJob):
@@ -59,7 +66,7 @@ class SweepRunner(WorkerJob):
             self.sigFinished.emit(sweep_id)
 
     def _run(self, sweep_id: int, request: dict[str, Any], cancel: threading.Event) -> None:
-        from kvviz.engine import evaluate, strategies, sweep
+        from kvviz.engine import evaluate, strategies, sweep, sweep_resume
         from kvviz.engine.qa_prompt import asked
 
         loaded = self.worker.loaded
@@ -74,7 +81,10 @@ class SweepRunner(WorkerJob):
             questions = asked(loaded.tokenizer, **request["asked"]) if request.get("asked") else None
             ids, record, notice = evaluate.prepare(loaded, request["document"], choices, request["tokens"])
             run = sweep.SweepRun(loaded, choices, ids, record, question, cancel=cancel, asked=questions)
-            journal = None
+            # on disk as it is measured, until the window closes (`kvviz.qt.unsaved`)
+            journal = unsaved.sweep_journal(sweep_id, run.sweep, sweep_resume.resume_key(run, request["budget"]))
+        if journal is not None:
+            run.on_answered = journal.answered
         self.sigStarted.emit(sweep_id, {"run": run, "notice": notice})
         try:
             for config in run:
@@ -84,6 +94,8 @@ class SweepRunner(WorkerJob):
                 self.sigConfiguration.emit(sweep_id, index)
         finally:
             if journal is not None:
+                if journal.journal.problem:  # the sweep went on; what it measured is on screen
+                    log.info(journal.journal.problem)
                 journal.journal.close()
 
     @staticmethod
@@ -96,15 +108,13 @@ class SweepRunner(WorkerJob):
             found = read_journal(request["journal"])
         except SweepFileError as exc:
             raise OptionError(str(exc)) from None
-        if found.sweep.asked is not None:
-            raise OptionError("this sweep asked questions too; kvviz choose --resume continues it")
         choices = [strategies.choose(c.run.strategy["name"], dict(c.run.strategy["options"]))
                    for c in found.sweep.configurations]
         ids, record, notice = evaluate.prepare(loaded, request["document"], choices, request["tokens"])
         rows = found.resume.get("rows")
         run = sweep.SweepRun(loaded, choices, ids, record, sweep_resume.asked_again(loaded.model, found), cancel=cancel,
                              rows=rows if isinstance(rows, int) else sweep.ROWS,
-                             quantized_alone=found.resume.get("quantized_alone") is True)
+                             quantized_alone=found.resume.get("quantized_alone") is True, asked=found.sweep.asked)
         key = sweep_resume.resume_key(run, "free" if found.resume.get("budget") == "free" else "")
         found, _ = sweep_resume.take_up(run, request["journal"], key)
         journal = SweepJournal(str(request["journal"]).removesuffix(".journal"), run.sweep, key)

@@ -12,7 +12,8 @@ running after its current forward, the rest unstarted).
 
 An evaluation a journal holds (`kvviz eval --out` killed or stopped, or a window that ended without closing)
 continues here through the code `kvviz eval --resume` runs (`kvviz.engine.evaluate.take_up`): its journal goes on
-being written, and where the strategy ends, its evaluation file is written beside the journal, which then goes.
+being written, and where the strategy ends, its evaluation file is written beside the journal, which then goes, and
+the folder's summary.csv again for the whole evaluation.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class Evaluator(WorkerJob):
     sigNotice = Signal(int, str)  # eval id, what a long one-time pause is doing ("" once it is over)
     sigFinished = Signal(int, object)  # eval id, each strategy's final state: finished, cancelled, failed, not run
     sigFailed = Signal(int, str)  # eval id, why nothing could be evaluated (user-facing)
+    sigUnwritten = Signal(int, str)  # eval id, a continued evaluation's file or summary that could not be written
 
     resumed: dict[str, Any] = {}  # what the journal being continued keeps for a resume to check
 
@@ -154,16 +156,31 @@ class Evaluator(WorkerJob):
             self.sigFinished.emit(eval_id, [_state(e) for e in evaluations])
 
     def _finish_journal(self, eval_id: int, evaluation, journal) -> None:
-        """A continued evaluation that ended (not stopped): its file beside its journal, which then goes; but in the
-        folder of unsaved work, where the journal stays for the folder's rule (the tab shows it: File ▸ Save)."""
-        if evaluation.result.cancelled or journal.path.parent == unsaved.folder():
+        """A continued evaluation that ended (not stopped): its file beside its journal, which then goes, and the
+        folder's summary.csv again, as `kvviz eval --out` writes it for the whole evaluation; but in the folder of
+        unsaved work, where the journal stays for the folder's rule (the tab shows it: File ▸ Save)."""
+        from kvviz.files.evaluation_csv import write_folder_summary
+        from kvviz.files.jsonfile import KeptFileError
+
+        if evaluation.result.cancelled or unsaved.holds(journal.path):
             return
         try:
             journal.save()
         except OSError as exc:
-            self.sigNotice.emit(eval_id, f"could not write {journal.path}: {exc.strerror or exc}")
+            self.sigUnwritten.emit(eval_id, f"could not write {journal.path}: {exc.strerror or exc}")
             return
         journal.remove()
+        strategies = self.resumed.get("strategies")  # every strategy of the evaluation the folder keeps
+        if not (isinstance(strategies, list) and all(isinstance(s, dict) and isinstance(s.get("name"), str)
+                                                     for s in strategies)):
+            return  # not a journal `kvviz eval --out` began: its folder has no summary of ours
+        summary = journal.path.parent / "summary.csv"
+        try:
+            write_folder_summary(journal.path.parent, strategies)
+        except KeptFileError as exc:
+            self.sigUnwritten.emit(eval_id, f"{summary} was not written again: {exc}")
+        except OSError as exc:
+            self.sigUnwritten.emit(eval_id, f"could not write {summary}: {exc.strerror or exc}")
 
 
 def _state(evaluation) -> str:

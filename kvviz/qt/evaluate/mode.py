@@ -26,6 +26,7 @@ from PySide6.QtWidgets import QHBoxLayout, QPushButton, QWidget
 from kvviz.files import evaluation, evaluation_csv
 from kvviz.files.evaluation import EvalRun
 from kvviz.present import CANCELLED, FAILED, FINAL_STATUSES, FINISHED, NOT_RUN, STARTING, clock, number
+from kvviz.qt import unsaved
 from kvviz.qt.evaluate.evaluator import Evaluator
 from kvviz.qt.evaluate.help import HELP
 from kvviz.qt.evaluate.panel import DEFAULT_TOKENS, StrategyListPanel
@@ -97,6 +98,7 @@ class EvaluateMode(Mode):
         evaluator.sigNotice.connect(self._on_notice)
         evaluator.sigFinished.connect(self._on_finished)
         evaluator.sigFailed.connect(self._on_failed)
+        evaluator.sigUnwritten.connect(self._on_unwritten)
 
         self.series: list[StrategySeries] = []
         self.active: list[int] = []  # the strategies whose records arrive (several when read together)
@@ -234,6 +236,10 @@ class EvaluateMode(Mode):
         self.host.show_error(f"Cannot evaluate: {message}")
         self._ended(eval_id)
 
+    def _on_unwritten(self, eval_id: int, message: str) -> None:
+        if self.jobs.current(eval_id):
+            self.host.show_error(f"The continued evaluation is on screen, but {message}")
+
     def _ended(self, eval_id: int) -> None:
         self.host.update_controls()
         self._dirty = True
@@ -274,12 +280,14 @@ class EvaluateMode(Mode):
             return
         planned = kept.document.get("tokens")
         of = f" of {planned - 1:,}" if isinstance(planned, int) else ""
+        kept_as = ("File ▸ Save evaluation keeps it once it ends" if unsaved.holds(journal) else
+                   "Its file is written beside the journal when it ends, and the folder's summary.csv again")
         self.offer = self.host.ask(
             "Continue this evaluation?",
             f"{journal.name} holds {kept.label()} on {kept.model.get('name', '?')}, stopped after "
             f"{len(kept.records):,}{of} tokens. Continue it with the model loaded here? A cache that keeps every "
-            "token continues after its last whole forward; one that evicts or quantizes starts again. Its file is "
-            "written beside the journal when it ends.", "Continue", lambda: self.continue_evaluation(kept, journal))
+            f"token continues after its last whole forward; one that evicts or quantizes starts again. {kept_as}.",
+            "Continue", lambda: self.continue_evaluation(kept, journal))
 
     def continue_evaluation(self, kept: EvalRun, journal: Path) -> int | None:
         """Continue the evaluation `journal` holds (`kept`, opened: its text chosen in the Document box); its id, or
@@ -317,7 +325,7 @@ class EvaluateMode(Mode):
             folder.mkdir(parents=True, exist_ok=True)
             written, rows = [], []
             for index, run in self.runs():
-                path = run.save(folder / f"eval-{index + 1}-{run.strategy['name']}.json")
+                path = run.save(folder / evaluation_csv.file_name(index, run.strategy))
                 written.append(path)
                 rows.append(evaluation_csv.summary_row(run, str(path)))
             return [*written, evaluation_csv.write_summary_csv(rows, folder / "summary.csv")]
