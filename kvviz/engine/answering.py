@@ -20,7 +20,8 @@ The regimes (`qa.REGIMES`):
 
 Work is shared where the result is the same: a prefill from empty is read once for every cache that can
 (`shared_prefill`), the configurations write their answers together, one batch row each (`cache_rows`), and a
-decode-time reading feeds each token to all of them in one forward. An answer ends at the end-of-sequence token,
+decode-time reading feeds each token to all of them in one forward; a quantized cache is dequantized once per
+quantization (`dequantize_memo`). An answer ends at the end-of-sequence token,
 at its token limit, or, outside the multi-turn regime, as soon as it holds every reference (its score cannot change
 after that; what it had written is the answer shown).
 
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvviz.engine import cache_rows
+from kvviz.engine import cache_rows, dequantize_memo
 from kvviz.engine.cache_run import CacheRun
 from kvviz.engine.geometry import Geometry
 from kvviz.engine.models import LoadedModel
@@ -138,7 +139,7 @@ class Asking:
                 self._at = (index, regime)
                 started = time.perf_counter()
                 try:
-                    with torch.inference_mode():
+                    with torch.inference_mode(), dequantize_memo.memoized():
                         steps[regime](index, item)
                 except Stopped:
                     return

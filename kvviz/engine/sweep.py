@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from kvviz.engine import machine
+from kvviz.engine import dequantize_memo, machine
 from kvviz.engine.answering import Asking
 from kvviz.engine.cache_run import CacheRun
 from kvviz.engine.evaluate import Evaluation, prompt_tokens
@@ -321,17 +321,19 @@ class SweepRun:
                 e.result.cancelled = True
 
     def _read(self, evaluations: list[Evaluation]) -> None:
-        """Read the text through these evaluations' caches: together when there are several, else alone."""
-        if len(evaluations) > 1:
-            for _ in evaluate_together(evaluations, share=True):
-                self.on_progress()
-        else:
-            e = evaluations[0]
-            try:
-                for _ in e:
+        """Read the text through these evaluations' caches: together when there are several, else alone (a quantized
+        cache dequantized once per quantization: `dequantize_memo`)."""
+        with dequantize_memo.memoized():
+            if len(evaluations) > 1:
+                for _ in evaluate_together(evaluations, share=True):
                     self.on_progress()
-            except Exception as exc:  # noqa: BLE001 - this configuration's own failure, reported in its row
-                e.result.error = failure(f"{e.result.label()} in the sweep", exc)
+            else:
+                e = evaluations[0]
+                try:
+                    for _ in e:
+                        self.on_progress()
+                except Exception as exc:  # noqa: BLE001 - this configuration's own failure, reported in its row
+                    e.result.error = failure(f"{e.result.label()} in the sweep", exc)
         for e in evaluations:
             if e.started and not e.result.error and len(e.result.records) < e.predictions:
                 e.result.cancelled = True

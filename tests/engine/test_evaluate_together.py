@@ -61,7 +61,7 @@ def test_evicting_strategies_read_together_predict_as_alone(tiny_model, family):
 
 
 def test_on_the_default_model_the_rows_predict_as_alone(default_model):
-    ids, record = document_ids(default_model, 64)
+    ids, record = document_ids(default_model, 40)
     specs = [("sliding", {"window": 24}), ("sink", {"sink_tokens": 4, "window": 20}), ("h2o", {"budget": 24})]
     alone, _ = run_all(default_model, specs, ids, record, together=False)
     together, _ = run_all(default_model, specs, ids, record, together=True)
