@@ -14,6 +14,7 @@ packed payload, its scale and its shift). HQQ stores ``(W_q, meta)``: `W_q` plus
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterable
 
@@ -69,26 +70,46 @@ class StorageCounter:
             storage = tensor.untyped_storage()
             if storage.nbytes() == 0:
                 continue
-            key = (str(tensor.device), storage.data_ptr())
+            key = (tensor.device, storage.data_ptr())
             if key not in self.seen:
                 self.seen.add(key)
                 total += storage.nbytes()
         return total
 
 
+# What measuring reads from a layer, by its class: several of the classes are abstract (ABC), whose isinstance checks
+# are slow, and every layer is measured at every step; a class's kind is worked out once.
+SHARED, STATE, QUANTIZED, STATIC_SLIDING, STATIC, KVVIZ, DYNAMIC, UNKNOWN = range(8)
+
+
+@functools.cache
+def _kind(layer_class: type) -> int:
+    if issubclass(layer_class, DummyLayer):  # a KV-shared layer (or one without attention): nothing of its own
+        return SHARED
+    if issubclass(layer_class, StateBesideLayers) or (issubclass(layer_class, LinearAttentionCacheLayerMixin)
+                                                      and not issubclass(layer_class, (DynamicLayer, StaticLayer))):
+        return STATE  # a linear-attention or state-space layer without attention of its own (not a hybrid one)
+    for kind, base in ((QUANTIZED, BaseQuantizedLayer), (STATIC_SLIDING, StaticSlidingWindowLayer),
+                       (STATIC, StaticLayer), (KVVIZ, KvvizLayer), (DYNAMIC, DynamicLayer)):
+        if issubclass(layer_class, base):
+            return kind
+    return UNKNOWN
+
+
 def held_tokens(layer) -> int:
     """Tokens a cache layer holds (in each KV head; a quantized layer's quantized and residual ones together)."""
-    if isinstance(layer, DummyLayer) or _state_only(layer) or not layer.is_initialized:
+    kind = _kind(type(layer))
+    if kind in (SHARED, STATE) or not layer.is_initialized:
         return 0
-    if isinstance(layer, BaseQuantizedLayer):
+    if kind == QUANTIZED:
         return layer.cumulative_length
-    if isinstance(layer, StaticSlidingWindowLayer):
+    if kind == STATIC_SLIDING:
         return min(layer.cumulative_length_int, layer.max_cache_len)
-    if isinstance(layer, StaticLayer):
+    if kind == STATIC:
         return int(layer.cumulative_length)
-    if isinstance(layer, KvvizLayer):
+    if kind == KVVIZ:
         return layer.tokens_held()
-    if isinstance(layer, DynamicLayer):
+    if kind == DYNAMIC:
         return layer.keys.shape[-2] if layer.keys is not None and layer.keys.dim() == 4 else 0
     raise TypeError(f"kvviz cannot measure cache layers of type {type(layer).__name__}")
 
@@ -100,15 +121,16 @@ def measure_layer(layer, counter: StorageCounter, seen: int, carried: Carried | 
     slot states out (reading which positions an evicting layer holds costs milliseconds once its choices are
     scattered)."""
     held = held_tokens(layer)
-    if isinstance(layer, DummyLayer):  # a KV-shared layer (or one without attention): nothing of its own
+    kind = _kind(type(layer))
+    if kind == SHARED:  # a KV-shared layer (or one without attention): nothing of its own
         return LayerRecord(0, 0, 0, 0, spans=[[int(SlotState.SHARED), seen]] if slots and seen else [])
-    if _state_only(layer):  # no keys, no values: a convolution and a recurrent state of fixed size
+    if kind == STATE:  # no keys, no values: a convolution and a recurrent state of fixed size
         states = _state_tensors(layer)
         state = counter.bytes_of(states)
         spans = [[int(SlotState.STATE), seen]] if slots and seen else []
         return LayerRecord(0, 0, 0, 0, storage={"state": state} if state else {}, spans=spans, state_bytes=state,
                            state_shapes=[list(t.shape) for t in states] or None)
-    if isinstance(layer, BaseQuantizedLayer):
+    if kind == QUANTIZED:
         q_keys, q_values = counter.bytes_of(layer._quantized_keys), counter.bytes_of(layer._quantized_values)
         r_keys, r_values = counter.bytes_of(layer.keys), counter.bytes_of(layer.values)
         residual = layer.keys.shape[-2] if layer.keys is not None and layer.keys.dim() == 4 else 0
@@ -117,11 +139,12 @@ def measure_layer(layer, counter: StorageCounter, seen: int, carried: Carried | 
         states = [(SlotState.QUANTIZED, held - residual), (SlotState.RESIDUAL, residual)]
     else:
         keys, values = counter.bytes_of(layer.keys), counter.bytes_of(layer.values)
-        capacity = layer.max_cache_len if isinstance(layer, StaticLayer) and layer.is_initialized else held
+        capacity = layer.max_cache_len if kind in (STATIC, STATIC_SLIDING) and layer.is_initialized else held
         record = LayerRecord(keys, values, held, capacity, storage={"full": keys + values})
         record.indexer_bytes = counter.bytes_of(getattr(layer, "indexer_keys", None))
-        record.state_bytes = counter.bytes_of(_state_tensors(layer))
-        record.state_shapes = [list(t.shape) for t in _state_tensors(layer)] or None
+        states = _state_tensors(layer)
+        record.state_bytes = counter.bytes_of(states)
+        record.state_shapes = [list(t.shape) for t in states] or None
         extra = {"indexer": record.indexer_bytes, "state": record.state_bytes}
         record.storage.update({kind: count for kind, count in extra.items() if count})
         states = [(SlotState.FULL, held)]
@@ -136,7 +159,7 @@ def _state_tensors(layer) -> list[torch.Tensor]:
     """The convolution and recurrent states a linear-attention or state-space layer holds (none for other layers)."""
     if isinstance(layer, StateBesideLayers):
         return layer.tensors
-    if not isinstance(layer, LinearAttentionCacheLayerMixin):
+    if not _linear_attention(type(layer)):
         return []
     held = [*layer.conv_states.values(), *layer.recurrent_states.values()]
     return [tensor for tensor in held if isinstance(tensor, torch.Tensor)]
@@ -144,8 +167,9 @@ def _state_tensors(layer) -> list[torch.Tensor]:
 
 def _layer_spans(layer, held: int, states, seen: int, carried: Carried | None):
     """The cache map of one layer over positions 0 .. seen-1 (`held_positions.spans`)."""
-    if isinstance(layer, KvvizLayer) or carried is not None:
-        slots = layer.held_slots() if isinstance(layer, KvvizLayer) else states
+    own = _kind(type(layer)) == KVVIZ
+    if own or carried is not None:
+        slots = layer.held_slots() if own else states
         return held_positions.spans(layer_positions(layer, held, seen, carried), slots, seen)
     # filled by the run from the first token: the newest `held` tokens seen
     runs = [(SlotState.EVICTED, seen - held), *states]
@@ -155,7 +179,7 @@ def _layer_spans(layer, held: int, states, seen: int, carried: Carried | None):
 def layer_positions(layer, held: int, seen: int, carried: Carried | None) -> torch.Tensor:
     """The positions (0 .. seen-1) of the tokens a layer holding `held` of them keeps, ``[kv_heads or 1, held]`` in
     key order (one row when every KV head holds the same)."""
-    if isinstance(layer, KvvizLayer):
+    if _kind(type(layer)) == KVVIZ:
         return layer.held_positions()
     if carried is not None:  # what the switch moved in, then what was fed since: the newest `held` of them
         fed = held_positions.fed_positions(carried, seen)
@@ -217,16 +241,15 @@ def tokens_dropped(cache, seen: int, windows: tuple[int | None, ...]) -> int:
                 for layer, window in zip(cache_layers(cache), windows, strict=True) if _keeps_tokens(layer)), default=0)
 
 
-def _state_only(layer) -> bool:
-    """A linear-attention or state-space layer without attention of its own (not a hybrid one)."""
-    if isinstance(layer, StateBesideLayers):
-        return True
-    return isinstance(layer, LinearAttentionCacheLayerMixin) and not isinstance(layer, (DynamicLayer, StaticLayer))
+@functools.cache
+def _linear_attention(layer_class: type) -> bool:
+    """Whether layers of this class hold a linear-attention or state-space layer's states (hybrids too)."""
+    return issubclass(layer_class, LinearAttentionCacheLayerMixin)
 
 
 def _keeps_tokens(layer) -> bool:
     """Whether the layer holds keys and values of the tokens it has seen (state and KV-shared layers hold none)."""
-    return not (isinstance(layer, DummyLayer) or _state_only(layer)) and layer.is_initialized
+    return _kind(type(layer)) not in (SHARED, STATE) and layer.is_initialized
 
 
 def policy_bytes(cache) -> int:
@@ -234,7 +257,7 @@ def policy_bytes(cache) -> int:
     a policy of their own."""
     counter = StorageCounter()
     return sum(counter.bytes_of(layer.policy_tensors()) for layer in getattr(cache, "layers", ())
-               if isinstance(layer, KvvizLayer))
+               if _kind(type(layer)) == KVVIZ)
 
 
 def weight_read_bytes(model) -> int:
@@ -256,7 +279,7 @@ def weight_read_bytes(model) -> int:
 
 def scoring_ms(cache) -> float | None:
     """Milliseconds the cache's layers spent choosing what to keep since last asked; None if none of them chooses."""
-    spent = [layer.take_scoring_ms() for layer in getattr(cache, "layers", ()) if isinstance(layer, KvvizLayer)]
+    spent = [layer.take_scoring_ms() for layer in getattr(cache, "layers", ()) if _kind(type(layer)) == KVVIZ]
     spent = [ms for ms in spent if ms is not None]
     return sum(spent) if spent else None
 

@@ -26,6 +26,7 @@ class RunStore(QObject):
     sigRunEnded = Signal(int, str)  # run id, final status; its last records are drawn
     sigRunRemoved = Signal(int)  # a run withdrawn (refused before it started): it leaves every view
     sigShownChanged = Signal(list)  # the ids of the runs the plots overlay
+    sigTaking = Signal()  # the redraw takes the records that arrived, now: producers may announce the next ones
 
     def __init__(self, parent: QObject | None = None):
         super().__init__(parent)
@@ -152,10 +153,12 @@ class RunStore(QObject):
 
     def sync(self) -> None:
         """Move every arrived record into its run's buffers (the redraw calls this first)."""
-        for run_id in self._arrived:
+        arrived, self._arrived = self._arrived, set()
+        if arrived:
+            self.sigTaking.emit()  # before the traces are read: a record appended while they are is announced
+        for run_id in arrived:
             if self._runs[run_id].sync():
                 self._changed.add(run_id)
-        self._arrived.clear()
 
     def take_changed(self) -> set[int]:
         """The runs whose numbers or status changed since the last call (rows to refresh)."""

@@ -16,13 +16,15 @@ GUARDED = (QComboBox, QAbstractSpinBox)
 
 class WheelGuard(QObject):
     def eventFilter(self, obj, event) -> bool:  # noqa: N802 - Qt override
+        if not isinstance(obj, GUARDED):  # most events, and the cheapest test: every event of the window passes here
+            return False
         kind = event.type()
-        if kind in (QEvent.Type.Polish, QEvent.Type.Show) and isinstance(obj, GUARDED):
+        if kind in (QEvent.Type.Polish, QEvent.Type.Show):
             # a click or Tab gives focus, a passing wheel does not (Qt gives a WheelFocus field the focus
             # before any event filter sees the wheel)
             if obj.focusPolicy() == Qt.FocusPolicy.WheelFocus:
                 obj.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
-        elif kind == QEvent.Type.Wheel and isinstance(obj, GUARDED) and not obj.hasFocus():
+        elif kind == QEvent.Type.Wheel and not obj.hasFocus():
             area = _scroll_area(obj)
             if area is not None:
                 bar = area.verticalScrollBar()

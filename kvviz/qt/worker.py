@@ -70,6 +70,9 @@ class Worker(QObject):
     sigModelFailed = Signal(str, str)  # spec, user-facing message
     sigRunStarted = Signal(int, object)  # run id, the decoder's Trace (its steps fill as the run goes)
     sigStep = Signal(int, object)  # run id, the StepRecord just appended to that trace
+    # run id: records were appended to its trace, and nobody was told since the window last took them
+    # (`records_wanted`); once a frame, where sigStep, queued to the window, woke its thread at every token
+    sigRecords = Signal(int)
     sigRunFinished = Signal(int, object)  # run id, the same Trace, complete (cancelled or not)
     sigRunFailed = Signal(int, str)  # run id, user-facing message (the trace, if any, carries it too)
     sigSwitchAccepted = Signal(str)  # strategy: it takes over at the next step
@@ -91,6 +94,7 @@ class Worker(QObject):
         self._cancelled: set[int] = set()
         self._stopping = False
         self._attention = False  # the attention view is on screen: runs compute it
+        self._records_wanted = True  # the window takes records: sigRecords announces the next ones
 
     # -- any thread ---------------------------------------------------------------------------------
 
@@ -101,6 +105,11 @@ class Worker(QObject):
                 self._cancelled.add(run_id)
             if self._decoder is not None and (run_id is None or run_id == self._run_id):
                 self._decoder.cancel()
+
+    def records_wanted(self) -> None:
+        """The window is taking the records announced: announce the next ones (called before it reads the trace,
+        so that a record appended meanwhile is announced, never left unseen)."""
+        self._records_wanted = True
 
     def shutdown(self) -> None:
         """Cancel everything and make a model load in progress give up at its next progress report."""
@@ -264,12 +273,16 @@ class Worker(QObject):
                     decoder.cancel()
             if self._attention:
                 self._apply_attention(decoder, run_id)
+            self._records_wanted = True  # a new run: its first record is announced
             kept = unsaved.trace_journal(run_id, decoder.trace)  # on disk as it is measured, until the window closes
             self.sigRunStarted.emit(run_id, decoder.trace)
             for step in decoder:
                 if self._notice:  # a step came: the pause it announced is over
                     self._notify(run_id, "")
                 self.sigStep.emit(run_id, step)
+                if self._records_wanted:
+                    self._records_wanted = False
+                    self.sigRecords.emit(run_id)
                 if kept is not None:
                     kept.update()
                 self.desk.serve()

@@ -44,7 +44,8 @@ class LocalRuns(QObject):
         # before the window's own slots: the store is current when they run
         worker.sigModelLoaded.connect(self._send_preflight)  # another model: another tokenizer, other limits
         worker.sigRunStarted.connect(self._on_run_started)
-        worker.sigStep.connect(self._on_step)
+        worker.sigRecords.connect(self._on_records)
+        store.sigTaking.connect(self._on_taking)
         worker.sigRunFinished.connect(self._on_run_finished)
         worker.sigRunFailed.connect(self._on_run_failed)
         worker.sigPreflight.connect(self._on_preflight)
@@ -97,8 +98,11 @@ class LocalRuns(QObject):
         self.store.attach(run_id, trace)
         self.store.set_status(run_id, RUNNING)
 
-    def _on_step(self, run_id: int, step) -> None:
+    def _on_records(self, run_id: int) -> None:
         self.store.records_arrived(run_id)
+
+    def _on_taking(self) -> None:
+        self.worker.records_wanted()  # a call from this thread: the worker's own is busy decoding
 
     def _on_run_finished(self, run_id: int, trace: Trace) -> None:
         self.store.end(run_id, final_status(trace))
