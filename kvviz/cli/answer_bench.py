@@ -70,7 +70,7 @@ def command(args) -> int:
         raise UsageError(str(exc)) from None
     for choice in choices:  # one-off kernel builds before the clock
         try:
-            CacheRun(loaded.model, choice, args.length).warm_up(common.log)
+            CacheRun(loaded.model, choice, args.length, loaded.tokenizer).warm_up(common.log)
         except OptionError as exc:
             common.log(f"{choice.label()} cannot run here: {exc}")
     figures = {"model": loaded.card["name"], "items": len(items), "length": args.length,

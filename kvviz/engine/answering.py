@@ -228,7 +228,7 @@ class Asking:
         return runs
 
     def _run(self, choice: StrategyChoice, capacity: int) -> CacheRun:
-        return CacheRun(self.model, choice, capacity, self.tokenizer)  # KVzip writes its own text to read
+        return CacheRun(self.model, choice, capacity, tokenizer=self.tokenizer)  # KVzip writes its own text to read
 
     def _refuse(self, i: int, exc: Exception) -> None:
         """Record configuration i's failure for the questions of the item being asked that it has not answered in
