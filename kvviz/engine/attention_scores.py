@@ -72,13 +72,15 @@ def answered_with(layer_index: int, returned: list[torch.Tensor], used: torch.Te
 
 @contextmanager
 def one_forward() -> Iterator[None]:
-    """Around one forward: the requests made inside and still unanswered at its end are dropped."""
+    """Around one forward: the requests made inside and still unanswered at its end are dropped, and the last
+    attention computed (`attention_received`) with them."""
     try:
         yield
     finally:
         pending = getattr(_local, "pending", None)
         if pending:
             pending.clear()
+        _local.received = None
 
 
 @contextmanager
@@ -172,6 +174,19 @@ def install(model) -> None:
 
 
 def attention_received(query: torch.Tensor, key: torch.Tensor, mask, scaling: float, last: int) -> torch.Tensor:
+    """`_received` (below), computed once for the consumers of one layer's attention that ask the same: two H2O caches
+    fed one shared prefill each sum every query's attention. The last result is kept, with the very tensors it was
+    computed from (held, so that no other tensor can take their identity), until another is asked or the forward
+    ends (`one_forward`); consumers read it and never write into it."""
+    kept = getattr(_local, "received", None)
+    if kept is not None and kept[0] is query and kept[1] is key and kept[2] is mask and kept[3] == (scaling, last):
+        return kept[4]
+    total = _received(query, key, mask, scaling, last)
+    _local.received = (query, key, mask, (scaling, last), total)
+    return total
+
+
+def _received(query: torch.Tensor, key: torch.Tensor, mask, scaling: float, last: int) -> torch.Tensor:
     """Attention probabilities of the `last` newest queries on each key, summed over those queries.
 
     `query` ``[batch, heads, new, head_dim]``, `key` ``[batch, kv_heads, keys, head_dim]``. Without a mask,

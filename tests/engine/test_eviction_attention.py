@@ -12,7 +12,7 @@ from transformers import DynamicCache
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
 from kvviz.engine import decode, models, strategies
-from kvviz.engine.attention_scores import attention_received
+from kvviz.engine.attention_scores import attention_received, one_forward
 from kvviz.files import trace as trace_format
 from kvviz.files.trace import ATTENTION_SINK_POSITIONS, SlotState
 
@@ -51,6 +51,20 @@ def test_attention_received_equals_eager(new, past):
     # only the newest query
     newest = grouped(eager_weights(query, key, causal)[:, :, -1:])
     torch.testing.assert_close(attention_received(query, key, causal == 0, SCALE, last=1), newest)
+
+
+def test_consumers_asking_the_same_attention_share_one_computation_within_a_forward():
+    torch.manual_seed(0)
+    query, key = torch.randn(1, HEADS, 5, DIM), torch.randn(1, KV_HEADS, 20, DIM)
+    mask = causal_additive(5, 20) == 0
+    with one_forward():
+        first = attention_received(query, key, mask, SCALE, last=5)
+        assert attention_received(query, key, mask, SCALE, last=5) is first  # a second H2O cache of the prefill
+        newest = attention_received(query, key, mask, SCALE, last=1)  # another question: computed
+        torch.testing.assert_close(newest, grouped(eager_weights(query, key, causal_additive(5, 20))[:, :, -1:]))
+        assert attention_received(query.clone(), key, mask, SCALE, last=1) is not newest  # other tensors
+    with one_forward():
+        assert attention_received(query, key, mask, SCALE, last=5) is not first  # a forward's results end with it
 
 
 def feed(layer, n, query_heads=HEADS, seed=0):
