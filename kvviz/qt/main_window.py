@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QSettings, Qt, Signal
+from PySide6.QtCore import QEvent, QSettings, Qt, Signal
 from PySide6.QtWidgets import QApplication, QMainWindow, QVBoxLayout, QWidget
 
 from kvviz.present import counted
@@ -30,7 +30,7 @@ from kvviz.qt.mode_api import Mode
 from kvviz.qt.model_host import ModelHost
 from kvviz.qt.panels.runs import RunsTable
 from kvviz.qt.panels.tokens import TokenView
-from kvviz.qt.redraw import RedrawScheduler
+from kvviz.qt.redraw import PaintClock, RedrawScheduler
 from kvviz.qt.run_store import RunStore
 from kvviz.qt.runs_height import RunsHeightKeeper
 from kvviz.qt.status import ErrorBar, StatusLine, state_words, window_figures
@@ -260,6 +260,12 @@ class MainWindow(QMainWindow):
             self.shutdown()
             unsaved.remove_own()  # closed normally: what was not saved goes with the window, as always
         event.accept()
+
+    def event(self, event: QEvent) -> bool:
+        if event.type() != QEvent.Type.UpdateRequest:
+            return super().event(event)
+        with PaintClock.timing():  # every widget's painting: the redraw budget counts it
+            return super().event(event)
 
     def say_left_behind(self) -> list:
         """Say where the runs, evaluations, chats and sweeps of a window that ended without closing are kept; returns

@@ -15,11 +15,10 @@ beside it on this 2-core machine; the parts hold it for one plot's worth each.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from PySide6.QtCore import QObject, QTimer
-
-from kvviz.qt.plots.base import PaintClock
 
 REDRAW_INTERVAL_MS = 1000.0 / 30.0  # at most ~30 redraws a second
 # and at most this share of wall time spent redrawing and painting: on 2 cores the GUI thread's time
@@ -27,6 +26,28 @@ REDRAW_INTERVAL_MS = 1000.0 / 30.0  # at most ~30 redraws a second
 REDRAW_BUDGET = 0.04
 
 Part = Callable[[], None]
+
+
+class PaintClock:
+    """Milliseconds the window spent painting since the last `take()`: every widget of it, plots, labels and
+    tables alike, paints when Qt syncs the window's backing store on the UpdateRequest event the window receives
+    (`MainWindow.event` times it), so a frame's cost counts all the painting it causes."""
+
+    spent_ms = 0.0
+
+    @classmethod
+    def take(cls) -> float:
+        spent, cls.spent_ms = cls.spent_ms, 0.0
+        return spent
+
+    @classmethod
+    @contextmanager
+    def timing(cls) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            cls.spent_ms += (time.perf_counter() - started) * 1000.0
 
 
 class RedrawScheduler(QObject):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import QTimer
 
-from kvviz.qt.redraw import RedrawScheduler
+from kvviz.qt.redraw import PaintClock, RedrawScheduler
 
 
 class Frames:
@@ -76,3 +76,14 @@ def test_redraw_then_answers_once_a_frame_begun_after_the_request_is_drawn_in_pa
     scheduler.schedule()
     qtbot.waitUntil(lambda: len(done) == 2, timeout=5000)
     assert done[1] == ["1a", "1b", "1c", "2a", "2b", "2c"]
+
+
+def test_the_window_counts_all_its_painting_not_only_the_plots(window, qtbot):
+    """The redraw budget's painting: a label's repaint (no plot) is counted, from the window's backing-store sync."""
+    window.show()
+    qtbot.waitExposed(window)
+    qtbot.wait(50)
+    PaintClock.take()
+    assert PaintClock.take() == 0.0
+    window.statusBar().showMessage("a message that repaints the status bar")
+    qtbot.waitUntil(lambda: PaintClock.spent_ms > 0.0, timeout=2000)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import html
 import re
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -58,24 +57,6 @@ class IntegerAxis(pg.AxisItem):
         return [(max(1.0, round(spacing)), offset) for spacing, offset in levels[:1]]
 
 
-class PaintClock:
-    """Milliseconds spent painting plots since the last `take()` (the window budgets redraws by it)."""
-
-    spent_ms = 0.0
-
-    @classmethod
-    def take(cls) -> float:
-        spent, cls.spent_ms = cls.spent_ms, 0.0
-        return spent
-
-
-class TimedPlotWidget(pg.PlotWidget):
-    def paintEvent(self, event):  # noqa: N802 - Qt override
-        started = time.perf_counter()
-        super().paintEvent(event)
-        PaintClock.spent_ms += (time.perf_counter() - started) * 1000.0
-
-
 class PlotPanel(QWidget):
     title = ""
     integer_axes: tuple[str, ...] = ()
@@ -95,7 +76,7 @@ class PlotPanel(QWidget):
         self.head.addWidget(self.title_label, 1)
         self.legend_bar = LegendBar()
         axes = {name: IntegerAxis(name) for name in self.integer_axes}
-        self.widget = TimedPlotWidget(axisItems=axes)
+        self.widget = pg.PlotWidget(axisItems=axes)
         self.widget.setMinimumHeight(LEGEND_AND_PLOT_MIN_HEIGHT)
         self.plot: pg.PlotItem = self.widget.getPlotItem()
         self.plot.setMenuEnabled(False)
