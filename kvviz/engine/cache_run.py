@@ -196,8 +196,8 @@ class CacheRun:
         dynamic = choose("dynamic")
         refused = self.switch_refusal(dynamic)
         stoppable = [layer for layer in layers_of(self.cache) if isinstance(layer, EvictionLayer)]
-        if refused is None or not stoppable:
-            self.switch(dynamic)  # raises the refusal's reason where there is one
+        if refused is None or not stoppable:  # a cache without eviction layers is switched, as it always was
+            self.switch(dynamic)
             return
         for layer in stoppable:
             layer.stop()

@@ -22,7 +22,8 @@ from PySide6.QtCore import QObject, QTimer
 
 REDRAW_INTERVAL_MS = 1000.0 / 30.0  # at most ~30 redraws a second
 # and at most this share of wall time spent redrawing and painting: on 2 cores the GUI thread's time
-# comes out of torch's threads; at 0.10 the window decoded at 0.81 of plain model.generate, at 0.04 at 0.92
+# comes out of torch's threads; at 0.10 the window decoded at 0.81 of plain model.generate, at 0.04 at 0.92 (both
+# measured when only the plots' painting was counted; `PaintClock` now counts every widget's)
 REDRAW_BUDGET = 0.04
 
 Part = Callable[[], None]
