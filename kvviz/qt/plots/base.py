@@ -76,10 +76,10 @@ class PlotPanel(QWidget):
         self.head.addWidget(self.title_label, 1)
         self.legend_bar = LegendBar()
         axes = {name: IntegerAxis(name) for name in self.integer_axes}
-        self.widget = pg.PlotWidget(axisItems=axes)
+        # no context menus: built at the start and never shown, pyqtgraph's menus took a fifth of the window's start
+        self.widget = pg.PlotWidget(axisItems=axes, enableMenu=False)
         self.widget.setMinimumHeight(LEGEND_AND_PLOT_MIN_HEIGHT)
         self.plot: pg.PlotItem = self.widget.getPlotItem()
-        self.plot.setMenuEnabled(False)
         self.plot.hideButtons()
         for name in ("left", "bottom"):
             self.plot.getAxis(name).enableAutoSIPrefix(False)
