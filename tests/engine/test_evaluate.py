@@ -42,9 +42,17 @@ def alice_256(default_model):
     return ids, record, full_forward_nll(default_model, ids)
 
 
+TOKEN_BY_TOKEN = 65  # tokens of the document read one forward per token on the default model: a quarter of it
+
+
+def first(alice, n):
+    """The document's first `n` tokens, its record and the reference NLL of their n - 1 predictions."""
+    ids, record, reference = alice
+    return ids[:n], {**record, "tokens": n}, reference[: n - 1]
+
+
 def test_dynamic_token_by_token_equals_one_full_forward(default_model, alice_256):
-    ids, record, reference = alice_256
-    ids, record, reference = ids[:129], {**record, "tokens": 129}, reference[:128]  # one forward per token: fewer
+    ids, record, reference = first(alice_256, TOKEN_BY_TOKEN)
     nll, evaluation = nll_of(default_model, "dynamic", {}, ids, record, chunk=1)
     assert evaluation.result.method == {"mode": "token-by-token", "chunk": 1}
     assert float((nll - reference).abs().max()) < TOLERANCE
@@ -67,8 +75,7 @@ def test_chunked_dynamic_equals_one_full_forward(default_model, alice_256):
     "name,options", [("static", {}), ("sliding", {"window": 4096}), ("sink", {"sink_tokens": 4, "window": 4096})]
 )
 def test_strategies_that_keep_every_token_equal_dynamic(default_model, alice_256, name, options):
-    ids, record, reference = alice_256
-    ids, record, reference = ids[:97], {**record, "tokens": 97}, reference[:96]
+    ids, record, reference = first(alice_256, TOKEN_BY_TOKEN)
     nll, evaluation = nll_of(default_model, name, options, ids, record)
     assert float((nll - reference).abs().max()) < TOLERANCE
     assert evaluation.result.first_eviction is None

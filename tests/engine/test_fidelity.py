@@ -21,7 +21,7 @@ PASSAGE = (
     "cheap, identical, portable page changed how knowledge was kept and shared. "
 )
 PROMPT = PASSAGE + "Summarise the passage above in three sentences."
-NEW_TOKENS = 24
+NEW_TOKENS = 18  # past the quantized caches' residual of 16: they quantize again while decoding
 
 
 @pytest.fixture(scope="module")
