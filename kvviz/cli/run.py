@@ -44,12 +44,14 @@ def _trace_path(args, strategy: str) -> Path | None:
 
 def command(args) -> int:
     prompt = common.read_prompt(args)
-    from kvviz.engine import decode, models
-
+    # the strategy first: its check imports torch alone, so that a misspelt name, or Ctrl-C while torch loads, ends
+    # kvviz before the seconds of importing transformers
     choice = common.strategy_choice(args)
     switches = common.parse_switches(args.switch_at)
     settings = common.generation_settings(args)
     trace_path = _trace_path(args, choice.name)
+    from kvviz.engine import decode, models
+
     loaded = models.load_model(args.model, dtype=args.dtype, device=args.device, progress=common.progress)
     common.check_switch_order(choice, switches, loaded.model)
     decoder = decode.Decoder(loaded, choice, settings, prompt, reference=args.reference, notify=common.notice)
