@@ -11,7 +11,7 @@ from .families import CONFIGS, tiny_family
 LONG_PROMPT = " ".join(["The cache grows by one token at every step of decoding."] * 6)
 
 
-def run(loaded, name, options=None, new_tokens=40, prompt=LONG_PROMPT):
+def run(loaded, name, options=None, new_tokens=24, prompt=LONG_PROMPT):
     settings = decode.GenerationSettings(max_new_tokens=new_tokens, raw=True, stop_at_eos=False)
     decoder = decode.Decoder(loaded, strategies.choose(name, options or {}), settings, prompt)
     return list(decoder), decoder
