@@ -6,6 +6,7 @@ import torch
 import transformers
 
 from kvviz.engine import model_cache, model_files, models
+from tests.engine.tiny_gguf import write_tiny_gguf
 
 
 def test_default_model_card(default_model):
@@ -22,8 +23,12 @@ def test_default_model_card(default_model):
 def test_local_directory_and_gguf_file(tmp_path, default_model):
     directory = model_cache.default_cache_dir()
     assert models.load_model(str(directory)).card["num_layers"] == 30
-    gguf = model_cache.default_gguf_path()
-    assert models.load_model(str(gguf)).card["architecture"] == "LlamaForCausalLM"
+    # a GGUF of two layers, read in a second (the default model's 4-bit GGUF goes through the same load_gguf in every
+    # conversion of test_model_cache)
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
+    card = models.load_model(str(gguf)).card
+    assert card["architecture"] == "LlamaForCausalLM" and card["num_layers"] == 2
+    assert card["weights"] == "tiny.gguf: GGUF weights, de-quantized to float32"
 
 
 def test_dtype_option(tiny_model):
