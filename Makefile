@@ -36,7 +36,7 @@ lint: $(STAMP)
 # One pytest worker per core (at most 4; each loads its own models), a test module's tests on one worker so that its
 # shared fixtures are built once
 test: lint
-	HF_HUB_OFFLINE=1 QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -n auto --maxprocesses=4 --dist loadscope
+	HF_HUB_OFFLINE=1 QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -n auto --maxprocesses=4 --dist loadscope --no-loadscope-reorder
 
 # A tiny model of every causal-LM family in the installed transformers: the predicted cache equals the measured one
 # at every step, or the prediction says unknown (a few minutes; -rs lists the families skipped and why)

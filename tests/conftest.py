@@ -66,3 +66,59 @@ def _threads_are_joined(request):
             break
         time.sleep(0.05)
     assert not left, f"threads left running by the test: {[t.name for t in left]}"
+
+
+
+# -- the order the xdist workers take the modules in ---------------------------------------------------------------
+# `make test` runs each module on one worker (--dist loadscope) and takes the modules in the order this hook leaves
+# them (--no-loadscope-reorder). xdist's own order, most tests first, leaves for the end the modules of one or two
+# slow tests (a benchmark, a subprocess) while the other worker has nothing left to do. Here the modules go longest
+# first, by the seconds each took the last time it ran (kept in pytest's cache); a module not timed yet goes first,
+# most tests first, which is the whole order on a fresh checkout.
+SECONDS_KEY = "kvviz/module_seconds"
+
+
+def _scope(nodeid: str) -> str:
+    return nodeid.rsplit("::", 1)[0]  # as xdist's loadscope groups tests: a module, or a class of one
+
+
+def pytest_collection_modifyitems(config, items):
+    cache = getattr(config, "cache", None)
+    if cache is None or not hasattr(config, "workerinput"):  # a run without workers keeps the files' order
+        return
+    timed = cache.get(SECONDS_KEY, {})
+    count: dict[str, int] = {}
+    for item in items:
+        count[_scope(item.nodeid)] = count.get(_scope(item.nodeid), 0) + 1
+
+    def longest_first(item) -> tuple:
+        scope = _scope(item.nodeid)
+        if scope not in timed:
+            return (0, -count[scope])
+        seconds, tests = timed[scope]
+        return (1, -seconds * count[scope] / max(tests, 1))  # a run of some of its tests counts pro rata
+
+    items.sort(key=longest_first)  # stable: a module's tests keep their order
+
+
+class ModuleSeconds:
+    """Adds up the seconds of each module's tests as the workers report them, and keeps them in the cache."""
+
+    def __init__(self, cache):
+        self.cache = cache
+        self.seconds: dict[str, list] = {}
+
+    def pytest_runtest_logreport(self, report):
+        entry = self.seconds.setdefault(_scope(report.nodeid), [0.0, 0])
+        entry[0] += report.duration
+        entry[1] += report.when == "teardown"  # one per test run
+
+    def pytest_sessionfinish(self):
+        if self.seconds:
+            self.cache.set(SECONDS_KEY, {**self.cache.get(SECONDS_KEY, {}), **self.seconds})
+
+
+def pytest_configure(config):
+    cache = getattr(config, "cache", None)
+    if cache is not None and not hasattr(config, "workerinput"):  # the process that gathers every test's report
+        config.pluginmanager.register(ModuleSeconds(cache), "kvviz-module-seconds")
