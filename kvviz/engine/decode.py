@@ -125,6 +125,9 @@ class Decoder:
         # what this cache does to a prompt it cannot keep whole (None: it keeps it), for the front ends to say
         self.prompt_note = get(choice.name).prompt_note(choice.options, self.prompt_tokens)
         self._cancel = threading.Event()
+        # The compile a Stop left finishing on its own thread (it cannot be interrupted): whoever must not exit the
+        # process or start the next test under it joins it.
+        self.stopped_compile: threading.Thread | None = None
         self._lock = threading.Lock()
         self._pending: StrategyChoice | None = None
         self.trace = Trace(
@@ -368,10 +371,12 @@ class Decoder:
             finally:
                 done.set()
 
-        threading.Thread(target=warm, name="kvviz-compile", daemon=True).start()
+        thread = threading.Thread(target=warm, name="kvviz-compile", daemon=True)
+        thread.start()
         while not done.wait(0.1) and not self._cancel.is_set():
             pass
         if self._cancel.is_set():
+            self.stopped_compile = thread
             return None
         if failures:
             raise failures[0]
