@@ -125,9 +125,6 @@ class Decoder:
         # what this cache does to a prompt it cannot keep whole (None: it keeps it), for the front ends to say
         self.prompt_note = get(choice.name).prompt_note(choice.options, self.prompt_tokens)
         self._cancel = threading.Event()
-        # The compile a Stop left finishing on its own thread (it cannot be interrupted): whoever must not exit the
-        # process or start the next test under it joins it.
-        self.stopped_compile: threading.Thread | None = None
         self._lock = threading.Lock()
         self._pending: StrategyChoice | None = None
         self.trace = Trace(
@@ -292,6 +289,7 @@ class Decoder:
         new = ids[:, self.run.seen :]  # what the next step feeds a cache: the prompt's uncached rest, then each token
         try:
             with torch.inference_mode():
+                self._wait_for_stopped_compiles()
                 self.trace.warm_up_ms = self.run.warm_up(self.notify)  # before the prefill, apart from its time
                 for index in range(self.settings.max_new_tokens):
                     if self._cancel.is_set():
@@ -340,6 +338,16 @@ class Decoder:
         finally:
             timer.remove()
 
+    def _wait_for_stopped_compiles(self) -> None:
+        running = stopped_compiles()
+        if not running:
+            return
+        self.notify("waiting for a stopped torch.compile to finish (it cannot be interrupted)")
+        for thread in running:
+            while thread.is_alive() and not self._cancel.is_set():
+                thread.join(0.1)
+        self.notify("")
+
     def _decoder_start(self) -> int:
         """The token an encoder-decoder's decoder starts from (T5: the pad token; BART: the end-of-sequence one)."""
         start = self.model.generation_config.decoder_start_token_id
@@ -376,7 +384,8 @@ class Decoder:
         while not done.wait(0.1) and not self._cancel.is_set():
             pass
         if self._cancel.is_set():
-            self.stopped_compile = thread
+            with _stopped_lock:
+                _stopped_compiles.append(thread)
             return None
         if failures:
             raise failures[0]
@@ -414,6 +423,21 @@ class Decoder:
         if fidelity is not None:
             record.kl, record.top1_agree, record.ref_logprob, record.reference_ms = fidelity
         return record
+
+
+# Compiles that a Stop left finishing on their own threads (torch.compile cannot be interrupted). While one runs,
+# torch.compiler.is_compiling() is True on every thread (torch keeps one flag for the process), so transformers runs
+# any model as if it were being traced (a static cache's tensors not marked static, no packed GQA): a run waits for
+# them before its first step.
+_stopped_compiles: list[threading.Thread] = []
+_stopped_lock = threading.Lock()
+
+
+def stopped_compiles() -> list[threading.Thread]:
+    """The compiles a Stop left that are still running (join them before the process exits under them)."""
+    with _stopped_lock:
+        _stopped_compiles[:] = [thread for thread in _stopped_compiles if thread.is_alive()]
+        return list(_stopped_compiles)
 
 
 def _check_context(model, positions: int, prompt_tokens: int, new_tokens: int) -> None:
