@@ -3,8 +3,6 @@ cannot hold, the memory-bound floor, and the model remembered (issue 15 item 3, 
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 from PySide6.QtCore import QObject, Slot
@@ -211,6 +209,8 @@ class StateAtNotice(QObject):
 def test_compile_is_shown_stoppable_and_in_no_step(qtbot, drive, window, monkeypatch):
     import torch
 
+    from kvviz.engine import decode
+
     # a real compile every time (tens of seconds): a warm cache from an earlier test would make it too short to stop
     monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)
     monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", False)
@@ -246,9 +246,8 @@ def test_compile_is_shown_stoppable_and_in_no_step(qtbot, drive, window, monkeyp
     window.redraw()
     assert window.status_line.notice_text == "" and not state.text().startswith("compiling")
     # the stopped compile finishes on its own thread; a process that exits under it aborts
-    for thread in threading.enumerate():
-        if thread.name == "kvviz-compile":
-            thread.join(600)
+    for thread in decode.stopped_compiles():
+        thread.join(600)
 
 
 def test_only_a_loaded_model_is_remembered_and_a_start_falls_back(qtbot, drive, settings, tmp_path, monkeypatch):
