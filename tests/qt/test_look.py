@@ -37,12 +37,16 @@ def test_wheel_changes_a_field_only_when_it_has_the_focus(qtbot, window):
     tokens = window.controls.settings_panel.max_new_tokens
     combo = window.controls.strategy_panel.combo
     tokens.setValue(100)
-    before = combo.currentIndex()
+    assert window.controls.strategy_panel.set_current("sliding")  # its option fields are built as it is picked
+    option = window.controls.strategy_panel._widgets["window"]
+    before, option_before = combo.currentIndex(), option.value()
     window.modes["local"].run_button.setFocus()
     _wheel(tokens, -1)
     _wheel(combo, -1)
-    assert tokens.value() == 100 and combo.currentIndex() == before
-    assert tokens.focusPolicy() == Qt.FocusPolicy.StrongFocus  # a passing wheel does not take the focus
+    _wheel(option, -1)
+    assert tokens.value() == 100 and combo.currentIndex() == before and option.value() == option_before
+    for field in (tokens, option):  # a passing wheel does not take the focus
+        assert field.focusPolicy() == Qt.FocusPolicy.StrongFocus
 
     window.activateWindow()
     tokens.setFocus()
