@@ -108,11 +108,9 @@ class StatusLine(QObject):
 
 
 def _show(label: QLabel, text: str) -> None:
-    """A figure's new text in its field, at a fixed size (a fixed-size widget asks no layout to run again) that
-    changes only with the text's shape: as wide as the text with each digit the widest digit."""
-    if text == label.text():
-        return
-    label.setText(text)
+    """A figure's text in its field, at a fixed size (a fixed-size widget asks no layout to run again) that changes
+    only with the text's shape, or the theme's font and padding: as wide as the text with each digit the widest."""
+    label.setText(text)  # Qt does nothing when the text is the same
     metrics = label.fontMetrics()
     widest = max("0123456789", key=metrics.horizontalAdvance)
     hint = label.sizeHint()
