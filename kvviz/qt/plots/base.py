@@ -78,6 +78,9 @@ class PlotPanel(QWidget):
         axes = {name: IntegerAxis(name) for name in self.integer_axes}
         self.widget = pg.PlotWidget(axisItems=axes)
         self.widget.setMinimumHeight(LEGEND_AND_PLOT_MIN_HEIGHT)
+        # the plot paints all its area (an opaque background, `apply_palette`): the widgets under it are not painted
+        # again at each of its repaints (the splitter, the tab pages and the main window were, several times a frame)
+        self.widget.viewport().setAttribute(Qt.WidgetAttribute.WA_OpaquePaintEvent)
         self.plot: pg.PlotItem = self.widget.getPlotItem()
         self.plot.setMenuEnabled(False)
         self.plot.hideButtons()
