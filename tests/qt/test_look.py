@@ -278,3 +278,16 @@ def test_runs_table_shows_its_figures_and_status_without_scrolling_at_1280x720(q
     window.reset_layout()
     QApplication.processEvents()
     assert header.sectionSize(strategy) >= table.sizeHintForColumn(strategy)
+
+
+def test_choose_table_shows_whole_rows_and_six_at_1280x720(qtbot, window):
+    window.set_mode("choose")
+    view = window.modes["choose"].view
+    row = view.table.verticalHeader().defaultSectionSize()
+    for size in ((1280, 720), (1920, 1080)):
+        window.resize(*size)
+        qtbot.wait(50)
+        QApplication.processEvents()
+        shown = view.table.viewport().height()
+        assert shown % row == 0 and shown // row >= 6, (size, shown, row)  # no row cut in half
+        assert view.frontier_plot.height() >= view.frontier_plot.minimumSizeHint().height()  # its axes keep their room
