@@ -26,8 +26,8 @@ from kvviz.qt.choose.table import ChooseTable
 FIRST_WORDS = ("Load a model, set the question under Controls ▸ Choose (the text, the context you will reach, how many "
                "sequences at once, the memory you have and the quality you accept), then press Choose: every "
                "configuration reads the text, and the answer appears here.")
-TABLE_SHARE = 0.3  # of the tab's height for the table (in whole rows)
-TABLE_MIN_ROWS = 6  # where the plots above keep their minimum height: 6 at 1280x720
+TABLE_SHARE = 0.33  # of the tab's height for the table, in whole rows (six at 1280x720)
+TABLE_MIN_ROWS = 3
 
 
 def answer_html(sweep: Sweep, header: str) -> str:
