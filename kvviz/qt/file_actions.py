@@ -37,6 +37,7 @@ from kvviz.files import documents, report
 from kvviz.files.formats import read_kept
 from kvviz.files.journal import SUFFIX as JOURNAL_SUFFIX
 from kvviz.files.jsonfile import KeptFileError
+from kvviz.qt import wheel_guard
 from kvviz.qt.file_dialogs import FileDialogs
 from kvviz.qt.mode_api import FileEntry
 from kvviz.qt.plots.base import DEFAULT_EXPORT_WIDTH
@@ -311,6 +312,7 @@ class ExportDialog(QDialog):
         form.addRow("formats", kinds)
         form.addRow(buttons)
         self.resize(520, self.sizeHint().height())
+        wheel_guard.guard(self)
 
     def _browse(self) -> None:
         folder = QFileDialog.getExistingDirectory(self, "Export plots to folder", self.folder.text())

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QEvent, QSettings, Qt, Signal
-from PySide6.QtWidgets import QApplication, QMainWindow, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QMainWindow, QVBoxLayout, QWidget
 
 from kvviz.present import counted
 from kvviz.qt import modes, unsaved, wheel_guard, window_settings
@@ -50,7 +50,6 @@ class MainWindow(QMainWindow):
         self.theme_name = "dark"
         self.last_error = ""
         self.closing = False
-        self.wheel_guard = wheel_guard.install(QApplication.instance())  # before any field is made
 
         self.store = RunStore(self)
         self.redraws = RedrawScheduler(self._frame, self)
@@ -107,6 +106,7 @@ class MainWindow(QMainWindow):
         self.model.start()
         self.file_actions.install(self._order)
         self.help = HelpMenu(self, self._order)  # last: the rightmost menu
+        wheel_guard.guard(self)  # every field the parts built
 
     # -- the modes -----------------------------------------------------------------------------------
 

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
 import psutil
 from PySide6.QtCore import QObject, Qt, QTimer
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QStatusBar, QToolButton
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QStatusBar, QToolButton, QWidget
 
 from kvviz.present import UNKNOWN, mib, number, percent
 from kvviz.qt.mode_api import Figures, Mode
 from kvviz.qt.model_host import ModelHost
 from kvviz.qt.run_store import RunStore
 from kvviz.qt.series import RunSeries
+
+_DIGIT = re.compile(r"\d")
 
 
 class StatusLine(QObject):
@@ -27,9 +30,12 @@ class StatusLine(QObject):
     def __init__(self, status_bar: QStatusBar, parent: QObject | None = None):
         super().__init__(parent)
         self.labels = {name: QLabel() for name in ("state", "device", "threads", "rate", "cache", "rss")}
+        # Every field is sized so that its text changing lays nothing out: a label in a layout whose text changes
+        # makes Qt lay out each layout above it again (QLayout::activate updates its widget's geometry), up to the
+        # main window, its docks re-placed and repainted, at every frame while a run's figures change.
         for name in ("device", "threads", "rate", "cache", "rss"):
             status_bar.addPermanentWidget(self.labels[name])
-        status_bar.addWidget(self.labels["state"], 1)
+        status_bar.addWidget(_Holder(self.labels["state"]), 1)
         self._held = ""  # a note kept until the generation ends ("stopping after this step…")
         self._notice = ""  # what the generating run's one-time pause is doing ("" when none lasts)
         self._notice_since = 0.0
@@ -66,9 +72,8 @@ class StatusLine(QObject):
         ends); figures: the speed, its share of the memory-bound limit and the cache of what is in view
         (`window_figures`)."""
         card = card or {}
-        labels = self.labels
-        labels["device"].setText(f"device {card.get('device', UNKNOWN)}")
-        labels["threads"].setText(f"{card.get('threads', UNKNOWN)} threads")
+        _show(self.labels["device"], f"device {card.get('device', UNKNOWN)}")
+        _show(self.labels["threads"], f"{card.get('threads', UNKNOWN)} threads")
         if not generating:
             self._held = ""
             self._notice = ""  # a run's pause cannot outlast the run
@@ -76,8 +81,8 @@ class StatusLine(QObject):
         self._show_state()
         rate, share, cache_bytes = figures
         bound = f" ({percent(share)} of the memory-bound limit)" if share is not None else ""
-        labels["rate"].setText(f"{number(rate)} tokens/s{bound}")
-        labels["cache"].setText(f"cache {mib(cache_bytes)}")
+        _show(self.labels["rate"], f"{number(rate)} tokens/s{bound}")
+        _show(self.labels["cache"], f"cache {mib(cache_bytes)}")
         self._show_rss()
 
     def _show_state(self) -> None:
@@ -99,7 +104,34 @@ class StatusLine(QObject):
         self._show_rss()
 
     def _show_rss(self) -> None:
-        self.labels["rss"].setText(f"RSS {mib(self._rss_bytes, 0)}")
+        _show(self.labels["rss"], f"RSS {mib(self._rss_bytes, 0)}")
+
+
+def _show(label: QLabel, text: str) -> None:
+    """A figure's text in its field, at a fixed size (a fixed-size widget asks no layout to run again) that changes
+    only with the text's shape, or the theme's font and padding: as wide as the text with each digit the widest."""
+    label.setText(text)  # Qt does nothing when the text is the same
+    metrics = label.fontMetrics()
+    widest = max("0123456789", key=metrics.horizontalAdvance)
+    hint = label.sizeHint()
+    width = hint.width() + metrics.horizontalAdvance(_DIGIT.sub(widest, text)) - metrics.horizontalAdvance(text)
+    if (label.minimumWidth(), label.maximumWidth(), label.minimumHeight(), label.maximumHeight()) != (
+            width, width, hint.height(), hint.height()):
+        label.setFixedSize(width, hint.height())
+
+
+class _Holder(QWidget):
+    """The state's field: its words change as a run goes ("generating run #1: 40 tokens") and it takes the status
+    bar's free width, so it cannot have a fixed size; its label lies in this widget without a layout, sized to it."""
+
+    def __init__(self, label: QLabel):
+        super().__init__()
+        self.label = label
+        label.setParent(self)
+        self.setMinimumHeight(label.sizeHint().height())
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt override
+        self.label.resize(event.size())
 
 
 def window_figures(modes: list[Mode], current: Mode, store: RunStore) -> Figures:

@@ -37,12 +37,16 @@ def test_wheel_changes_a_field_only_when_it_has_the_focus(qtbot, window):
     tokens = window.controls.settings_panel.max_new_tokens
     combo = window.controls.strategy_panel.combo
     tokens.setValue(100)
-    before = combo.currentIndex()
+    assert window.controls.strategy_panel.set_current("sliding")  # its option fields are built as it is picked
+    option = window.controls.strategy_panel._widgets["window"]
+    before, option_before = combo.currentIndex(), option.value()
     window.modes["local"].run_button.setFocus()
     _wheel(tokens, -1)
     _wheel(combo, -1)
-    assert tokens.value() == 100 and combo.currentIndex() == before
-    assert tokens.focusPolicy() == Qt.FocusPolicy.StrongFocus  # a passing wheel does not take the focus
+    _wheel(option, -1)
+    assert tokens.value() == 100 and combo.currentIndex() == before and option.value() == option_before
+    for field in (tokens, option):  # a passing wheel does not take the focus
+        assert field.focusPolicy() == Qt.FocusPolicy.StrongFocus
 
     window.activateWindow()
     tokens.setFocus()
@@ -274,3 +278,16 @@ def test_runs_table_shows_its_figures_and_status_without_scrolling_at_1280x720(q
     window.reset_layout()
     QApplication.processEvents()
     assert header.sectionSize(strategy) >= table.sizeHintForColumn(strategy)
+
+
+def test_choose_table_shows_whole_rows_and_six_at_1280x720(qtbot, window):
+    window.set_mode("choose")
+    view = window.modes["choose"].view
+    row = view.table.verticalHeader().defaultSectionSize()
+    for size in ((1280, 720), (1920, 1080)):
+        window.resize(*size)
+        qtbot.wait(50)
+        QApplication.processEvents()
+        shown = view.table.viewport().height()
+        assert shown % row == 0 and shown // row >= 6, (size, shown, row)  # no row cut in half
+        assert view.frontier_plot.height() >= view.frontier_plot.minimumSizeHint().height()  # its axes keep their room

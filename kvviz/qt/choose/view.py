@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from html import escape
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import QLabel, QSplitter, QTabWidget, QVBoxLayout, QWidget
 
 from kvviz.files import frontier
@@ -26,7 +26,7 @@ from kvviz.qt.choose.table import ChooseTable
 FIRST_WORDS = ("Load a model, set the question under Controls ▸ Choose (the text, the context you will reach, how many "
                "sequences at once, the memory you have and the quality you accept), then press Choose: every "
                "configuration reads the text, and the answer appears here.")
-TABLE_SHARE = 0.3  # of the tab's height for the table (in whole rows)
+TABLE_SHARE = 0.33  # of the tab's height for the table, in whole rows (six at 1280x720)
 TABLE_MIN_ROWS = 3
 
 
@@ -86,6 +86,8 @@ class ChooseView(QWidget):
         layout.addWidget(self.splitter, 1)
         self._user_sized = False  # the user dragged the table's edge: its height is theirs from then on
         self.splitter.splitterMoved.connect(self._dragged)
+        # the scroll bar under the table comes and goes with the columns' width, once laid out: the rows fit again then
+        self.table.horizontalScrollBar().rangeChanged.connect(lambda *_: QTimer.singleShot(0, self._fit_table))
         self.redraw(None, [], None, "", None)  # no sweep yet: no accuracy plot, no Answers tab, no curves
 
     def redraw(self, sweep: Sweep | None, states: list[str], selected: int | None, header: str,
@@ -123,10 +125,11 @@ class ChooseView(QWidget):
         table = self.table
         row = table.verticalHeader().defaultSectionSize()
         bar = table.horizontalScrollBar()
-        # the tab widget's own room around the table (its tab bar where shown), as laid out
-        around = self.below.height() - table.height() if table.height() > 0 else 0
-        chrome = (table.horizontalHeader().sizeHint().height() + 2 * table.frameWidth()
-                  + (bar.sizeHint().height() if bar.isVisible() else 0) + max(0, around))
+        if table.height() > 0:  # all but the rows, as laid out: header, frame, scroll bar, the tab widget's own room
+            chrome = self.below.height() - table.viewport().height()
+        else:
+            chrome = (table.horizontalHeader().sizeHint().height() + 2 * table.frameWidth()
+                      + (bar.sizeHint().height() if bar.isVisible() else 0))
         rows = max(TABLE_MIN_ROWS, int((total * TABLE_SHARE - chrome) // row))
         # no more than the plots above leave (the picked configuration's three curves need their height)
         room = total - self.splitter.widget(0).minimumSizeHint().height() - chrome

@@ -29,6 +29,7 @@ from PySide6.QtWidgets import (
 )
 
 from kvviz.errors import OptionError
+from kvviz.qt import wheel_guard
 
 INT_MAX = 2**31 - 1
 PROBLEM_STYLE = "color: #e0443e; font-weight: 600;"  # readable on the dark and the light theme
@@ -226,6 +227,7 @@ class StrategyPanel(QGroupBox):
         saved = self._values.get(name, {})
         for option in strategy.options:
             widget = _make_widget(option)
+            wheel_guard.guard(widget)
             if option.name in saved:
                 _set_widget(widget, option, saved[option.name])
             label = QLabel(option.name.replace("_", " "))

@@ -79,6 +79,9 @@ class PlotPanel(QWidget):
         # no context menus: built at the start and never shown, pyqtgraph's menus took a fifth of the window's start
         self.widget = pg.PlotWidget(axisItems=axes, enableMenu=False)
         self.widget.setMinimumHeight(LEGEND_AND_PLOT_MIN_HEIGHT)
+        # the plot paints all its area (an opaque background, `apply_palette`): the widgets under it are not painted
+        # again at each of its repaints (the splitter, the tab pages and the main window were, several times a frame)
+        self.widget.viewport().setAttribute(Qt.WidgetAttribute.WA_OpaquePaintEvent)
         self.plot: pg.PlotItem = self.widget.getPlotItem()
         self.plot.hideButtons()
         for name in ("left", "bottom"):
