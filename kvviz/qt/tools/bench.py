@@ -2,8 +2,8 @@
 
 The figures:
 - decode tokens/s in the window and in kvviz headless, each divided by plain `model.generate` in a fresh
-  process with the user's environment (kvviz.engine.bench: the reference; targets >= 0.90 and >= 0.97);
-- the event loop's worst stall while the window generates (target < 50 ms);
+  process with the user's environment (kvviz.engine.bench: the reference; targets >= 0.95 and >= 0.97);
+- the event loop's worst stall while the window generates (target < 33 ms: two frames at 60 Hz);
 - redraw time at `long_tokens` generated tokens divided by redraw time at 128 (target <= 2).
 
 Every rate is taken the same way: tokens between the first and the last new token, as they leave the
@@ -190,6 +190,6 @@ def run_gui_bench(
         "redraw_ms_long": redraw_long,
         "redraw_long_over_short": redraw_long / redraw_short if redraw_short else None,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-        "targets": {"headless_over_generate": ">= 0.97", "window_over_generate": ">= 0.90", "worst_stall_ms": "< 50",
+        "targets": {"headless_over_generate": ">= 0.97", "window_over_generate": ">= 0.95", "worst_stall_ms": "< 33",
                     "redraw_long_over_short": "<= 2"},
     }
