@@ -55,6 +55,26 @@ def test_wheel_changes_a_field_only_when_it_has_the_focus(qtbot, window):
     assert tokens.value() == 101  # focused: the wheel is the user's intent
 
 
+def test_no_field_of_the_window_takes_a_passing_wheel(qtbot, window):
+    """The guard sits on each field (`wheel_guard.guard`), not on the application: every combo and spin box the window
+    holds, the option fields of every strategy included, keeps its value under a wheel turn without the focus."""
+    from PySide6.QtWidgets import QAbstractSpinBox, QComboBox
+
+    def value(field):
+        return field.currentIndex() if isinstance(field, QComboBox) else field.text()
+
+    panel = window.controls.strategy_panel
+    window.modes["local"].run_button.setFocus()
+    for name in panel.names():
+        assert panel.set_current(name), name  # its option fields are built as it is picked
+        for field in window.findChildren(QComboBox) + window.findChildren(QAbstractSpinBox):
+            before = value(field)
+            for steps in (1, -1):  # one of the two changes an unguarded field, whatever its value and range
+                _wheel(field, steps)
+                assert value(field) == before, (name, type(field).__name__, field.objectName())
+            assert field.focusPolicy() != Qt.FocusPolicy.WheelFocus, name
+
+
 def test_hover_readout_clears_on_leave_and_when_another_run_starts(qtbot, drive, window):
     drive.load(window, "tiny")
     drive.run(window, "dynamic", tokens=10)
