@@ -276,6 +276,11 @@ class Decoder:
         self.run.switch(choice)
         self.trace.switches.append(Switch(index, old.name, choice.name, dict(choice.options)))
 
+    # As a decorator, inference mode is entered at each step and left at each yield. A `with` around the loop
+    # stayed entered while the generator waited: the caller's thread ran in inference mode between steps, and a
+    # generator left unfinished, freed by the garbage collector on whatever thread it ran, turned that thread's
+    # grad mode back on (a compile thread then failed dynamo's "guard failed on the same frame" check).
+    @torch.inference_mode()
     def __iter__(self) -> Iterator[StepRecord]:
         device = self.model.device
         prompt = torch.tensor([self.prompt_ids], device=device)
@@ -288,53 +293,52 @@ class Decoder:
         text = ""
         new = ids[:, self.run.seen :]  # what the next step feeds a cache: the prompt's uncached rest, then each token
         try:
-            with torch.inference_mode():
-                self._wait_for_stopped_compiles()
-                self.trace.warm_up_ms = self.run.warm_up(self.notify)  # before the prefill, apart from its time
-                for index in range(self.settings.max_new_tokens):
-                    if self._cancel.is_set():
+            self._wait_for_stopped_compiles()
+            self.trace.warm_up_ms = self.run.warm_up(self.notify)  # before the prefill, apart from its time
+            for index in range(self.settings.max_new_tokens):
+                if self._cancel.is_set():
+                    self.trace.cancelled = True
+                    break
+                prefill = index == 0
+                if not prefill:
+                    self._apply_pending_switch(index)
+                fed = ids if self.run.cache is None else new
+                forward = None
+                if self._compile and not prefill:
+                    compiled = compiled or self._compile_decode(fed)
+                    if compiled is None:  # stopped while compiling
                         self.trace.cancelled = True
                         break
-                    prefill = index == 0
-                    if not prefill:
-                        self._apply_pending_switch(index)
-                    fed = ids if self.run.cache is None else new
-                    forward = None
-                    if self._compile and not prefill:
-                        compiled = compiled or self._compile_decode(fed)
-                        if compiled is None:  # stopped while compiling
-                            self.trace.cancelled = True
-                            break
-                        forward = compiled
-                    started = time.perf_counter()
-                    if prefill and self.encoder_decoder:
-                        self.run.encode(prompt)
-                    logits = self.run.forward(fed, forward)[:, -1, :]
-                    token = self._pick(ids, logits)
-                    if device.type == "cuda":
-                        torch.cuda.synchronize(device)
-                    wall_ms = (time.perf_counter() - started) * 1000.0
-                    layer_ms = timer.collect()
-                    if prefill:  # kept for a conversation's re-prefill check, outside the step's time
-                        self.prefill_logits = logits[0].float().cpu()
-                    fidelity = None
-                    if self.reference is not None:
-                        fidelity = self.reference.compare(new, logits, token)
-                        timer.collect()  # the reference's layer times are not the run's
-                    # A fresh [1, 1] tensor, not the view ids[:, -1:]: a view's stride grows with ids, and
-                    # torch.compile guards on strides, so it would recompile at every step.
-                    new = torch.tensor([[token]], device=device)
-                    ids = torch.cat([ids, new], dim=-1)
-                    new_text = self.tokenizer.decode(ids[0, first_new:], skip_special_tokens=False)
-                    if new_text.endswith("\ufffd"):  # a multi-byte character is not complete yet
-                        piece = ""
-                    else:
-                        piece, text = new_text[len(text) :], new_text
-                    record = self._record(index, prefill, token, piece, wall_ms, layer_ms, fidelity)
-                    self.trace.steps.append(record)
-                    yield record
-                    if self.settings.stop_at_eos and token in self.eos_ids:
-                        break
+                    forward = compiled
+                started = time.perf_counter()
+                if prefill and self.encoder_decoder:
+                    self.run.encode(prompt)
+                logits = self.run.forward(fed, forward)[:, -1, :]
+                token = self._pick(ids, logits)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                wall_ms = (time.perf_counter() - started) * 1000.0
+                layer_ms = timer.collect()
+                if prefill:  # kept for a conversation's re-prefill check, outside the step's time
+                    self.prefill_logits = logits[0].float().cpu()
+                fidelity = None
+                if self.reference is not None:
+                    fidelity = self.reference.compare(new, logits, token)
+                    timer.collect()  # the reference's layer times are not the run's
+                # A fresh [1, 1] tensor, not the view ids[:, -1:]: a view's stride grows with ids, and
+                # torch.compile guards on strides, so it would recompile at every step.
+                new = torch.tensor([[token]], device=device)
+                ids = torch.cat([ids, new], dim=-1)
+                new_text = self.tokenizer.decode(ids[0, first_new:], skip_special_tokens=False)
+                if new_text.endswith("\ufffd"):  # a multi-byte character is not complete yet
+                    piece = ""
+                else:
+                    piece, text = new_text[len(text) :], new_text
+                record = self._record(index, prefill, token, piece, wall_ms, layer_ms, fidelity)
+                self.trace.steps.append(record)
+                yield record
+                if self.settings.stop_at_eos and token in self.eos_ids:
+                    break
         finally:
             timer.remove()
 

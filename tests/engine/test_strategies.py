@@ -96,6 +96,37 @@ def test_static_compile_reports_compile_time_apart_and_never_recompiles(tiny_mod
     assert compiled.trace.steps[-1].layers[0].seq_len == compiled.prompt_tokens + 19
 
 
+def test_a_decoder_leaves_the_grad_mode_of_every_thread_alone_between_steps_and_when_freed(tiny_model):
+    """Inference mode holds only while a step runs: the caller's thread is itself between steps, and an unfinished
+    decoder that the garbage collector frees on another thread (here one inside inference mode, as a compile thread
+    is) leaves that thread's mode as it was."""
+    import gc
+    import threading
+
+    settings = decode.GenerationSettings(max_new_tokens=5, raw=True, stop_at_eos=False)
+    steps = iter(decode.Decoder(tiny_model, strategies.choose("dynamic"), settings, "leave me unfinished"))
+    next(steps)
+    assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+    seen = []
+
+    def collect_inside_inference_mode() -> None:
+        with torch.inference_mode():
+            gc.collect()
+            seen.append((torch.is_grad_enabled(), torch.is_inference_mode_enabled()))
+
+    gc.disable()  # the collection must run on the other thread, not on an allocation here
+    try:
+        cycle = [steps]
+        cycle.append(cycle)  # only the garbage collector frees it
+        del steps, cycle
+        thread = threading.Thread(target=collect_inside_inference_mode, name="kvviz-test-collect")
+        thread.start()
+        thread.join()
+    finally:
+        gc.enable()
+    assert seen == [(False, True)]
+
+
 def test_context_limit_counts_the_positions_a_strategy_uses(tiny_model):
     long_run = decode.GenerationSettings(max_new_tokens=5000, stop_at_eos=False)
     with pytest.raises(OptionError, match="longer than the model's context of 4096 tokens"):
