@@ -15,6 +15,8 @@ DECODE_STRATEGIES = "dynamic,static,quantized,sliding,sink,none"
 EVAL_STRATEGIES = "dynamic,sliding:window=256,sink:sink_tokens=4:window=252,h2o:budget=256"
 READ_TOKENS = 2000
 FLOOR_FORWARDS = 32
+REPEATS = 3
+GUI_REPEATS = 5  # the window's ratio is read against 0.95: more pairs of runs than the headless bench's
 
 
 def add_parser(subparsers) -> None:
@@ -26,8 +28,8 @@ def add_parser(subparsers) -> None:
         f"{DECODE_STRATEGIES}; with --eval: {EVAL_STRATEGIES}; with --sweep: kvviz choose's default grid)",
     )
     bench.add_argument("--new-tokens", type=int, default=128, help="tokens per measured run (default 128)")
-    bench.add_argument("--repeats", type=int, default=3, help="interleaved repeats per strategy; with --sweep or "
-                       "--eval, plain generate's runs, half before the reading and half after (default 3)")
+    bench.add_argument("--repeats", type=int, help="interleaved repeats per strategy; with --sweep or --eval, plain "
+                       "generate's runs, half before the reading and half after (default 3; with --gui 5)")
     bench.add_argument("--out", type=Path, default=Path("bench.json"), help="write the figures here as JSON "
                        "(default: bench.json)")
     mode = bench.add_mutually_exclusive_group()
@@ -48,6 +50,13 @@ def add_parser(subparsers) -> None:
 
 
 def command(args) -> int:
+    if args.repeats is None:
+        args.repeats = GUI_REPEATS if args.gui else REPEATS
+    # a rate is read between the first and the last new token: two at least
+    for name, least in (("repeats", 1), ("new_tokens", 2), ("rows", 1), ("floor_forwards", 1)):
+        value = getattr(args, name)
+        if value is not None and value < least:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least {least}, not {value}")
     if args.gui:
         try:
             from kvviz.qt.tools.bench import run_gui_bench
@@ -82,10 +91,6 @@ def _reading(args) -> dict:
     problem = token_count_problem(args.tokens)
     if problem:
         raise UsageError(f"--tokens: {problem}")
-    for name in ("rows", "floor_forwards"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be at least 1, not {value}")
     if args.text is None and args.builtin is None:
         args.builtin = "alice"
     document = common.document(args)
@@ -127,7 +132,8 @@ def print_gui_bench(figures: dict) -> None:
     from kvviz.present import ms, number
 
     print(f"{figures['model']}, {figures['strategy']}, {figures['new_tokens']} new tokens, median of "
-          f"{len(figures['tokens_per_s_generate_runs'])} interleaved runs; reference: {figures['reference']}")
+          f"{len(figures['tokens_per_s_generate_runs'])} interleaved runs; reference: {figures['reference']}; a "
+          "ratio is the median of each run over the reference run just before it")
     print(f"{'':<24} {'tokens/s':>9} {'ratio':>7}   target")
     targets = figures["targets"]
     print(f"{'model.generate':<24} {figures['tokens_per_s_generate']:>9.2f}")

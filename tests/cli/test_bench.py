@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from tests.commands import kvviz
 
 
@@ -57,3 +59,14 @@ def test_bench_sweep_prints_the_sweep_against_its_floor_and_plain_generate(tmp_p
 def test_bench_reading_refuses_a_text_too_short_to_predict(tmp_path):
     result = kvviz("bench", "--eval", "--model", "tiny", "--tokens", "1", "--out", tmp_path / "bench.json")
     assert result.returncode == 2 and "--tokens" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("mode, flag, value, least", [
+    ("--gui", "--repeats", "0", 1), (None, "--repeats", "-1", 1), ("--gui", "--new-tokens", "1", 2),
+    (None, "--new-tokens", "0", 2), ("--sweep", "--rows", "0", 1), ("--sweep", "--floor-forwards", "0", 1),
+])
+def test_bench_refuses_counts_it_cannot_measure_with_before_loading_anything(tmp_path, mode, flag, value, least):
+    out = tmp_path / "bench.json"
+    result = kvviz("bench", *([mode] if mode else []), "--model", "tiny", flag, value, "--out", out)
+    assert result.returncode == 2 and f"{flag} must be at least {least}, not {value}" in result.stderr
+    assert not out.exists()

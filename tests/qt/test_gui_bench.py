@@ -31,6 +31,7 @@ def test_gui_bench_decodes_only_on_the_worker(qapp, monkeypatch, capsys):
     assert figures["tokens_per_s_generate"] > 0 and figures["tokens_per_s_headless"] > 0
     assert figures["tokens_per_s_window"] > 0 and len(figures["tokens_per_s_window_runs"]) == 1
     assert len(figures["worst_stall_ms_runs"]) == 1  # timed in a window run of its own
+    # one repeat: the ratio is the window run's rate over the reference run just before it
     assert figures["window_over_generate"] == figures["tokens_per_s_window"] / figures["tokens_per_s_generate"]
     assert figures["long_tokens"] == 48 and figures["redraw_ms_short"] > 0 and figures["worst_stall_ms"] >= 0
 

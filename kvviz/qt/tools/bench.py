@@ -10,8 +10,13 @@ Every rate is taken the same way: tokens between the first and the last new toke
 decode loop (the window's are timestamped on its worker thread as each step is handed over), from the
 same prompt tokens (the window's chat template is off). Runs are interleaved (reference, headless, window,
 then a window run whose event loop is timed: the stall meter wakes the GUI thread 200 times a second, so
-it never runs while a rate is taken). The window is driven as a user drives it: the model loads through its
-worker, runs start with Run and end on their own. Print-free: returns a dict of the figures.
+it never runs while a rate is taken). A ratio is the median over the repeats of each run's rate over the
+reference run just before it: this machine's speed drifts by 5-7 % within minutes (plain `generate` in
+five fresh processes ran from 16.4 to 17.6 tokens/s within four minutes, the machine idle), which a ratio
+of medians taken minutes apart carries and a pair of runs seconds apart does not.
+
+The window is driven as a user drives it: the model loads through its worker, runs start with Run and end
+on their own. Print-free: returns a dict of the figures.
 """
 
 from __future__ import annotations
@@ -115,13 +120,18 @@ def _redraw_ms(app, window, trace, n: int, samples: int = 12) -> float:
     return statistics.median(times)
 
 
+def _paired_ratio(rates: list[float], reference: list[float]) -> float:
+    """The median over the repeats of each run's rate over the reference run just before it."""
+    return statistics.median(rate / before for rate, before in zip(rates, reference, strict=True))
+
+
 def run_gui_bench(
     model: str = "default",
     strategy: str = "dynamic",
     options: dict[str, Any] | None = None,
     new_tokens: int = 128,
     prompt: str = PROMPT,
-    repeats: int = 2,
+    repeats: int = 5,
     long_model: str = "tiny",
     long_tokens: int = 4000,  # the tiny model's context is 4,096 positions, the prompt's included
     short_tokens: int = 128,
@@ -176,8 +186,8 @@ def run_gui_bench(
         "tokens_per_s_generate": generate,
         "tokens_per_s_headless": ours,
         "tokens_per_s_window": shown,
-        "headless_over_generate": ours / generate,
-        "window_over_generate": shown / generate,
+        "headless_over_generate": _paired_ratio(headless, reference),
+        "window_over_generate": _paired_ratio(in_window, reference),
         "tokens_per_s_generate_runs": reference,
         "tokens_per_s_headless_runs": headless,
         "tokens_per_s_window_runs": in_window,
