@@ -90,6 +90,24 @@ def test_kvzip_reads_the_prompt_again_and_keeps_one_budget_for_all_layers(tiny_m
     run(tiny_model, "kvzip:budget=12:layerwise=true", new_tokens=2)
 
 
+def test_kvzip_counts_its_reading_once_within_the_prefill(tiny_model, monkeypatch):
+    """Each layer times its own observing while the prompt is read again, inside the reading's own time: counted
+    both ways, the scoring came out longer than the prefill it is part of."""
+    import time
+
+    from kvviz.engine.strategies.kvzip import ReadingAgain
+
+    observe = ReadingAgain.observe
+
+    def slow_observe(self, *args):  # the observing outweighs everything else in the prefill
+        time.sleep(0.02)
+        observe(self, *args)
+
+    monkeypatch.setattr(ReadingAgain, "observe", slow_observe)
+    steps, _ = run(tiny_model, "kvzip:budget=12", new_tokens=1)
+    assert 0 < steps[0].scoring_ms <= steps[0].wall_ms
+
+
 def test_pyramid_budgets_fall_with_depth_and_keep_the_total():
     schedule = PyramidSchedule(budget=256, window=8, beta=20, layers=30)
     budgets = [schedule.prompt_budget(i, 2000) for i in range(30)]
