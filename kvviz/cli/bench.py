@@ -128,6 +128,16 @@ def print_reading(figures: dict) -> None:
         print(f"  {c['label']:<{width}}  perplexity {shown:<20}  {c['status']}")
 
 
+def verdict(value: float | None, target: str) -> str:
+    """Whether `value` meets `target` (">= 0.95", "< 33", "<= 2"), in a word: a figure rounded for print can read as
+    its target (0.9498 prints as 0.950), so the bench says which side it is on."""
+    if value is None:
+        return "unknown"
+    operator, bound = target.split()
+    met = {">=": value >= float(bound), "<": value < float(bound), "<=": value <= float(bound)}[operator]
+    return "met" if met else "missed"
+
+
 def print_gui_bench(figures: dict) -> None:
     from kvviz.present import ms, number
 
@@ -138,14 +148,18 @@ def print_gui_bench(figures: dict) -> None:
     targets = figures["targets"]
     print(f"{'model.generate':<24} {figures['tokens_per_s_generate']:>9.2f}")
     for label, key in (("kvviz headless", "headless"), ("kvviz window", "window")):
-        print(f"{label:<24} {figures[f'tokens_per_s_{key}']:>9.2f} {number(figures[f'{key}_over_generate'], 3):>7}   "
-              f"{targets[f'{key}_over_generate']}")
+        ratio, target = figures[f"{key}_over_generate"], targets[f"{key}_over_generate"]
+        print(f"{label:<24} {figures[f'tokens_per_s_{key}']:>9.2f} {number(ratio, 4):>7}   {target}: "
+              f"{verdict(ratio, target)}")
     stalls = ", ".join(ms(value) for value in figures["worst_stall_ms_runs"])
     print(f"worst event-loop stall while generating: {ms(figures['worst_stall_ms'])} "
-          f"(per run: {stalls}; target {targets['worst_stall_ms']} ms)")
+          f"(per run: {stalls}; target {targets['worst_stall_ms']} ms: "
+          f"{verdict(figures['worst_stall_ms'], targets['worst_stall_ms'])})")
+    growth = figures["redraw_long_over_short"]
     print(f"token view redraw: {ms(figures['redraw_ms_short'])} at {figures['short_tokens']} tokens, "
           f"{ms(figures['redraw_ms_long'])} at {figures['long_tokens']} ({figures['long_model']} model), ratio "
-          f"{number(figures['redraw_long_over_short'], 3)} (target {targets['redraw_long_over_short']})")
+          f"{number(growth, 3)} (target {targets['redraw_long_over_short']}: "
+          f"{verdict(growth, targets['redraw_long_over_short'])})")
 
 
 def print_bench(figures: dict) -> None:

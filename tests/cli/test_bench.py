@@ -70,3 +70,13 @@ def test_bench_refuses_counts_it_cannot_measure_with_before_loading_anything(tmp
     result = kvviz("bench", *([mode] if mode else []), "--model", "tiny", flag, value, "--out", out)
     assert result.returncode == 2 and f"{flag} must be at least {least}, not {value}" in result.stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize("value, target, word", [
+    (0.9498, ">= 0.95", "missed"), (0.95, ">= 0.95", "met"), (33.0, "< 33", "missed"), (32.9, "< 33", "met"),
+    (2.0, "<= 2", "met"), (None, "<= 2", "unknown"),
+])
+def test_the_gui_bench_says_on_which_side_of_its_target_a_figure_lies(value, target, word):
+    from kvviz.cli.bench import verdict
+
+    assert verdict(value, target) == word  # 0.9498 prints as 0.950 at three places: the word is what a reader trusts
