@@ -68,7 +68,6 @@ def _threads_are_joined(request):
     assert not left, f"threads left running by the test: {[t.name for t in left]}"
 
 
-
 # -- the order the xdist workers take the modules in ---------------------------------------------------------------
 # `make test` runs each module on one worker (--dist loadscope) and takes the modules in the order this hook leaves
 # them (--no-loadscope-reorder). xdist's own order, most tests first, leaves for the end the modules of one or two

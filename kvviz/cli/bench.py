@@ -5,6 +5,7 @@ speed (a sweep also against its compute-bound floor, timed in the same run)."""
 from __future__ import annotations
 
 import json
+import operator
 import sys
 from pathlib import Path
 
@@ -17,6 +18,7 @@ READ_TOKENS = 2000
 FLOOR_FORWARDS = 32
 REPEATS = 3
 GUI_REPEATS = 5  # the window's ratio is read against 0.95: more pairs of runs than the headless bench's
+COMPARISONS = {">=": operator.ge, "<": operator.lt, "<=": operator.le}  # of the targets the benches print
 
 
 def add_parser(subparsers) -> None:
@@ -133,9 +135,8 @@ def verdict(value: float | None, target: str) -> str:
     its target (0.9498 prints as 0.950), so the bench says which side it is on."""
     if value is None:
         return "unknown"
-    operator, bound = target.split()
-    met = {">=": value >= float(bound), "<": value < float(bound), "<=": value <= float(bound)}[operator]
-    return "met" if met else "missed"
+    comparison, bound = target.split()
+    return "met" if COMPARISONS[comparison](value, float(bound)) else "missed"
 
 
 def print_gui_bench(figures: dict) -> None:
