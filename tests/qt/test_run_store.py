@@ -67,3 +67,28 @@ def test_selection_is_the_stores_and_the_table_follows(qtbot):
     store.show([first, 99])  # unknown ids are dropped
     assert table.selected_runs() == [first] and store.shown == [first]
     assert table.row_text(first)[0] == "#1" and table.cell(first, "status") == FINISHED
+
+
+def test_a_live_rows_new_figures_are_shown_and_their_columns_fit_them(qtbot):
+    """The table writes a row's cells with the model's signals held and announces the row once: the cells and the
+    columns' widths must still follow."""
+    from kvviz.qt.panels.runs import COLUMNS, RunsTable
+
+    store = RunStore()
+    table = RunsTable(store)
+    qtbot.addWidget(table)
+    table.show()
+    trace = _trace(2)
+    live = store.add(trace, RUNNING, generating=True)
+    column = table.horizontalHeader()
+    index = COLUMNS.index("peak cache MiB")
+    narrow = column.sectionSize(index)
+    trace.steps.append(make_step(2))
+    trace.steps[-1].cache_bytes = 10**18  # a figure far wider than the column's title
+    store.records_arrived(live)
+    store.sync()
+    table.refresh(live=False)
+    wide = table.cell(live, "peak cache MiB")
+    assert table.row_text(live)[1] == "3"
+    assert column.sectionSize(index) > narrow
+    assert column.sectionSize(index) >= table.fontMetrics().horizontalAdvance(wide)

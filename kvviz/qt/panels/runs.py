@@ -91,17 +91,27 @@ class RunsTable(QTableWidget):
         now = time.perf_counter()
         if not self._stale or (live and now - self._refreshed < LIVE_REFRESH_S):
             return
+        # Each cell's change, announced alone, made the header fit every ResizeToContents column to all the rows again
+        # before the next cell was set (about 4 ms a live row with 20 rows); announced once per row, they fit once.
+        model = self.model()
+        model.blockSignals(True)
+        try:
+            for run_id in self._stale:
+                row = self._rows[run_id]
+                for column, text in enumerate(self._cells(run_id)):
+                    item = self.item(row, column)
+                    if item.text() != text:
+                        item.setText(text)
+                        if COLUMNS[column] == "strategy":
+                            item.setToolTip(text)
+                error = self.store.runs[run_id].trace.error
+                if error:
+                    self.item(row, COLUMNS.index("status")).setToolTip(error)
+        finally:
+            model.blockSignals(False)
         for run_id in self._stale:
             row = self._rows[run_id]
-            for column, text in enumerate(self._cells(run_id)):
-                item = self.item(row, column)
-                if item.text() != text:
-                    item.setText(text)
-                    if COLUMNS[column] == "strategy":
-                        item.setToolTip(text)
-            error = self.store.runs[run_id].trace.error
-            if error:
-                self.item(row, COLUMNS.index("status")).setToolTip(error)
+            model.dataChanged.emit(model.index(row, 0), model.index(row, len(COLUMNS) - 1), [])
         self._stale.clear()
         self._refreshed = now
         self._fit_strategy()
