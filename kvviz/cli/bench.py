@@ -143,8 +143,8 @@ def print_gui_bench(figures: dict) -> None:
     from kvviz.present import ms, number
 
     print(f"{figures['model']}, {figures['strategy']}, {figures['new_tokens']} new tokens, median of "
-          f"{len(figures['tokens_per_s_generate_runs'])} interleaved runs; reference: {figures['reference']}; a "
-          "ratio is the median of each run over the reference run just before it")
+          f"{len(figures['tokens_per_s_window_runs'])} interleaved runs; reference: {figures['reference']}; a "
+          "ratio is the median of each run over the mean of the reference runs just before and after it")
     print(f"{'':<24} {'tokens/s':>9} {'ratio':>7}   target")
     targets = figures["targets"]
     print(f"{'model.generate':<24} {figures['tokens_per_s_generate']:>9.2f}")

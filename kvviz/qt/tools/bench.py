@@ -10,10 +10,11 @@ Every rate is taken the same way: tokens between the first and the last new toke
 decode loop (the window's are timestamped on its worker thread as each step is handed over), from the
 same prompt tokens (the window's chat template is off). Runs are interleaved (reference, headless, window,
 then a window run whose event loop is timed: the stall meter wakes the GUI thread 200 times a second, so
-it never runs while a rate is taken). A ratio is the median over the repeats of each run's rate over the
-reference run just before it: this machine's speed drifts by 5-7 % within minutes (plain `generate` in
-five fresh processes ran from 16.4 to 17.6 tokens/s within four minutes, the machine idle), which a ratio
-of medians taken minutes apart carries and a pair of runs seconds apart does not.
+it never runs while a rate is taken), and a last reference run closes the series. A ratio is the median over
+the repeats of each run's rate over the mean of the reference runs just before and just after it: this
+machine's speed drifts by 5-7 % within minutes (plain `generate` in five fresh processes ran from 16.4 to
+17.6 tokens/s within four minutes, the machine idle), which a ratio of medians taken minutes apart carries,
+and a reference on one side only carries by as much as it drifted in between.
 
 The window is driven as a user drives it: the model loads through its worker, runs start with Run and end
 on their own. Print-free: returns a dict of the figures.
@@ -120,9 +121,11 @@ def _redraw_ms(app, window, trace, n: int, samples: int = 12) -> float:
     return statistics.median(times)
 
 
-def _paired_ratio(rates: list[float], reference: list[float]) -> float:
-    """The median over the repeats of each run's rate over the reference run just before it."""
-    return statistics.median(rate / before for rate, before in zip(rates, reference, strict=True))
+def _bracketed_ratio(rates: list[float], reference: list[float]) -> float:
+    """The median over the repeats of each run's rate over the mean of the reference runs on either side of it
+    (`reference` has one run more than `rates`)."""
+    brackets = [(before + after) / 2.0 for before, after in zip(reference, reference[1:])]
+    return statistics.median(rate / bracket for rate, bracket in zip(rates, brackets, strict=True))
 
 
 def run_gui_bench(
@@ -165,6 +168,8 @@ def run_gui_bench(
             in_window.append(_window_rate(window, new_tokens, timeout_s=600)[1])
             say(f"window run {i + 1}/{repeats}, its event loop timed")
             stalls.append(_window_stall(window, new_tokens, timeout_s=600))
+        say("model.generate, closing the series (own process)")
+        reference.append(timed_run("generate", model, strategy, options, new_tokens, prompt=prompt)["tokens_per_s"])
 
         say(f"generating {long_tokens} tokens with {long_model} in the window for the redraw figures")
         if long_model != model and not drive.load(window, long_model):
@@ -186,8 +191,8 @@ def run_gui_bench(
         "tokens_per_s_generate": generate,
         "tokens_per_s_headless": ours,
         "tokens_per_s_window": shown,
-        "headless_over_generate": _paired_ratio(headless, reference),
-        "window_over_generate": _paired_ratio(in_window, reference),
+        "headless_over_generate": _bracketed_ratio(headless, reference),
+        "window_over_generate": _bracketed_ratio(in_window, reference),
         "tokens_per_s_generate_runs": reference,
         "tokens_per_s_headless_runs": headless,
         "tokens_per_s_window_runs": in_window,
