@@ -167,7 +167,8 @@ def print_bench(figures: dict) -> None:
     from kvviz.present import UNKNOWN, number
 
     print(f"decode tokens/s, {figures['new_tokens']} new tokens, median of {figures['repeats']} interleaved runs; "
-          f"reference: {figures['reference']}")
+          f"reference: {figures['reference']}; a ratio is the median of each run over the mean of the reference runs "
+          "just before and after it")
     width = max([len("strategy"), *map(len, figures["strategies"])])
     print(f"{'strategy':<{width}} {'generate':>9} {'kvviz':>9} {'ratio':>7}")
     for label, row in figures["strategies"].items():

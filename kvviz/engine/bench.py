@@ -5,8 +5,10 @@ The reference is what a user's own code gets: `model.generate` in a fresh Python
 with the user's environment (nothing kvviz sets), the same model, dtype, prompt, number of new
 tokens, cache class and torch thread count. kvviz's headless decoder runs in a fresh process too
 (`kvviz.engine.timed_run`), and the window's figure (`kvviz bench --gui`) is set against the same
-reference. Runs are interleaved (generate, kvviz, generate, kvviz, ...) so that drift in machine
-load hits both; the medians are compared. Decode rates leave the prefill out.
+reference. Runs are interleaved (generate, kvviz, generate, kvviz, ..., generate): each kvviz run sits between
+two reference runs, and a ratio is the median over the repeats of each run over the mean of its two
+(`bracketed_ratio`), which cancels the machine's drift of several per cent within minutes. Decode rates leave
+the prefill out.
 
 A reading (`reading_bench`) runs in this process, between plain generate's runs (half before, half after, so
 that a drift in the machine's load shows), with the machine's load average before and after. A sweep's time is
@@ -16,6 +18,7 @@ perplexity is given in full, to compare runs of different code.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import statistics
@@ -42,6 +45,13 @@ def timed_run(side: str, model: str, strategy: str, options: dict, new_tokens: i
         last = (result.stderr.strip().splitlines() or ["no output"])[-1]
         raise ModelError(f"the {side} process for {strategy!r} failed: {last}")
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def bracketed_ratio(rates: list[float], reference: list[float]) -> float:
+    """The median over the repeats of each run's rate over the mean of the reference runs on either side of it
+    (`reference` has one run more than `rates`: run i sits between reference runs i and i + 1)."""
+    brackets = [(before + after) / 2.0 for before, after in itertools.pairwise(reference)]
+    return statistics.median(rate / bracket for rate, bracket in zip(rates, brackets, strict=True))
 
 
 def reference_rate(model: str, new_tokens: int, repeats: int, **kwargs) -> list[float]:
@@ -71,16 +81,16 @@ def run_bench(
             results[choice.label()] = {"skipped": reason}
             continue
         generate, ours, threads = [], [], set()
-        for r in range(repeats):
-            log(f"{choice.label()}: repeat {r + 1}/{repeats}", None)
-            for side, rates in (("generate", generate), ("kvviz", ours)):
-                figures = timed_run(side, model_spec, choice.name, choice.options, new_tokens, dtype, device)
-                rates.append(figures["tokens_per_s"])
-                threads.add(figures["threads"])
+        sides = [("generate", generate), ("kvviz", ours)] * repeats + [("generate", generate)]
+        for run, (side, rates) in enumerate(sides):
+            log(f"{choice.label()}: {side} {run // 2 + 1}/{repeats + (side == 'generate')}", None)
+            figures = timed_run(side, model_spec, choice.name, choice.options, new_tokens, dtype, device)
+            rates.append(figures["tokens_per_s"])
+            threads.add(figures["threads"])
         results[choice.label()] = {
             "generate_tokens_per_s": statistics.median(generate),
             "kvviz_tokens_per_s": statistics.median(ours),
-            "ratio": statistics.median(ours) / statistics.median(generate),
+            "ratio": bracketed_ratio(ours, generate),
             "generate_runs": generate,
             "kvviz_runs": ours,
             "threads": sorted(threads),

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kvviz.engine.bench import PROMPT, timed_run
+from kvviz.engine.bench import PROMPT, bracketed_ratio, timed_run
 from kvviz.engine.timed_run import decode_rate
 from kvviz.present import FINISHED, RUNNING
 from kvviz.qt.tools import drive
@@ -121,13 +121,6 @@ def _redraw_ms(app, window, trace, n: int, samples: int = 12) -> float:
     return statistics.median(times)
 
 
-def _bracketed_ratio(rates: list[float], reference: list[float]) -> float:
-    """The median over the repeats of each run's rate over the mean of the reference runs on either side of it
-    (`reference` has one run more than `rates`)."""
-    brackets = [(before + after) / 2.0 for before, after in zip(reference, reference[1:])]
-    return statistics.median(rate / bracket for rate, bracket in zip(rates, brackets, strict=True))
-
-
 def run_gui_bench(
     model: str = "default",
     strategy: str = "dynamic",
@@ -191,8 +184,8 @@ def run_gui_bench(
         "tokens_per_s_generate": generate,
         "tokens_per_s_headless": ours,
         "tokens_per_s_window": shown,
-        "headless_over_generate": _bracketed_ratio(headless, reference),
-        "window_over_generate": _bracketed_ratio(in_window, reference),
+        "headless_over_generate": bracketed_ratio(headless, reference),
+        "window_over_generate": bracketed_ratio(in_window, reference),
         "tokens_per_s_generate_runs": reference,
         "tokens_per_s_headless_runs": headless,
         "tokens_per_s_window_runs": in_window,
