@@ -5,10 +5,10 @@ The GUI thread sends requests through queued signals (`load`, `run`, `desk.switc
 (torch included) runs on the worker's thread. One thread also for speed: each thread that runs a torch op gets an
 OpenMP pool of its own that lives as long as the thread, and with more pool threads than cores libgomp's threads
 spin 100 times instead of 300,000 before sleeping between ops; with a second pool alive beside the worker's, the
-default model decoded at 0.90 of plain `generate` where the window alone gave 0.97 (2 cores). A run's records go into the decoder's own `Trace`,
-which `sigRunStarted` hands to the window: that trace is the run's one record. `cancel()` and
-`shutdown()` may be called from any thread. Nothing here holds a widget; nothing in the GUI holds
-a tensor.
+default model decoded at 0.90 of plain `generate` where the window alone gave 0.97 (2 cores). A run's records go
+into the decoder's own `Trace`, which `sigRunStarted` hands to the window: that trace is the run's one record.
+`cancel()` and `shutdown()` may be called from any thread. Nothing here holds a widget; nothing in the GUI holds a
+tensor.
 """
 
 from __future__ import annotations
