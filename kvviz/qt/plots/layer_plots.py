@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 
 import numpy as np
-import numpy.ma  # noqa: F401 - np.unique imports it at its first call: 12 ms idle, on the GUI thread at a first run's first frame
+import numpy.ma  # noqa: F401 - else np.unique imports it (12 ms) in a first run's first frame, on the GUI thread
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
 
