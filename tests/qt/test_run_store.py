@@ -80,15 +80,15 @@ def test_a_live_rows_new_figures_are_shown_and_their_columns_fit_them(qtbot):
     table.show()
     trace = _trace(2)
     live = store.add(trace, RUNNING, generating=True)
-    column = table.horizontalHeader()
+    header = table.horizontalHeader()
     index = COLUMNS.index("peak cache MiB")
-    narrow = column.sectionSize(index)
+    narrow = header.sectionSize(index)
     trace.steps.append(make_step(2))
     trace.steps[-1].cache_bytes = 10**18  # a figure far wider than the column's title
     store.records_arrived(live)
     store.sync()
     table.refresh(live=False)
     wide = table.cell(live, "peak cache MiB")
-    assert table.row_text(live)[1] == "3"
-    assert column.sectionSize(index) > narrow
-    assert column.sectionSize(index) >= table.fontMetrics().horizontalAdvance(wide)
+    assert table.cell(live, "tokens") == "3"
+    assert header.sectionSize(index) > narrow
+    assert header.sectionSize(index) >= table.fontMetrics().horizontalAdvance(wide)

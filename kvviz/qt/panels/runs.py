@@ -94,10 +94,10 @@ class RunsTable(QTableWidget):
         # Each cell's change, announced alone, made the header fit every ResizeToContents column to all the rows again
         # before the next cell was set (about 4 ms a live row with 20 rows); announced once per row, they fit once.
         model = self.model()
+        stale = [(run_id, self._rows[run_id]) for run_id in self._stale]
         model.blockSignals(True)
         try:
-            for run_id in self._stale:
-                row = self._rows[run_id]
+            for run_id, row in stale:
                 for column, text in enumerate(self._cells(run_id)):
                     item = self.item(row, column)
                     if item.text() != text:
@@ -109,8 +109,7 @@ class RunsTable(QTableWidget):
                     self.item(row, COLUMNS.index("status")).setToolTip(error)
         finally:
             model.blockSignals(False)
-        for run_id in self._stale:
-            row = self._rows[run_id]
+        for _, row in stale:
             model.dataChanged.emit(model.index(row, 0), model.index(row, len(COLUMNS) - 1), [])
         self._stale.clear()
         self._refreshed = now
