@@ -34,9 +34,10 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports --no-logo
 
 # One pytest worker per core (at most 4; each loads its own models), a test module's tests on one worker so that its
-# shared fixtures are built once
+# shared fixtures are built once. A worker that dies (tests/watchdog.py ends a stuck one) is not replaced: xdist
+# would hand its module, the stuck test included, to the new worker, again and again
 test: lint
-	HF_HUB_OFFLINE=1 QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -n auto --maxprocesses=4 --dist loadscope --no-loadscope-reorder
+	HF_HUB_OFFLINE=1 QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -n auto --maxprocesses=4 --dist loadscope --no-loadscope-reorder --max-worker-restart=0
 
 # A tiny model of every causal-LM family in the installed transformers: the predicted cache equals the measured one
 # at every step, or the prediction says unknown (a few minutes; -rs lists the families skipped and why)

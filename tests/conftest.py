@@ -13,6 +13,8 @@ if "KVVIZ_UNSAVED_DIR" not in os.environ:  # the windows of the suite journal th
 
 import pytest  # noqa: E402
 
+pytest_plugins = ("tests.watchdog",)
+
 
 @pytest.fixture(scope="session")
 def default_model():

@@ -14,11 +14,12 @@ from kvviz.engine.strategies import parse_spec
 from .cases import CASES
 from .sides import KVPRESS_PYTHON, answered, budgets, cases, differences, explained
 
-pytestmark = pytest.mark.skipif(
-    KVPRESS_PYTHON is None,
-    reason="needs kvpress: set KVVIZ_KVPRESS_PYTHON to the python of the kvpress venv "
-    "(packaging/kvpress/build-venv.sh, or run `make test-kvpress`)",
-)
+pytestmark = [
+    pytest.mark.skipif(KVPRESS_PYTHON is None,
+                       reason="needs kvpress: set KVVIZ_KVPRESS_PYTHON to the python of the kvpress venv "
+                       "(packaging/kvpress/build-venv.sh, or run `make test-kvpress`)"),
+    pytest.mark.hung_after(2400),  # a model's first test runs all of kvpress's and kvviz's answers for it (minutes)
+]
 
 @pytest.mark.parametrize("model", ["tiny", "default"])
 @pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])

@@ -20,10 +20,10 @@ import textwrap
 
 import pytest
 
-pytestmark = pytest.mark.install
-
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TIMEOUT = 1800
+
+pytestmark = [pytest.mark.install, pytest.mark.hung_after(3 * TIMEOUT)]  # each install step is bounded by TIMEOUT
 
 
 def _clean_env(venv: pathlib.Path, home: pathlib.Path) -> dict[str, str]:
