@@ -222,7 +222,7 @@ class Asking:
                     raise OptionError(f"the item takes {needed:,} positions, more than the model's context of "
                                       f"{self._context:,}")
                 runs[i] = self._run(choice, capacity_for(choice, total))
-                runs[i].warm_up(lambda message: None)
+                runs[i].warm_up(lambda message: None, self._cancel)
             except Exception as exc:  # noqa: BLE001 - this configuration cannot answer; the others go on
                 self._refuse(i, exc)
         return runs

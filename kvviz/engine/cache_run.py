@@ -12,6 +12,7 @@ strategy object, never from its name.
 from __future__ import annotations
 
 import copy
+import threading
 import time
 
 import torch
@@ -26,6 +27,7 @@ from kvviz.engine.geometry import Geometry
 from kvviz.engine.held_positions import Carried
 from kvviz.engine.machine import free_memory
 from kvviz.engine.own_caches import feed_refusal, layers_of
+from kvviz.engine.stopped_compiles import wait_for_stopped_compiles
 from kvviz.engine.strategies import StrategyChoice, choose, get
 from kvviz.errors import OptionError
 from kvviz.files.trace import LayerRecord
@@ -95,8 +97,10 @@ class CacheRun:
                 + (" or a smaller max_cache_len" if self.strategy.preallocates else "")
             )
 
-    def warm_up(self, notify) -> float | None:
-        """The strategy's one-time preparation (kernel builds), before the first feed: its ms, or None if none."""
+    def warm_up(self, notify, cancel: threading.Event | None = None) -> float | None:
+        """The strategy's one-time preparation (kernel builds), before the first feed: its ms, or None if none.
+        Waits first, untimed, for a compile that a Stop left running (`stopped_compiles`), or until `cancel` is set."""
+        wait_for_stopped_compiles(notify, cancel)
         started = time.perf_counter()
         if self.strategy.warm_up(self.choice.options, self.model.device, notify):
             return (time.perf_counter() - started) * 1000.0

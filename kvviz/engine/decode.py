@@ -31,6 +31,7 @@ from kvviz.engine.geometry import Geometry
 from kvviz.engine.layer_timer import LayerTimer
 from kvviz.engine.machine import memory_bandwidth
 from kvviz.engine.models import LoadedModel
+from kvviz.engine.stopped_compiles import leave_running
 from kvviz.engine.strategies import StrategyChoice, capacity_for, get
 from kvviz.errors import OptionError
 from kvviz.files.trace import Pin, StepRecord, Switch, Trace
@@ -293,8 +294,8 @@ class Decoder:
         text = ""
         new = ids[:, self.run.seen :]  # what the next step feeds a cache: the prompt's uncached rest, then each token
         try:
-            self._wait_for_stopped_compiles()
-            self.trace.warm_up_ms = self.run.warm_up(self.notify)  # before the prefill, apart from its time
+            # before the prefill, apart from its time (and after any compile a Stop left running)
+            self.trace.warm_up_ms = self.run.warm_up(self.notify, self._cancel)
             for index in range(self.settings.max_new_tokens):
                 if self._cancel.is_set():
                     self.trace.cancelled = True
@@ -342,16 +343,6 @@ class Decoder:
         finally:
             timer.remove()
 
-    def _wait_for_stopped_compiles(self) -> None:
-        running = stopped_compiles()
-        if not running:
-            return
-        self.notify("waiting for a stopped torch.compile to finish (it cannot be interrupted)")
-        for thread in running:
-            while thread.is_alive() and not self._cancel.is_set():
-                thread.join(0.1)
-        self.notify("")
-
     def _decoder_start(self) -> int:
         """The token an encoder-decoder's decoder starts from (T5: the pad token; BART: the end-of-sequence one)."""
         start = self.model.generation_config.decoder_start_token_id
@@ -388,8 +379,7 @@ class Decoder:
         while not done.wait(0.1) and not self._cancel.is_set():
             pass
         if self._cancel.is_set():
-            with _stopped_lock:
-                _stopped_compiles.append(thread)
+            leave_running(thread)
             return None
         if failures:
             raise failures[0]
@@ -427,21 +417,6 @@ class Decoder:
         if fidelity is not None:
             record.kl, record.top1_agree, record.ref_logprob, record.reference_ms = fidelity
         return record
-
-
-# Compiles that a Stop left finishing on their own threads (torch.compile cannot be interrupted). While one runs,
-# torch.compiler.is_compiling() is True on every thread (torch keeps one flag for the process), so transformers runs
-# any model as if it were being traced (a static cache's tensors not marked static, no packed GQA): a run waits for
-# them before its first step.
-_stopped_compiles: list[threading.Thread] = []
-_stopped_lock = threading.Lock()
-
-
-def stopped_compiles() -> list[threading.Thread]:
-    """The compiles a Stop left that are still running (join them before the process exits under them)."""
-    with _stopped_lock:
-        _stopped_compiles[:] = [thread for thread in _stopped_compiles if thread.is_alive()]
-        return list(_stopped_compiles)
 
 
 def _check_context(model, positions: int, prompt_tokens: int, new_tokens: int) -> None:

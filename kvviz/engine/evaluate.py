@@ -263,7 +263,7 @@ class Evaluation:
 
     def start(self) -> None:
         self.started = True
-        self.run.warm_up(lambda message: None)  # kernel builds before the first token, not in its time
+        self.run.warm_up(lambda message: None, self._cancel)  # kernel builds before the first token, not in its time
 
     def feeds(self) -> Iterator[tuple[int, int]]:
         """The [start, end) of the document tokens each forward feeds (`feed_sizes`)."""

@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from kvviz.engine import decode, strategies
+from kvviz.engine.stopped_compiles import stopped_compiles
 from kvviz.engine.strategies import OptionError
 
 
@@ -162,7 +163,39 @@ def test_stop_while_compiling_ends_the_run_at_once_and_the_next_run_waits_for_th
     # transformers would run the next run's model as if traced: that run starts once the compile has finished.
     following = decode.Decoder(tiny_model, strategies.choose("static"), settings, "after the stop")
     for step in following:
-        assert not torch.compiler.is_compiling() and decode.stopped_compiles() == [], step.index
+        assert not torch.compiler.is_compiling() and stopped_compiles() == [], step.index
+
+
+def test_an_evaluation_waits_for_a_stopped_compile_before_its_first_feed_and_a_stop_ends_the_wait(tiny_model):
+    """Every way of feeding the model waits for what a Stop left compiling, not only a run: here an evaluation. A
+    thread waiting on an event stands for the compile (a real one takes tens of seconds; the run's test has one)."""
+    import threading
+
+    from kvviz.engine import evaluate
+    from kvviz.engine.stopped_compiles import leave_running
+    from kvviz.files import documents
+
+    dynamic = strategies.choose("dynamic")
+    ids, record, _ = evaluate.prepare(tiny_model, documents.builtin("alice"), [dynamic], 16)
+    finished = threading.Event()
+    compiling = threading.Thread(target=finished.wait, name="kvviz-test-stopped-compile")
+    compiling.start()
+    leave_running(compiling)
+    try:
+        cancel = threading.Event()
+        stopped = evaluate.Evaluation(tiny_model, dynamic, ids, record, cancel=cancel)
+        cancel.set()  # the user's Stop: the wait ends, nothing is fed
+        assert list(stopped) == [] and stopped.result.cancelled and stopped_compiles() == [compiling]
+        records = []
+        waiting = evaluate.Evaluation(tiny_model, dynamic, ids, record)
+        reading = threading.Thread(target=lambda: records.extend(waiting), name="kvviz-test-evaluation")
+        reading.start()
+        reading.join(0.5)
+        assert reading.is_alive() and records == [] and waiting.run.seen == 0  # waits, nothing fed
+    finally:
+        finished.set()
+    reading.join(60)
+    assert len(records) == len(ids) - 1 and stopped_compiles() == []
 
 
 def test_quanto_kernels_load_before_the_prefill_and_apart_from_it(tiny_model):

@@ -209,7 +209,7 @@ class StateAtNotice(QObject):
 def test_compile_is_shown_stoppable_and_in_no_step(qtbot, drive, window, monkeypatch):
     import torch
 
-    from kvviz.engine import decode
+    from kvviz.engine.stopped_compiles import stopped_compiles
 
     # a real compile every time (tens of seconds): a warm cache from an earlier test would make it too short to stop
     monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)
@@ -246,7 +246,7 @@ def test_compile_is_shown_stoppable_and_in_no_step(qtbot, drive, window, monkeyp
     window.redraw()
     assert window.status_line.notice_text == "" and not state.text().startswith("compiling")
     # the stopped compile finishes on its own thread; a process that exits under it aborts
-    for thread in decode.stopped_compiles():
+    for thread in stopped_compiles():
         thread.join(600)
 
 

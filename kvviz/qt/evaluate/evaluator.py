@@ -120,7 +120,7 @@ class Evaluator(WorkerJob):
             if cancel.is_set():
                 break
             try:
-                e.run.warm_up(lambda message: self.sigNotice.emit(eval_id, message))
+                e.run.warm_up(lambda message: self.sigNotice.emit(eval_id, message), cancel)
             except Exception as exc:  # noqa: BLE001 - this strategy's problem; its evaluation reports it
                 log.debug("warm-up failed: %s", exc)
         self.sigNotice.emit(eval_id, "")
