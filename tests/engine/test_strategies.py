@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from kvviz.engine import decode, strategies
-from kvviz.engine.stopped_compiles import stopped_compiles
+from kvviz.engine.stopped_compiles import leave_running, stopped_compiles
 from kvviz.engine.strategies import OptionError
 
 
@@ -172,7 +172,6 @@ def test_an_evaluation_waits_for_a_stopped_compile_before_its_first_feed_and_a_s
     import threading
 
     from kvviz.engine import evaluate
-    from kvviz.engine.stopped_compiles import leave_running
     from kvviz.files import documents
 
     dynamic = strategies.choose("dynamic")
