@@ -289,7 +289,7 @@ class Table:
         if s["first_eviction"] is not None:
             notes.append(f"evicting from token {s['first_eviction']:,}")
         if run.method["mode"] == "chunked":
-            notes.append(f"{run.method['chunk']} tokens per forward")
+            notes.append(f"up to {run.method['chunk']} tokens per forward")
         elif run.method["mode"] == "batched":
             notes.append(f"one of {run.method['rows']} strategies per forward")
         return " ".join(cells) + f"  {run.label()}: {', '.join(notes)}"

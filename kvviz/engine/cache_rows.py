@@ -26,13 +26,15 @@ from kvviz.engine.forward import model_forward
 from kvviz.engine.geometry import Geometry
 
 NAME = "kvviz_rows"
-# A batch's rows are a multiple of this many, the missing ones padding (no cache; each attends to itself only).
-# torch's float32 matrix products on this CPU compute rows in groups of 4: a row in a full group gets the same bits
-# whatever the other rows are, and one in a partial group others (measured on the default model: a row's logits
-# differ by up to 8e-5 between a batch of 10 rows and one of 12). Padded so, a row predicts the same whichever
-# caches share its forwards and wherever it sits, which lets caches join and leave a batch without changing any
-# prediction. It also costs less: products of 2 or 3 rows take a slow path (the default model's projections: 1 row
-# 13.3 ms, 2 rows 28.1, 3 rows 38.5, 4 rows 19.9).
+# Every forward of a batch has the same number of rows, the batch's size rounded up to a multiple of ROW_GROUP: rows
+# not reading (yet, or any more) are padding (no cache; each attends to nothing, its output zeros). A float32 matrix
+# product may give a row other bits in a product of another number of rows, but on the CPUs measured not for what the
+# other rows hold or where the row sits: an AVX2 one computes rows in groups of 4 (a row's logits on the default
+# model differ by up to 8e-5 between a batch of 10 rows and one of 12), an AVX-512 one (MKL) takes one path below 16
+# rows and another from 16 on. So a row predicts the same whichever caches share its forwards and wherever it sits,
+# which lets caches join and leave a batch without changing any prediction (`tests/engine/test_evaluate_together.py`
+# checks it on the machine it runs on). Whole groups also cost less: products of 2 or 3 rows take a slow path on the
+# AVX2 CPU (the default model's projections: 1 row 13.3 ms, 2 rows 28.1, 3 rows 38.5, 4 rows 19.9).
 ROW_GROUP = 4
 
 _local = threading.local()
@@ -40,7 +42,7 @@ _local = threading.local()
 
 class CacheRows:
     """Stands in for a transformers cache in one batched forward: row b's keys and values go to `caches[b]`
-    (None: a padding row, which holds nothing and attends to its own token only).
+    (None: a padding row, which holds nothing and attends to nothing).
 
     A row whose cache or attention scoring raises is failed (`failures`, by row) and fed placeholders for
     the rest of the forward, so that the other rows' caches stay whole; its logits mean nothing.
@@ -76,6 +78,9 @@ def rows_attention(module, query, key, value, attention_mask, dropout=0.0, scali
     rows: CacheRows = _local.rows
     outputs = []
     for row, (keys, values) in enumerate(rows.returned.pop(module.layer_idx)):
+        if rows.caches[row] is None:  # padding: its logits are dropped, and no other row reads its output
+            outputs.append(query.new_zeros((1, query.shape[2], query.shape[1], query.shape[3])))
+            continue
         try:
             output = attention_scores.sdpa_with_scores(module, query[row : row + 1], keys, values, None,
                                                        dropout=dropout, scaling=scaling, **kwargs)[0]
@@ -126,12 +131,15 @@ def attention_by_rows(model) -> Iterator[None]:
         _local.rows = None
 
 
-def feed_together(runs: list[CacheRun], token_id: torch.Tensor) -> tuple[torch.Tensor, dict[int, Exception]]:
+def feed_together(runs: list[CacheRun], token_id: torch.Tensor, batch: int = 0
+                  ) -> tuple[torch.Tensor, dict[int, Exception]]:
     """Feed one token ``[1, 1]`` to every run's cache (each holding one), or one token each ``[len(runs), 1]``, in
-    one forward, inside `attention_by_rows`; returns the logits ``[len(runs), 1, vocab]``, row b's from `runs[b]`'s
-    cache, and the failures by row (those rows' logits and caches are unusable; the others' are whole)."""
+    one forward of the rows of a batch of `batch` caches (at least these), inside `attention_by_rows`; returns the
+    logits ``[len(runs), 1, vocab]``, row b's from `runs[b]`'s cache, and the failures by row (those rows' logits and
+    caches are unusable; the others' are whole)."""
     model = runs[0].model
-    padding = -len(runs) % ROW_GROUP
+    size = max(batch, len(runs))
+    padding = size + -size % ROW_GROUP - len(runs)
     rows = _local.rows = CacheRows([run.cache for run in runs] + [None] * padding)
     positions = torch.cat([run.positions(1, token_id.device) for run in runs]
                           + [torch.zeros((padding, 1), dtype=torch.long, device=token_id.device)])

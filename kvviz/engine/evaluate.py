@@ -13,7 +13,10 @@ it kept; a document whose first half fits its budget is refused, since it would 
 
 A strategy whose predictions equal the full cache's (`Strategy.exact`: it keeps every token in full
 precision) is fed `CHUNK` tokens per forward instead, each forward scoring all of them; the NLL is
-the same to within 1e-3 nats (tested), and the cache is then measured once per chunk. The other
+the same to within 1e-3 nats (tested), and the cache is then measured once per chunk. So is one whose cache only
+appends between two changes of what it holds, in forwards that end at the next change at the latest
+(`Strategy.feed_span`: a quantized cache between re-quantizations, SnapKV after its prompt; each tested against its
+own token-by-token reading). The other
 strategies can read the document together (`evaluate_many.evaluate_all(..., together=True)`): one batch row each,
 every forward feeding one token to all of their caches (`cache_rows`), which shares the reading of
 the weights that bounds a token-by-token forward; each row's NLL is the same as alone (tested).
@@ -24,7 +27,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 import torch
@@ -41,7 +44,7 @@ from kvviz.files.documents import Document
 from kvviz.files.evaluation import EvalRun, Journaled, TokenRecord, token_count_problem
 from kvviz.files.journal import digest
 
-CHUNK = 128  # tokens per forward for exact strategies
+CHUNK = 128  # the most tokens per forward of a strategy read in chunks (`Strategy.feed_span`)
 MAX_TOKENS = 10**7  # a document this long is cut here even for strategies that stream past the context
 CHARS_PER_TOKEN = 32  # more than any token of a BPE vocabulary spans: a prefix this long holds enough tokens
 
@@ -110,12 +113,13 @@ def prompt_tokens(choice: StrategyChoice, tokens: int) -> int:
     return prompt
 
 
-def feed_sizes(tokens: int, chunk: int, prompt: int = 0) -> Iterator[int]:
+def feed_sizes(tokens: int, span: Callable[[int], int], prompt: int = 0) -> Iterator[int]:
     """The tokens each forward feeds when an evaluation reads `tokens` tokens: `prompt` first if there is one, then
-    `chunk` at a time (the size rules of `kvviz.engine.target_memory` replay the same)."""
+    `span(fed)` at a time once `fed` are fed (`Strategy.feed_span`; the size rules of `kvviz.engine.target_memory`
+    replay the same)."""
     fed = 0
     while fed < tokens:
-        size = min(prompt if fed == 0 and prompt else chunk, tokens - fed)
+        size = min(prompt if fed == 0 and prompt else span(fed), tokens - fed)
         yield size
         fed += size
 
@@ -182,8 +186,10 @@ class Evaluation:
         self.ids = torch.tensor([token_ids], device=self.model.device)
         self.run = CacheRun(self.model, choice, capacity_for(choice, len(token_ids)), tokenizer=loaded.tokenizer)
         self.run.check_memory()
-        # a cache that keeps every token exactly may take many per forward, unless the model reads that as a new prompt
-        self.chunk = max(1, chunk) if self.run.strategy.exact and not feed_refusal(self.model) else 1
+        # a cache that may take many tokens per forward once it holds one (`Strategy.feed_span`), unless the model
+        # reads that as a new prompt, reads in chunks of up to `chunk`
+        many = self.run.strategy.feed_span(choice.options, 1, 2) > 1 and not feed_refusal(self.model)
+        self.chunk = max(1, chunk) if many else 1
         self.prompt = prompt_tokens(choice, len(token_ids))
         self._cancel = cancel or threading.Event()
         self.started = False
@@ -241,10 +247,10 @@ class Evaluation:
     def resume(self, kept: EvalRun, ended: bool) -> str:
         """Take up what an earlier process measured (`kept`, from its journal; `ended`: the strategy was over
         there). Returns what was done, in words: kept as it was (ended); continued from the last whole forward
-        (a strategy that keeps every token exactly: the forwards before it are fed again, in the same chunks and
+        (a strategy read in chunks: the forwards before it are fed again, in the same chunks and
         unscored, which rebuilds the very same cache, so every later prediction is the one an uninterrupted run
-        makes); or started again from the first token (a cache that evicts or quantizes, whose state its
-        measurements do not hold)."""
+        makes); or started again from the first token (a cache read token by token, which evicts or quantizes, whose
+        state its measurements do not hold)."""
         label = self.result.label()
         if ended:
             self.result = kept
@@ -268,9 +274,13 @@ class Evaluation:
     def feeds(self) -> Iterator[tuple[int, int]]:
         """The [start, end) of the document tokens each forward feeds (`feed_sizes`)."""
         start = 0
-        for size in feed_sizes(self.predictions, self.chunk, self.prompt):
+        for size in feed_sizes(self.predictions, self.span, self.prompt):
             yield start, start + size
             start += size
+
+    def span(self, fed: int) -> int:
+        """The most tokens the next forward may feed once `fed` are fed (`Strategy.feed_span`, up to `chunk`)."""
+        return 1 if self.chunk == 1 else self.run.strategy.feed_span(self.run.choice.options, fed, self.chunk)
 
     def __iter__(self) -> Iterator[TokenRecord]:
         self.start()

@@ -82,7 +82,8 @@ def evaluate_together(evaluations: list[Evaluation], share: bool = False) -> Ite
             started = time.perf_counter()
             with torch.inference_mode():
                 logits, failures = cache_rows.feed_together([evaluations[i].run for i in active],
-                                                            evaluations[0].ids[:, position : position + 1])
+                                                            evaluations[0].ids[:, position : position + 1],
+                                                            batch=len(evaluations))
             wall_ms = (time.perf_counter() - started) * 1000.0 / len(active)
             still = []
             for row, i in enumerate(active):

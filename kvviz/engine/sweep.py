@@ -354,10 +354,10 @@ class SweepRun:
         self._floor_bytes += forwards * weights + sum(r.cache_bytes or 0 for records in fed for r in records)
 
     def _floor(self) -> tuple[int, float] | None:
-        """The rows that read the text token by token (every configuration but the exact cache) and the median time
-        of a forward of the compute-bound floor for them (`floor_forward_ms`, over half the text); None where not
-        measured."""
-        rows = sum(1 for i, e in enumerate(self.evaluations) if i and e is not None and e.chunk == 1
+        """The rows of the configurations that do not keep every token exactly (every one but the exact cache's kind),
+        which read the text token by token were it not for `Strategy.feed_span`, and the median time of a forward of
+        the compute-bound floor for them (`floor_forward_ms`, over half the text); None where not measured."""
+        rows = sum(1 for i, e in enumerate(self.evaluations) if i and e is not None and not e.run.strategy.exact
                    and (e.finished or i in self._kept))
         if not rows or not self.floor_forwards:
             return None

@@ -1,8 +1,9 @@
 """The memory a cache configuration needs at the user's target: a context length, a number of sequences and a
 budget, from the cache's own size rule (`CachePredictor`), not from a formula of layers x heads x head_dim.
 
-The rule is replayed as an evaluation reads a text (`evaluate.feed_sizes`): a cache that keeps every token
-exactly takes a chunk per forward, the others a token at a time, SnapKV half the text as its prompt. So every
+The rule is replayed as an evaluation reads a text (`evaluate.feed_sizes`): SnapKV half the text as its prompt, then
+as many tokens per forward as `Strategy.feed_span` allows (a chunk where the cache keeps every token exactly, up to its
+next quantization for a quantized one, else one). So every
 layer kind counts as it allocates: full attention grows, a sliding window or an eviction budget stops growing,
 a quantized cache packs all but its full-precision residual, a static cache reserves every slot up front, a
 state-space layer keeps its fixed state; and a policy's own state (H2O's attention sums) is added. At the
@@ -35,7 +36,7 @@ def size_at(model, choice: StrategyChoice, tokens: int, chunk: int, sequences: i
         prompt = prompt_tokens(choice, tokens + 1)  # an evaluation of n + 1 tokens feeds n
     except OptionError:  # so short a text that SnapKV keeps it whole: fed token by token, it never evicts
         prompt = 0
-    for size in feed_sizes(tokens, chunk if strategy.exact else 1, prompt):
+    for size in feed_sizes(tokens, lambda fed: strategy.feed_span(choice.options, fed, chunk), prompt):
         predictor.feed(size)
     return predictor.cache_bytes(), predictor.policy_bytes()
 

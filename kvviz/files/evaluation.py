@@ -84,7 +84,7 @@ class EvalRun:
     model: dict[str, Any]  # the model card
     strategy: dict[str, Any]  # {"name": str, "options": dict}
     document: dict[str, Any]  # name, source, title, author, tokens, first_token_id, cut
-    method: dict[str, Any]  # {"mode": one of MODES, "chunk": tokens per forward, "rows": strategies per forward}
+    method: dict[str, Any]  # {"mode": one of MODES, "chunk": most tokens per forward, "rows": strategies per forward}
     records: list[TokenRecord] = field(default_factory=list)
     cancelled: bool = False
     error: str | None = None

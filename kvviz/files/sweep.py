@@ -179,7 +179,7 @@ class Configuration:
 @dataclass
 class SpeedRecord:
     """How fast the sweep read the text: its time against the compute-bound floor (as many plain batched forwards of
-    one token as the text has predictions, for the `floor_rows` configurations read token by token, over a full
+    one token as the text has predictions, for the `floor_rows` configurations that do not keep every token, over a full
     cache of half the text, timed in the same run), rows per batched forward, forwards per second, and the share of
     the memory-bound speed reached (every weight and every row's cache read once per forward at this machine's
     bandwidth); None where not measured."""

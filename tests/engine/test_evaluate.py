@@ -81,14 +81,48 @@ def test_strategies_that_keep_every_token_equal_dynamic(default_model, alice_256
     assert evaluation.result.first_eviction is None
 
 
-def test_only_exact_strategies_are_chunked(tiny_model):
+def test_caches_that_take_many_tokens_a_forward_read_in_chunks(tiny_model):
     ids, record = document_ids(tiny_model, 40)
     expected = {"dynamic": "chunked", "static": "chunked", "none": "chunked", "sliding": "token-by-token",
-                "sink": "token-by-token", "quantized": "token-by-token"}
+                "sink": "token-by-token", "h2o": "token-by-token", "quantized": "chunked", "snapkv": "chunked"}
+    options = {"quantized": {"q_group_size": 32}, "h2o": {"budget": 8}, "snapkv": {"budget": 12, "window": 4}}
     for name, mode in expected.items():
-        options = {"q_group_size": 32} if name == "quantized" else {}
-        evaluation = evaluate.Evaluation(tiny_model, strategies.choose(name, options), ids, record)
+        evaluation = evaluate.Evaluation(tiny_model, strategies.choose(name, options.get(name)), ids, record)
         assert evaluation.result.method["mode"] == mode, name
+
+
+# Caches that change what they hold between two tokens, yet read in chunks where nothing changes in between
+# (`Strategy.feed_span`): each against itself read token by token
+SPANNED = ["quantized:backend=quanto:nbits=4:q_group_size=32:residual_length=16",
+           "quantized:backend=hqq:nbits=8:residual_length=16", "quantized:backend=fp8",
+           "snapkv:budget=16:window=8", "snapkv:budget=16:window=8:chunk=4:critical=true", "keydiff:budget=16",
+           "lagkv:budget=16", "expected_attention:budget=16", "pyramidkv:budget=16:window=8", "random:budget=16"]
+
+
+def test_every_cache_read_in_chunks_is_proven_here(tiny_model):
+    """A strategy that reads in chunks without keeping every token exactly is in SPANNED, so that the test below
+    proves it (a new one, or one whose rule changed, fails here until it is)."""
+    spanned = {s.name for s in strategies.all_strategies()
+               if not s.exact and s.feed_span({o.name: o.default for o in s.options}, 1, 2) > 1}
+    assert spanned <= {spec.split(":")[0] for spec in SPANNED}
+
+
+@pytest.mark.parametrize("spec", SPANNED)
+def test_a_cache_read_in_chunks_predicts_and_holds_as_token_by_token(tiny_model, spec):
+    ids, record = document_ids(tiny_model, 100)
+    choice = strategies.parse_spec(spec)
+    chunked = evaluate.Evaluation(tiny_model, choice, ids, record, chunk=48)
+    single = evaluate.Evaluation(tiny_model, choice, ids, record, chunk=1)
+    assert chunked.result.method["mode"] == "chunked" and single.result.method["mode"] == "token-by-token"
+    for evaluation in (chunked, single):
+        for _ in evaluation:
+            pass
+    nll = [torch.tensor([r.nll for r in e.result.records]) for e in (chunked, single)]
+    assert float((nll[0] - nll[1]).abs().max()) < TOLERANCE
+    assert chunked.result.first_eviction == single.result.first_eviction
+    last = [e.result.records[-1] for e in (chunked, single)]
+    assert (last[0].cache_bytes, last[0].tokens_held) == (last[1].cache_bytes, last[1].tokens_held)
+    assert last[0].cache_bytes == last[0].predicted_cache_bytes
 
 
 def test_none_is_scored_like_dynamic(tiny_model):
@@ -118,19 +152,19 @@ def test_evicting_strategies_hold_their_budget(tiny_model, name, options, held, 
 
 def test_snapkv_reads_the_first_half_as_its_prompt_and_compresses_it(tiny_model):
     """Fed one token at a time SnapKV would never compress: an evaluation gives it the document's first half as a
-    prompt, in one forward (a full cache's predictions), then the rest token by token from what it kept."""
+    prompt, in one forward (a full cache's predictions), then the rest from what it kept, to which it only appends
+    (so in chunks: `Strategy.feed_span`)."""
     ids, record = document_ids(tiny_model, 60)
     options = {"budget": 12, "window": 4, "kernel": 3}
     nll, evaluation = nll_of(tiny_model, "snapkv", options, ids, record)
     dynamic, _ = nll_of(tiny_model, "dynamic", {}, ids, record)
     result = evaluation.result
-    assert result.method == {"mode": "token-by-token", "chunk": 1, "prompt": 30}
-    assert evaluation.batchable()  # after its prompt (test_evaluate_together)
+    assert result.method == {"mode": "chunked", "chunk": evaluate.CHUNK, "prompt": 30}
     assert result.first_eviction == 30  # measured: after the prompt the cache held 12 of 30
     assert float((nll[:30] - dynamic[:30]).abs().max()) < TOLERANCE
     assert float((nll[30:] - dynamic[30:]).abs().max()) > TOLERANCE
     held = [r.tokens_held for r in result.records if r.tokens_held is not None]
-    assert held == list(range(12, 12 + 30))  # the prompt cut to the budget, then every token appended
+    assert held == [12, 12 + 29]  # the prompt cut to the budget, then the other 29 tokens appended in one forward
     assert all(r.cache_bytes == r.predicted_cache_bytes for r in result.records if r.cache_bytes is not None)
     summary = result.summary()
     assert summary["before_eviction_perplexity"] is not None and summary["after_eviction_perplexity"] is not None
@@ -163,7 +197,7 @@ def test_a_policy_s_own_state_is_measured(tiny_model, name, layers, score):
 def test_quantized_is_measured_and_predicted_at_every_token(tiny_model):
     ids, record = document_ids(tiny_model, 50)
     options = {"backend": "hqq", "nbits": 4, "q_group_size": 32, "residual_length": 8}
-    _, evaluation = nll_of(tiny_model, "quantized", options, ids, record)
+    _, evaluation = nll_of(tiny_model, "quantized", options, ids, record, chunk=1)
     records = evaluation.result.records
     assert all(r.cache_bytes == r.predicted_cache_bytes for r in records)
     assert records[-1].cache_bytes < (len(ids) - 1) * tiny_model.card["kv_bytes_per_token"]
@@ -187,12 +221,12 @@ def test_a_quantized_cache_read_dequantizes_once_per_quantization_and_predicts_t
         dequantize = cls._dequantize
         monkeypatch.setattr(cls, "_dequantize", lambda self, q, dequantize=dequantize: calls.append(1) or dequantize(
             self, q))
-    nll, evaluation = nll_of(tiny_model, "quantized", options, ids, record)
+    nll, evaluation = nll_of(tiny_model, "quantized", options, ids, record, chunk=1)  # token by token
     once = len(calls)
     strategy = evaluation.run.strategy
     monkeypatch.setattr(type(strategy), "reading", lambda self, cache: contextlib.nullcontext())
     calls.clear()
-    every_time, _ = nll_of(tiny_model, "quantized", options, ids, record)
+    every_time, _ = nll_of(tiny_model, "quantized", options, ids, record, chunk=1)
     assert torch.equal(nll, every_time)
     layers = len(evaluation.run.cache.layers)
     assert len(calls) == 2 * layers * (len(ids) - 2)  # keys and values, at every update but the first

@@ -17,7 +17,7 @@ EVICTING = [
     ("h2o", {"budget": 12, "recent": 4}),
     ("tova", {"budget": 12}),
     ("knorm", {"budget": 12}),
-]  # snapkv reads its prompt in one forward, alone (test_evaluate)
+]  # snapkv reads its prompt in one forward, alone, then appends in chunks (test_evaluate)
 
 
 def evaluations_of(loaded, specs, ids, record, cancel=None):
@@ -76,7 +76,7 @@ def test_only_evicting_strategies_share_forwards_and_the_order_is_kept(tiny_mode
              ("sink", {"sink_tokens": 2, "window": 6})]
     evaluations, order = run_all(tiny_model, specs, ids, record, together=True)
     modes = [e.result.method["mode"] for e in evaluations]
-    assert modes == ["chunked", "batched", "token-by-token", "batched"]  # quantizing rounds: fed alone
+    assert modes == ["chunked", "batched", "chunked", "batched"]  # quantized: in chunks up to each quantization
     # the exact one first, then the batch where its first member stands, then the quantized one
     assert order == [0] * 19 + [1, 3] * 19 + [2] * 19
     assert all(e.finished and e.result.error is None for e in evaluations)
@@ -130,9 +130,11 @@ def test_models_with_sliding_window_layers_are_fed_one_at_a_time(tiny_model):
     assert order == [0] * 15 + [1] * 15
 
 
-def test_a_row_predicts_the_same_bits_whichever_rows_share_its_forward(tiny_model):
-    """Batches are padded to whole groups of `cache_rows.ROW_GROUP` rows, in which torch's matrix products give a row
-    the same bits whatever the others hold: what lets rows join and leave a batch without changing a prediction."""
+@pytest.mark.parametrize("batch", [4, 8, 16])
+def test_a_row_predicts_the_same_bits_whichever_rows_share_its_forward(tiny_model, batch):
+    """Every forward of a batch has as many rows (`cache_rows.ROW_GROUP`), in which torch's matrix products give a row
+    the same bits whatever the others hold and wherever it sits: what lets rows join and leave a batch without
+    changing a prediction."""
     ids, record = document_ids(tiny_model, 24)
     token = torch.tensor([[ids[0]]])
 
@@ -140,12 +142,12 @@ def test_a_row_predicts_the_same_bits_whichever_rows_share_its_forward(tiny_mode
         runs = [evaluate.Evaluation(tiny_model, strategies.parse_spec(s), ids, record).run for s in specs]
         with torch.inference_mode(), cache_rows.attention_by_rows(tiny_model.model):
             for fed in ids[:12]:  # the rows' caches fill; then one more token, for the logits compared
-                cache_rows.feed_together(runs, torch.tensor([[fed]]))
-            return cache_rows.feed_together(runs, token)[0][:, -1]
+                cache_rows.feed_together(runs, torch.tensor([[fed]]), batch)
+            return cache_rows.feed_together(runs, token, batch)[0][:, -1]
 
     alone = logits_of(["tova:budget=8"])[0]
     assert torch.equal(logits_of(["sliding:window=5", "tova:budget=8", "h2o:budget=6"])[1], alone)
-    assert torch.equal(logits_of(["sink:sink_tokens=2:window=4"] * 5 + ["tova:budget=8"])[5], alone)
+    assert torch.equal(logits_of(["sink:sink_tokens=2:window=4"] * 3 + ["tova:budget=8"])[3], alone)
 
 
 SHARED = ["h2o:budget=20", "sliding:window=9", "sink:sink_tokens=2:window=12", "tova:budget=16", "knorm:budget=12",
@@ -184,11 +186,19 @@ def test_rows_that_start_from_another_row_predict_what_they_would_have_from_the_
     assert order.count(1) == 39 and order[: 2 * 8].count(1) == 0
 
 
-def test_snapkv_reads_its_prompt_alone_and_joins_the_batch_after_it(tiny_model):
+def test_snapkv_read_token_by_token_reads_its_prompt_alone_and_joins_the_batch_after_it(tiny_model):
+    """Where it reads token by token after its prompt (`chunk=1`, as on a model that takes one token at a time after
+    a prompt; elsewhere it appends in chunks, alone)."""
     ids, record = document_ids(tiny_model, 60)
     specs = [("snapkv", {"budget": 12, "window": 4, "kernel": 3}), ("h2o", {"budget": 12})]
-    alone, _ = run_all(tiny_model, specs, ids, record, together=False)
-    together, order = run_all(tiny_model, specs, ids, record, together=True)
+
+    def read(together):
+        evaluations = [evaluate.Evaluation(tiny_model, strategies.choose(name, options), ids, record, chunk=1)
+                       for name, options in specs]
+        return evaluations, [i for i, _ in evaluate_many.evaluate_all(evaluations, together=together)]
+
+    alone, _ = read(together=False)
+    together, order = read(together=True)
     assert_same_predictions(alone, together)
     assert together[0].result.method == {"mode": "batched", "chunk": 1, "rows": 2, "prompt": 30}
     assert order[:30] == [0] * 30 and order[30:36] == [1] * 6  # its prompt first, then h2o alone until it joins

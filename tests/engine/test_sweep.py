@@ -125,15 +125,16 @@ def test_no_configuration_meeting_the_terms_names_the_nearest(swept):
                                   "h2o:budget=32", "quantized:backend=hqq:nbits=4:residual_length=16"])
 def test_memory_at_a_target_equals_a_measured_run_at_that_length(tiny_model, spec):
     """The size rule replayed to a target of 100 tokens against a cache sized for and fed those 100 tokens as a sweep
-    feeds them (a chunk at a time where it keeps every token exactly, else one by one)."""
+    feeds them (as many tokens per forward as `Strategy.feed_span` allows: a chunk where it keeps every token exactly,
+    up to its next quantization for a quantized cache, else one)."""
     target = 100
     choice = strategies.parse_spec(spec)
     ids, _ = prepared(tiny_model, [choice], target)
     run = CacheRun(tiny_model.model, choice, capacity_for(choice, target))
-    chunk = evaluate.CHUNK if run.strategy.exact else 1
+    chunk = evaluate.CHUNK
     fed = 0
     with torch.inference_mode():
-        for n in evaluate.feed_sizes(target, chunk):
+        for n in evaluate.feed_sizes(target, lambda seen: run.strategy.feed_span(choice.options, seen, chunk)):
             run.forward(torch.tensor([ids[fed : fed + n]]))
             fed += n
     measured = sum(layer.total_bytes for layer in run.measure(slots=False))

@@ -140,6 +140,13 @@ class Strategy:
         """Whether a cache of these options is `forkable`."""
         return self.forkable
 
+    def feed_span(self, options: dict, seen: int, chunk: int) -> int:
+        """The most tokens, at most `chunk`, that an evaluation's next forward may feed a cache of these options once
+        it has been fed `seen` (its prompt first, where it has one), for the cache to end as one fed them a token at a
+        time would, each of them attending to what it would have attended to: the whole `chunk` for a cache that
+        keeps every token exactly, else 1 (a cache that changes what it holds between two tokens)."""
+        return chunk if self.exact else 1
+
     # -- options -------------------------------------------------------------------------------------
 
     def option(self, name: str) -> Option:

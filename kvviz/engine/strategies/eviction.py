@@ -149,6 +149,13 @@ class EvictionStrategy(Strategy):
         wrapped = any(options.get(name, off) != off for name, off in WRAPPERS_OFF.items())
         return self.forkable and not wrapped and options.get("decode_interval") == 1
 
+    def feed_span(self, options, seen, chunk):
+        # one that compresses only its prompt (its first feed) and then neither compresses nor watches attention
+        # only appends after it, as a full cache does
+        appends = (self.compresses_prompt and not options.get("decode_interval") and not options.get("adaptive")
+                   and not self.scorer.every_feed and type(self).after_forward is Strategy.after_forward)
+        return chunk if appends and seen else 1
+
     def whole_layers(self, options: dict) -> int:
         """The first layers the policy leaves whole (plain DynamicLayers)."""
         return 0

@@ -90,6 +90,18 @@ class Quantized(Strategy):
         Option("axis_value", "int", 0, "axis along which values are grouped", minimum=-1, maximum=1),
     )
 
+    def feed_span(self, options, seen, chunk):
+        # Every backend quantizes all of its first feed. After it, fp8 quantizes each token with the first feed's
+        # scale, alone; quanto and HQQ keep tokens in a full-precision residual until a feed brings it to
+        # residual_length, which quantizes everything with that feed's tokens, so a feed that ends there at the latest
+        # leaves what one token at a time would, each of its tokens attending to the same dequantized keys
+        if not seen:
+            return 1
+        if options["backend"] == "fp8":
+            return chunk
+        residual = options["residual_length"]
+        return min(chunk, residual - (seen - 1) % residual)
+
     def parse_options(self, raw):
         # fp8 quantizes per tensor: the group-wise options mean nothing to it
         if str(raw.get("backend", "")) == "fp8":

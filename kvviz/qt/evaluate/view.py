@@ -57,7 +57,7 @@ def cells(series: StrategySeries) -> list[str]:
     if series.state in (FAILED, CANCELLED) and series.error:  # cancelled with a reason: a journal's
         status = f"{series.state}: {series.error}"
     elif series.state == RUNNING and series.run is not None and series.run.method.get("mode") == "chunked":
-        status = f"running ({series.run.method.get('chunk')} tokens per forward)"
+        status = f"running (up to {series.run.method.get('chunk')} tokens per forward)"
     return [
         series.short_label(),
         done if series.run is not None else UNKNOWN,
