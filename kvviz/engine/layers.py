@@ -51,8 +51,15 @@ class KvvizLayer(CacheLayerMixin):
         return None
 
 
-def rotate_keys(keys: torch.Tensor, shift: int, inv_freq: torch.Tensor) -> torch.Tensor:
-    """Move RoPE-rotated keys by `shift` positions (negative: towards the start).
+def rotation(shift: int, inv_freq: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cosines and sines, in float32 on `device`, of a move by `shift` positions (`rotate_keys`)."""
+    angle = shift * inv_freq.to(device=device, dtype=torch.float32)
+    return torch.cat((angle.cos(), angle.cos())), torch.cat((angle.sin(), angle.sin()))
+
+
+def rotate_keys(keys: torch.Tensor, shift: int, inv_freq: torch.Tensor,
+                turn: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """Move RoPE-rotated keys by `shift` positions (negative: towards the start); `turn`: its `rotation`, if kept.
 
     Rotations compose, R(p + shift) = R(shift) R(p), so applying the rotation of `shift` to a key
     rotated for position p gives the key for position p + shift. Uses the rotate-half pairing of
@@ -60,9 +67,7 @@ def rotate_keys(keys: torch.Tensor, shift: int, inv_freq: torch.Tensor) -> torch
     ``2 * len(inv_freq)`` channels rotate. Computed in float32 and cast back.
     """
     rotary_dim = 2 * inv_freq.numel()
-    angle = shift * inv_freq.to(device=keys.device, dtype=torch.float32)
-    cos = torch.cat((angle.cos(), angle.cos()))
-    sin = torch.cat((angle.sin(), angle.sin()))
+    cos, sin = turn or rotation(shift, inv_freq, keys.device)
     rot = keys[..., :rotary_dim].float()
     half = rotary_dim // 2
     rotated_half = torch.cat((-rot[..., half:], rot[..., :half]), dim=-1)
@@ -92,6 +97,7 @@ class SinkLayer(KvvizLayer):
         self.window = window
         self.inv_freq = inv_freq
         self.evicted = 0  # tokens dropped so far
+        self.turns: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # `rotation` by shift: a step's is always -1
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
@@ -107,7 +113,9 @@ class SinkLayer(KvvizLayer):
         drop = full_keys.shape[-2] - (self.sink_tokens + self.window)
         if drop > 0:
             start = self.sink_tokens + drop
-            recent = rotate_keys(full_keys[:, :, start:], -drop, self.inv_freq)
+            if -drop not in self.turns:
+                self.turns[-drop] = rotation(-drop, self.inv_freq, full_keys.device)
+            recent = rotate_keys(full_keys[:, :, start:], -drop, self.inv_freq, self.turns[-drop])
             self.keys = torch.cat([full_keys[:, :, : self.sink_tokens], recent], dim=-2)
             self.values = torch.cat([full_values[:, :, : self.sink_tokens], full_values[:, :, start:]], dim=-2)
             self.evicted += drop
