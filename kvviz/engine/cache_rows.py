@@ -78,16 +78,15 @@ def rows_attention(module, query, key, value, attention_mask, dropout=0.0, scali
     rows: CacheRows = _local.rows
     outputs = []
     for row, (keys, values) in enumerate(rows.returned.pop(module.layer_idx)):
-        if rows.caches[row] is None:  # padding: its logits are dropped, and no other row reads its output
-            outputs.append(query.new_zeros((1, query.shape[2], query.shape[1], query.shape[3])))
-            continue
-        try:
-            output = attention_scores.sdpa_with_scores(module, query[row : row + 1], keys, values, None,
-                                                       dropout=dropout, scaling=scaling, **kwargs)[0]
-        except Exception as exc:  # noqa: BLE001 - an eviction policy's scoring failed: this row only
-            rows.failures.setdefault(row, exc)
-            output = torch.zeros_like(query[row : row + 1].transpose(1, 2))  # SDPA's [1, new, heads, head_dim]
-        outputs.append(output)
+        output = None  # zeros for a padding row (its logits are dropped, no other row reads it) or a failed one
+        if rows.caches[row] is not None:
+            try:
+                output = attention_scores.sdpa_with_scores(module, query[row : row + 1], keys, values, None,
+                                                           dropout=dropout, scaling=scaling, **kwargs)[0]
+            except Exception as exc:  # noqa: BLE001 - an eviction policy's scoring failed: this row only
+                rows.failures.setdefault(row, exc)
+        # SDPA's output is [1, new, heads, head_dim]
+        outputs.append(torch.zeros_like(query[row : row + 1].transpose(1, 2)) if output is None else output)
     return torch.cat(outputs, dim=0), None
 
 
