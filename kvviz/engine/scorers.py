@@ -91,3 +91,14 @@ def force(scores: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
     if not bool(kept.any()) or bool(kept.all()):
         return scores
     return scores.masked_fill(kept, float(scores.masked_fill(kept, float("-inf")).max()) + 1.0)
+
+
+def force_newest(scores: torch.Tensor, count: int) -> torch.Tensor:
+    """`force` of the `count` newest tokens (the last along the token axis), without building their mask: H2O and
+    SnapKV call it at every compression, which is every decoding step of H2O."""
+    older = scores.shape[-1] - count
+    if count <= 0 or older <= 0:
+        return scores
+    forced = scores.clone()
+    forced[..., older:] = float(scores[..., :older].max()) + 1.0
+    return forced

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kvviz.engine.scorers import Scorer, force
+from kvviz.engine.scorers import Scorer, force_newest
 from kvviz.engine.strategies.base import Option
 from kvviz.engine.strategies.eviction import EvictionStrategy, budget_option, scoring_options
 
@@ -53,8 +53,7 @@ class HeavyHitters(Scorer):
         if self.average:  # per query that attended to it since it entered (or since the sums started), and per query
             # head of the KV head: kvpress's ObservedAttention, at its scale
             scores = scores / (layer.seen - layer.positions.clamp(min=self.summed_from)) / self.group
-        held = scores.shape[-1]
-        return force(scores, torch.arange(held, device=scores.device) >= held - self.recent)
+        return force_newest(scores, self.recent)
 
 
 class H2O(EvictionStrategy):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kvviz.engine.scorers import Scorer, force
+from kvviz.engine.scorers import Scorer, force_newest
 from kvviz.engine.strategies.base import Option
 from kvviz.engine.strategies.eviction import EvictionStrategy, budget_option, scoring_options
 
@@ -46,7 +46,7 @@ class ObservationWindow(Scorer):
         candidates = received[..., : held - window]
         pooled = self.pool(candidates, kernel_size=self.kernel, stride=1, padding=self.kernel // 2)
         scores = torch.cat([pooled, received[..., held - window :]], dim=-1)
-        return force(scores, torch.arange(held, device=scores.device) >= held - window)
+        return force_newest(scores, window)
 
 
 def window_options(window: int) -> tuple[Option, ...]:
