@@ -58,23 +58,33 @@ def rotation(shift: int, inv_freq: torch.Tensor, device: torch.device) -> tuple[
 
 
 def rotate_keys(keys: torch.Tensor, shift: int, inv_freq: torch.Tensor,
-                turn: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """Move RoPE-rotated keys by `shift` positions (negative: towards the start); `turn`: its `rotation`, if kept.
+                turn: tuple[torch.Tensor, torch.Tensor] | None = None, out: torch.Tensor | None = None
+                ) -> torch.Tensor:
+    """Move RoPE-rotated keys by `shift` positions (negative: towards the start); `turn`: its `rotation`, if kept;
+    written into `out` (of the keys' shape and dtype) where given.
 
     Rotations compose, R(p + shift) = R(shift) R(p), so applying the rotation of `shift` to a key
     rotated for position p gives the key for position p + shift. Uses the rotate-half pairing of
-    transformers' `apply_rotary_pos_emb`; with partial rotary embeddings only the first
-    ``2 * len(inv_freq)`` channels rotate. Computed in float32 and cast back.
+    transformers' `apply_rotary_pos_emb`, ``x * cos + rotate_half(x) * sin``; with partial rotary embeddings only
+    the first ``2 * len(inv_freq)`` channels rotate. Computed in float32 and cast back.
     """
     rotary_dim = 2 * inv_freq.numel()
-    cos, sin = turn or rotation(shift, inv_freq, keys.device)
-    rot = keys[..., :rotary_dim].float()
     half = rotary_dim // 2
-    rotated_half = torch.cat((-rot[..., half:], rot[..., :half]), dim=-1)
-    rot = (rot * cos + rotated_half * sin).to(keys.dtype)
-    if rotary_dim == keys.shape[-1]:
-        return rot
-    return torch.cat((rot, keys[..., rotary_dim:]), dim=-1)
+    cos, sin = turn or rotation(shift, inv_freq, keys.device)
+    out = torch.empty_like(keys) if out is None else out
+    rot = keys[..., :rotary_dim].float()
+    # rotate_half(x) * sin without building rotate_half(x) = (-second half, first half): (-a) * s is a * (-s) to the
+    # bit, so each half is multiplied in place
+    turned = torch.empty_like(rot)
+    torch.mul(rot[..., half:], sin[:half].neg(), out=turned[..., :half])
+    torch.mul(rot[..., :half], sin[half:], out=turned[..., half:])
+    rotated = out[..., :rotary_dim] if out.dtype == torch.float32 else torch.empty_like(rot)
+    torch.mul(rot, cos, out=rotated).add_(turned)
+    if rotated.dtype != out.dtype:
+        out[..., :rotary_dim] = rotated
+    if rotary_dim < keys.shape[-1]:
+        out[..., rotary_dim:] = keys[..., rotary_dim:]
+    return out
 
 
 class SinkLayer(KvvizLayer):
@@ -115,8 +125,11 @@ class SinkLayer(KvvizLayer):
             start = self.sink_tokens + drop
             if -drop not in self.turns:
                 self.turns[-drop] = rotation(-drop, self.inv_freq, full_keys.device)
-            recent = rotate_keys(full_keys[:, :, start:], -drop, self.inv_freq, self.turns[-drop])
-            self.keys = torch.cat([full_keys[:, :, : self.sink_tokens], recent], dim=-2)
+            # the sinks, then the recent keys rotated straight into their place: no copy of them between
+            self.keys = full_keys.new_empty((*full_keys.shape[:2], full_keys.shape[-2] - drop, full_keys.shape[-1]))
+            self.keys[:, :, : self.sink_tokens] = full_keys[:, :, : self.sink_tokens]
+            rotate_keys(full_keys[:, :, start:], -drop, self.inv_freq, self.turns[-drop],
+                        out=self.keys[:, :, self.sink_tokens :])
             self.values = torch.cat([full_values[:, :, : self.sink_tokens], full_values[:, :, start:]], dim=-2)
             self.evicted += drop
         else:

@@ -1,10 +1,11 @@
 """The sink layer evicts the middle and re-rotates kept keys to their new positions."""
 
+import pytest
 import torch
 from transformers import LlamaConfig
-from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb, rotate_half
 
-from kvviz.engine.layers import SinkLayer, rotate_keys
+from kvviz.engine.layers import SinkLayer, rotate_keys, rotation
 
 
 def rope():
@@ -24,6 +25,22 @@ def test_rotate_keys_moves_positions():
     at_20 = rotated(rotary, raw, list(range(20, 25)))
     at_7 = rotated(rotary, raw, list(range(7, 12)))
     torch.testing.assert_close(rotate_keys(at_20, -13, rotary.inv_freq), at_7, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rotary_dim", [32, 16])
+def test_rotate_keys_gives_the_bits_of_the_rotate_half_formula(dtype, rotary_dim):
+    # the sink cache's perplexities stay those of transformers' former SinkCache only if every step's rotation rounds
+    # as `x * cos + rotate_half(x) * sin` in float32 does; rotate_keys computes it without building rotate_half
+    inv_freq = rope().inv_freq[: rotary_dim // 2]
+    keys = (torch.randn(1, 3, 40, 32) * 4).to(dtype)
+    for shift in (-1, -5, 9):
+        cos, sin = rotation(shift, inv_freq, keys.device)
+        part = keys[..., :rotary_dim].float()
+        expected = torch.cat([(part * cos + rotate_half(part) * sin).to(dtype), keys[..., rotary_dim:]], dim=-1)
+        assert torch.equal(rotate_keys(keys, shift, inv_freq), expected)
+        into = torch.empty_like(keys)
+        assert rotate_keys(keys, shift, inv_freq, out=into) is into and torch.equal(into, expected)
 
 
 def test_sink_layer_keeps_first_and_recent_with_contiguous_positions():
