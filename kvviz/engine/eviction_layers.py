@@ -137,11 +137,11 @@ class EvictionLayer(KvvizLayer):
         batch, kv_heads = self.lengths.shape
         valid = self.valid_slots()
         longest = valid.shape[-1]
+        slots = valid.reshape(-1).nonzero()[:, 0]  # each stored token's slot, found once for every tensor
 
         def rectangle(flat: torch.Tensor, fill) -> torch.Tensor:
-            out = flat.new_full((batch, kv_heads, longest, *flat.shape[1:]), fill)
-            out[valid] = flat
-            return out
+            out = flat.new_full((batch * kv_heads * longest, *flat.shape[1:]), fill)
+            return out.index_copy_(0, slots, flat).view(batch, kv_heads, longest, *flat.shape[1:])
 
         self.keys, self.values = rectangle(self.keys, 0), rectangle(self.values, 0)
         self.positions = rectangle(self.positions, PAD)
@@ -156,8 +156,14 @@ class EvictionLayer(KvvizLayer):
 
     def keep_ragged(self, kept: torch.Tensor) -> None:
         """Keep the slots where `kept` ``[batch, kv_heads, slots]``, each head its own number, laid end to end."""
-        self.keys, self.values, self.positions = self.keys[kept], self.values[kept], self.positions[kept]
-        self.token_state = {name: tensor[kept] for name, tensor in self.token_state.items()}
+        slots = kept.reshape(-1).nonzero()[:, 0]  # found once for every tensor (a boolean index finds them each time)
+
+        def laid_end_to_end(tensor: torch.Tensor) -> torch.Tensor:
+            return tensor.reshape(-1, *tensor.shape[3:]).index_select(0, slots)
+
+        self.keys, self.values = laid_end_to_end(self.keys), laid_end_to_end(self.values)
+        self.positions = laid_end_to_end(self.positions)
+        self.token_state = {name: laid_end_to_end(tensor) for name, tensor in self.token_state.items()}
         self.lengths = kept.sum(dim=-1)
         self.valid = self.fed_positions = None
 
