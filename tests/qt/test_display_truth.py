@@ -206,14 +206,11 @@ class StateAtNotice(QObject):
         return any(text.startswith("compiling") for text in self.shown)
 
 
-def test_compile_is_shown_stoppable_and_in_no_step(qtbot, drive, window, monkeypatch):
+def test_compile_is_shown_stoppable_and_in_no_step(qtbot, drive, window):
     import torch
 
     from kvviz.engine.stopped_compiles import stopped_compiles
 
-    # a real compile every time (tens of seconds): a warm cache from an earlier test would make it too short to stop
-    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)
-    monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", False)
     drive.load(window, "tiny")
     window.controls.prompt_panel.set_text("Compile me")
     window.controls.settings_panel.max_new_tokens.setValue(6)
