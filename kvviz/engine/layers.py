@@ -52,9 +52,10 @@ class KvvizLayer(CacheLayerMixin):
 
 
 def rotation(shift: int, inv_freq: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The cosines and sines, in float32 on `device`, of a move by `shift` positions (`rotate_keys`)."""
+    """The cosines and sines, in float32 on `device`, of a move by `shift` positions (`rotate_keys`), the sines of
+    the first half negated: rotate_half pairs each channel of the first half with the negated second half."""
     angle = shift * inv_freq.to(device=device, dtype=torch.float32)
-    return torch.cat((angle.cos(), angle.cos())), torch.cat((angle.sin(), angle.sin()))
+    return torch.cat((angle.cos(), angle.cos())), torch.cat((-angle.sin(), angle.sin()))
 
 
 def rotate_keys(keys: torch.Tensor, shift: int, inv_freq: torch.Tensor,
@@ -74,9 +75,9 @@ def rotate_keys(keys: torch.Tensor, shift: int, inv_freq: torch.Tensor,
     out = torch.empty_like(keys) if out is None else out
     rot = keys[..., :rotary_dim].float()
     # rotate_half(x) * sin without building rotate_half(x) = (-second half, first half): (-a) * s is a * (-s) to the
-    # bit, so each half is multiplied in place
+    # bit, so each half is multiplied in place by its signed sines
     turned = torch.empty_like(rot)
-    torch.mul(rot[..., half:], sin[:half].neg(), out=turned[..., :half])
+    torch.mul(rot[..., half:], sin[:half], out=turned[..., :half])
     torch.mul(rot[..., :half], sin[half:], out=turned[..., half:])
     rotated = out[..., :rotary_dim] if out.dtype == torch.float32 else torch.empty_like(rot)
     torch.mul(rot, cos, out=rotated).add_(turned)

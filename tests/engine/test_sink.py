@@ -5,7 +5,7 @@ import torch
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb, rotate_half
 
-from kvviz.engine.layers import SinkLayer, rotate_keys, rotation
+from kvviz.engine.layers import SinkLayer, rotate_keys
 
 
 def rope():
@@ -35,7 +35,8 @@ def test_rotate_keys_gives_the_bits_of_the_rotate_half_formula(dtype, rotary_dim
     inv_freq = rope().inv_freq[: rotary_dim // 2]
     keys = (torch.randn(1, 3, 40, 32) * 4).to(dtype)
     for shift in (-1, -5, 9):
-        cos, sin = rotation(shift, inv_freq, keys.device)
+        angle = shift * inv_freq.float()
+        cos, sin = torch.cat((angle.cos(), angle.cos())), torch.cat((angle.sin(), angle.sin()))
         part = keys[..., :rotary_dim].float()
         expected = torch.cat([(part * cos + rotate_half(part) * sin).to(dtype), keys[..., rotary_dim:]], dim=-1)
         assert torch.equal(rotate_keys(keys, shift, inv_freq), expected)
