@@ -70,6 +70,20 @@ def _threads_are_joined(request):
     assert not left, f"threads left running by the test: {[t.name for t in left]}"
 
 
+@pytest.fixture(autouse=True)
+def _garbage_collected_between_tests():
+    """Once a window made its collector (kvviz.qt.collector), Python collects only when the collector's timer fires,
+    inside a Qt event loop: a test that runs none (an engine test after a window's) has its garbage collected here,
+    on this thread, as the timer would have."""
+    yield
+    import gc
+    import sys
+
+    collector = sys.modules.get("kvviz.qt.collector")
+    if collector is not None and not gc.isenabled():
+        collector.install().collect_due()
+
+
 # -- the order the xdist workers take the modules in ---------------------------------------------------------------
 # `make test` runs each module on one worker (--dist loadscope) and takes the modules in the order this hook leaves
 # them (--no-loadscope-reorder). xdist's own order, most tests first, leaves for the end the modules of one or two

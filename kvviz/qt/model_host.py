@@ -7,7 +7,8 @@ come back as the worker's signals, which this object hears first, so that its st
 
 Every way out of the window ends here: `stop()` asks the worker to stop and joins its thread, however long the
 step in progress takes (a model load inside transformers cannot be interrupted before it reports its progress).
-A QThread destroyed while it runs aborts the whole process, so a thread left running is joined at exit too.
+A QThread destroyed while it runs aborts the whole process, so a thread left running is joined at exit too. Once
+the worker's thread exists, Python's garbage is collected on the GUI thread only (kvviz.qt.collector).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 
+from kvviz.qt import collector
 from kvviz.qt.worker import Worker, WorkerThread
 
 PATIENCE_MS = 1800  # a stop that takes longer than this says on stderr what it waits for
@@ -33,9 +35,11 @@ class ModelHost(QObject):
         self.loaded_spec: str | None = None  # the spec of the model loaded now: the only one worth remembering
         self.loading = False
         self.listing: list = []  # the engine's strategies: (Strategy, available, reason), once the worker listed them
+        garbage = collector.install()  # from now on Python collects on this (the GUI) thread only
         self.worker = Worker()
         self.thread = WorkerThread(self.worker)
         worker = self.worker
+        worker.sigCollect.connect(garbage.settle)
         # connected before anyone else's: the state here is current when the window's slots run
         worker.sigReady.connect(self._on_ready)
         worker.sigModelLoaded.connect(self._on_model_loaded)

@@ -13,7 +13,6 @@ tensor.
 
 from __future__ import annotations
 
-import gc
 import logging
 import threading
 import traceback
@@ -85,6 +84,9 @@ class Worker(QObject):
     sigAttentionRefused = Signal(int, str)  # run id, why its attention cannot be shown
     sigItemWritten = Signal(int, object)  # request serial, {"prompt", "pins": [needle text], "name", "answers",
     # "metric"} or {"problem": str}
+    # what lives on now (after a model load: 2; after a run: 1) is to be kept: collect up to that generation and
+    # freeze the rest, on the GUI thread (kvviz.qt.collector: a collection here would destroy the GUI's Qt objects)
+    sigCollect = Signal(int)
 
     def __init__(self):
         super().__init__()
@@ -160,18 +162,11 @@ class Worker(QObject):
             return
         self._set_model(spec, loaded)
 
-    # Python's full collections walk every object that is not frozen, with the GIL held: the model, torch
-    # and transformers are some 500,000 objects, and each run's trace adds about 12,000 (128 tokens). The
-    # walk took 350 ms every 8th run or so, and the window froze that long mid-run. What lives on after a
-    # model load or a run is frozen there, so that a collection walks only the run going on.
-
     def _set_model(self, spec: str, loaded) -> None:
         import torch
 
         self.loaded = loaded
-        gc.unfreeze()  # the model this one replaces can be collected
-        gc.collect()
-        gc.freeze()
+        self.sigCollect.emit(2)  # the model this one replaces can go; then the new one is frozen
         card = dict(loaded.card)
         card["threads"] = torch.get_num_threads()
         self.sigModelLoaded.emit(spec, card)
@@ -303,8 +298,7 @@ class Worker(QObject):
             with self._lock:
                 self._decoder = None
                 self._cancelled.discard(run_id)
-            gc.collect(1)  # the run's own garbage; what is left is its trace, kept with the run
-            gc.freeze()
+            self.sigCollect.emit(1)  # the run's own garbage; what is left is its trace, kept with the run
 
     def _notify(self, run_id: int, message: str) -> None:
         """Say what a long one-time pause of the run is doing ("" when it is over)."""
