@@ -25,3 +25,5 @@ def test_a_stuck_test_ends_its_run_and_says_where_it_waits(tmp_path):
     assert ran.returncode == 1
     assert "test_stuck.py::test_stuck still runs after 1 s" in ran.stderr, ran.stderr
     assert 'test_stuck.py", line 7 in test_stuck' in ran.stderr, ran.stderr  # the stuck line itself
+    # and last, where CI's tail shows it: the stuck line as the main thread's own
+    assert ran.stderr.rstrip().endswith(f"MainThread: {tmp_path / 'test_stuck.py'}:7 in test_stuck"), ran.stderr

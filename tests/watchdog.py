@@ -13,10 +13,12 @@ from __future__ import annotations
 import faulthandler
 import os
 import sys
+import sysconfig
 import threading
 
 import pytest
 
+LIBRARIES = tuple({sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")})
 HUNG_AFTER_S = float(os.environ.get("KVVIZ_TEST_HUNG_AFTER_S", 900))  # make test's slowest take about a minute
 
 
@@ -31,8 +33,27 @@ def _hung(item, after_s: float) -> None:
     sys.stderr.write(f"\n{item.nodeid} still runs after {after_s:.0f} s; where every thread is:\n")
     sys.stderr.flush()
     faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    sys.stderr.write(_in_short())
     sys.stderr.flush()
     os._exit(1)
+
+
+def _in_short() -> str:
+    """Each thread's innermost frame outside Python's and the installed packages' code (kvviz's or a test's), last:
+    CI shows only the tail of the log, where the full dump ends in the test runner's frames (CI, stop 46: a hang
+    whose log said nothing of where it hung)."""
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    lines = ["where each thread is in kvviz or the tests (the stacks above say the rest):"]
+    main = threading.main_thread().ident
+    for ident, frame in sorted(sys._current_frames().items(), key=lambda item: item[0] == main):  # main last
+        if ident == threading.get_ident():
+            continue  # this watchdog
+        while frame is not None and (frame.f_code.co_filename.startswith(LIBRARIES)
+                                     or not os.path.isabs(frame.f_code.co_filename)):
+            frame = frame.f_back
+        where = f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}" if frame else "-"
+        lines.append(f"  {names.get(ident, ident)}: {where}")
+    return "\n".join(lines) + "\n"
 
 
 @pytest.hookimpl(hookwrapper=True)
