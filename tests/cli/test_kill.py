@@ -9,6 +9,7 @@ child runs torch on one thread: the parent's OpenMP pool does not survive a fork
 for ever).
 """
 
+import gc
 import os
 import random
 import signal
@@ -49,6 +50,7 @@ def in_child(args, kill_at: int | None = None, part: float = 0.5, stderr: Path |
             import torch
 
             signal.alarm(120)  # a child that hangs dies
+            gc.enable()  # collected as in a user's process (the suite's windows turn that off: kvviz.qt.collector)
             torch.set_num_threads(1)
             # no figures: Qt hangs drawing in a child forked from a process that ran Qt before (the suite's window
             # tests), and the pictures are not what a kill test checks (the command says it did not draw them)
