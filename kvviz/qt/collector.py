@@ -15,16 +15,21 @@ the model, torch and transformers are some 500,000 objects, and walking them too
 from __future__ import annotations
 
 import gc
+import time
 
 from PySide6.QtCore import QCoreApplication, QObject, QTimer, Slot
 
 INTERVAL_MS = 100  # a tick collects what a decode step or a redraw left: a millisecond or two while a run streams
+# Python itself walks everything not frozen (a sweep's records: tens of milliseconds) only once a quarter as much is
+# new as was there, a count it does not show; here at most once a minute instead
+FULL_EVERY_S = 60.0
 
 
 class GuiCollector(QObject):
     def __init__(self, app: QCoreApplication):
         super().__init__(app)
         self.thresholds = gc.get_threshold()
+        self.last_full = time.monotonic()
         self.timer = QTimer(self)
         self.timer.timeout.connect(self.collect_due)
         self.timer.start(INTERVAL_MS)
@@ -32,11 +37,16 @@ class GuiCollector(QObject):
 
     @Slot()
     def collect_due(self) -> None:
-        """Collect the generations Python would have collected by now (its counts against its thresholds)."""
+        """Collect the generations Python would have collected by now (its counts against its thresholds), the oldest
+        at most every FULL_EVERY_S."""
         young, middle, old = gc.get_count()
         first, second, third = self.thresholds
-        if young > first:
-            gc.collect(2 if middle > second and old > third else 1 if middle > second else 0)
+        if young <= first:
+            return
+        generation = 0 if middle <= second else 1
+        if generation and old > third and time.monotonic() - self.last_full >= FULL_EVERY_S:
+            generation, self.last_full = 2, time.monotonic()
+        gc.collect(generation)
 
     @Slot(int)
     def settle(self, generation: int) -> None:
@@ -44,6 +54,7 @@ class GuiCollector(QObject):
         1 after a run: the run's own garbage), then freeze what is left."""
         if generation == 2:
             gc.unfreeze()
+            self.last_full = time.monotonic()
         gc.collect(generation)
         gc.freeze()
 

@@ -26,3 +26,9 @@ def test_a_cycle_holding_a_live_qt_object_is_freed_on_the_gui_thread_not_the_wor
     run(qtbot, window, tokens=40)
     qtbot.waitUntil(lambda: bool(freed_on), timeout=10000)
     assert freed_on == [threading.main_thread().name] and not gc.isenabled()
+
+    freed_on.clear()  # and with no load or run to settle after: the collector's timer, by Python's thresholds
+    Cycle(freed_on)
+    young = [[] for _ in range(2 * gc.get_threshold()[0])]
+    qtbot.waitUntil(lambda: bool(freed_on), timeout=5000)
+    assert freed_on == [threading.main_thread().name] and young
