@@ -3,10 +3,11 @@
 Python collects reference cycles on whichever thread happens to allocate past a threshold, and in the window that
 is most often the worker's: it allocates at every step. A cycle of the GUI's (a plot item taken off its plot, the
 widgets of a closed window) then had its Qt objects destroyed on the worker's thread while the GUI thread painted
-or destroyed others: a live QTimer stopped from another thread, and a deadlock on Qt's locks that held a test for
-15 minutes (CI, stop 46; a probe of the Qt tests found 9,000 Qt objects, some still alive, collected on worker
-threads). So once a worker thread exists the process collects here: automatic collection is off, and a timer on
-the GUI thread collects each generation when Python's own thresholds say it would have.
+or destroyed others: live QTimers stopped from another thread, and deadlocks on Qt's locks (one seen in the tests,
+see kvviz.qt.jobs; a chat test that hung 15 minutes in CI, stop 46, most likely another). A probe of the Qt tests
+found 9,000 Qt objects, some still alive, collected on worker threads. So once a worker thread exists the process
+collects here: automatic collection is off, and a timer on the GUI thread collects each generation when Python's
+own thresholds say it would have.
 
 What lives on after a model load or a run is frozen (`settle`), so that a full collection walks only what is new:
 the model, torch and transformers are some 500,000 objects, and walking them took 350 ms.
