@@ -1,5 +1,5 @@
 """Once a window's worker thread exists, Python's garbage is collected on the GUI thread only (kvviz.qt.collector):
-a collection on the worker's thread destroyed the GUI's Qt objects there, which deadlocked on Qt's locks."""
+a collection on the worker's thread destroyed the GUI's Qt objects there, which can deadlock on Qt's locks."""
 
 import gc
 import threading
