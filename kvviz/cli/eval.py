@@ -1,10 +1,10 @@
 """`kvviz eval`: long-context perplexity of several cache strategies along one document, headless.
 
 Each strategy reads the document through its own cache, one token at a time (strategies that keep
-every token exactly: a chunk per forward; strategies that evict: together, one batch row each, unless
-`--one-at-a-time`), and the command prints per strategy the perplexity
-overall and over segments, the cache's size and the speed; `--out DIR` keeps one `kvviz-eval` file
-per strategy and `summary.csv`. Ctrl-C or SIGTERM stops the evaluation, keeps and writes what was
+every token exactly, and those whose tokens fed together can each attend as alone: a chunk per forward; the other
+strategies that evict: together, one batch row each, unless `--one-at-a-time`), and the command prints per
+strategy the perplexity overall and over segments, the cache's size and the speed; `--out DIR` keeps one
+`kvviz-eval` file per strategy and `summary.csv`. Ctrl-C or SIGTERM stops the evaluation, keeps and writes what was
 measured, keeps the journals for `--resume`, and exits 130 or 143; a strategy that fails does not stop the
 others (exit status 1 then).
 `kvviz trace FILE` prints a kept evaluation file's summary.
@@ -37,7 +37,8 @@ def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
         "eval", help="perplexity along a long document through each strategy's cache (StreamingLLM's evaluation)",
         description="Feed a document through each strategy's cache one token at a time (strategies that keep every "
-        "token exactly: a chunk per forward; strategies that evict read it together, one batch row each) and score "
+        "token exactly, a sliding window, attention sinks: a chunk per forward; other strategies that evict read it "
+        "together, one batch row each) and score "
         "every next token. Prints per strategy the perplexity overall, "
         "by quarter of the document and before/after the cache first dropped a token, the cache's size and tokens/s. "
         "Ctrl-C keeps and writes what was measured (with --out, --resume continues it).",
@@ -55,7 +56,8 @@ def add_parser(subparsers) -> None:
     )
     parser.add_argument("--one-at-a-time", action="store_true",
                         help="feed each strategy alone, so that its tokens/s is its own (by default the strategies "
-                        "that evict read the document together, one batch row each, sharing each forward's time)")
+                        "that evict token by token read the document together, one batch row each, sharing each "
+                        "forward's time)")
     parser.add_argument("--out", type=Path, metavar="DIR", help="write a kvviz-eval file per strategy and summary.csv "
                         "(each kept as a journal while it is measured, so that a killed process loses almost nothing)")
     parser.add_argument("--resume", action="store_true",

@@ -22,7 +22,7 @@ from transformers import AttentionInterface
 
 from kvviz.engine import attention_scores
 from kvviz.engine.cache_run import CacheRun
-from kvviz.engine.forward import model_forward
+from kvviz.engine.forward import attention_implementation, model_forward
 from kvviz.engine.geometry import Geometry
 
 NAME = "kvviz_rows"
@@ -104,20 +104,6 @@ def unsupported(model) -> str | None:
     if not geometry.plain:
         return f"has {geometry.unusual_layers()}, which are fed one cache at a time"
     return None
-
-
-@contextmanager
-def attention_implementation(model, name: str) -> Iterator[None]:
-    """Inside, `model` attends with the attention implementation `name`; the one before comes back after."""
-    previous = model.config._attn_implementation
-    if previous == name:
-        yield
-        return
-    model.set_attn_implementation(name)
-    try:
-        yield
-    finally:
-        model.set_attn_implementation(previous)
 
 
 @contextmanager

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import threading
 import time
+from contextlib import nullcontext
 
 import torch
 from transformers.cache_utils import DynamicLayer, StaticLayer
@@ -108,9 +109,12 @@ class CacheRun:
 
     # -- feeding -----------------------------------------------------------------------------------
 
-    def forward(self, input_ids: torch.Tensor, forward=None, logits_to_keep: int = 1) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, forward=None, logits_to_keep: int = 1,
+                streamed: bool = False) -> torch.Tensor:
         """Feed `input_ids` ``[1, n]`` (the whole sequence when there is no cache); returns the logits
-        of the last `logits_to_keep` positions ``[1, kept, vocab]`` (0: every position)."""
+        of the last `logits_to_keep` positions ``[1, kept, vocab]`` (0: every position). `streamed`: each token
+        attends to what it would if fed one at a time (`Strategy.streamed`), not to all the cache returns up to it
+        as in a prompt."""
         n = input_ids.shape[-1]
         if self.cache is not None and self.seen and n > 1 and feed_refusal(self.model):
             raise OptionError(f"cannot feed {n} tokens at once after the first {self.seen}: {feed_refusal(self.model)}")
@@ -119,7 +123,7 @@ class CacheRun:
         if self._watch_attention:
             view = AttentionView(self.cache, self.carried, self.geometry.num_layers, total)
         with attention_scores.watching(view):
-            logits = self.call(input_ids, forward, logits_to_keep)
+            logits = self.call(input_ids, forward, logits_to_keep, streamed)
         if self.cache is not None:
             self.strategy.after_forward(self, input_ids)
         self.attention = view
@@ -153,11 +157,15 @@ class CacheRun:
         """The position ids ``[1, n]`` of the next `n` tokens fed."""
         return torch.arange(self.position, self.position + n, device=device)[None]
 
-    def call(self, input_ids: torch.Tensor, forward=None, logits_to_keep: int = 1) -> torch.Tensor:
+    def call(self, input_ids: torch.Tensor, forward=None, logits_to_keep: int = 1,
+             streamed: bool = False) -> torch.Tensor:
         """One forward through the cache with no bookkeeping (what `forward` and compile warm-ups use)."""
-        positions = None if self.cache is None else self.positions(input_ids.shape[-1], input_ids.device)
-        return model_forward(self.model, input_ids, self.cache, positions, logits_to_keep, forward,
-                             self.encoder_outputs)
+        n = input_ids.shape[-1]
+        positions = None if self.cache is None else self.positions(n, input_ids.device)
+        alone = self.strategy.streamed(self, n) if streamed and n > 1 and self.cache is not None else nullcontext()
+        with alone as mask:
+            return model_forward(self.model, input_ids, self.cache, positions, logits_to_keep, forward,
+                                 self.encoder_outputs, mask)
 
     def watch_attention(self, on: bool) -> None:
         """Record the current token's attention per layer at each feed (`attention`), or stop (costs nothing)."""

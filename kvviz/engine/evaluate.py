@@ -15,8 +15,9 @@ A strategy whose predictions equal the full cache's (`Strategy.exact`: it keeps 
 precision) is fed `CHUNK` tokens per forward instead, each forward scoring all of them; the NLL is
 the same to within 1e-3 nats (tested), and the cache is then measured once per chunk. So is one whose cache only
 appends between two changes of what it holds, in forwards that end at the next change at the latest
-(`Strategy.feed_span`: a quantized cache between re-quantizations, SnapKV after its prompt; each tested against its
-own token-by-token reading). The other
+(`Strategy.feed_span`: a quantized cache between re-quantizations, SnapKV after its prompt), and one whose tokens
+fed together can each be made to attend to what it would alone (`Strategy.streamed`: a sliding window's mask,
+attention sinks' mask and turned queries); each is tested against its own token-by-token reading. The other
 strategies can read the document together (`evaluate_many.evaluate_all(..., together=True)`): one batch row each,
 every forward feeding one token to all of their caches (`cache_rows`), which shares the reading of
 the weights that bounds a token-by-token forward; each row's NLL is the same as alone (tested).
@@ -124,6 +125,13 @@ def feed_sizes(tokens: int, span: Callable[[int], int], prompt: int = 0) -> Iter
         fed += size
 
 
+def forward_sizes(size: int, masked: bool) -> list[int]:
+    """The forwards that feed `size` tokens (`feed_sizes`): one, or where they are fed with a mask
+    (`Strategy.masks_feeds`) two, the last token alone: a sliding window's layer keeps a view of all a forward
+    returned, more storage than one token at a time leaves, and a last token fed alone leaves the same."""
+    return [size - 1, 1] if masked and size > 1 else [size]
+
+
 def encoder_decoder_problem(model) -> str | None:
     """Why this model cannot read a document token by token, or None: an encoder-decoder has no such reading."""
     if not model.config.is_encoder_decoder:
@@ -187,8 +195,10 @@ class Evaluation:
         self.run = CacheRun(self.model, choice, capacity_for(choice, len(token_ids)), tokenizer=loaded.tokenizer)
         self.run.check_memory()
         # a cache that may take many tokens per forward once it holds one (`Strategy.feed_span`), unless the model
-        # reads that as a new prompt, reads in chunks of up to `chunk`
-        many = self.run.strategy.feed_span(choice.options, 1, 2) > 1 and not feed_refusal(self.model)
+        # reads that as a new prompt or cannot take the mask it needs, reads in chunks of up to `chunk`
+        strategy = self.run.strategy
+        many = (strategy.feed_span(choice.options, 1, 2) > 1 and not feed_refusal(self.model)
+                and not (strategy.masks_feeds and cache_rows.unsupported(self.model)))
         self.chunk = max(1, chunk) if many else 1
         self.prompt = prompt_tokens(choice, len(token_ids))
         self._cancel = cancel or threading.Event()
@@ -296,15 +306,25 @@ class Evaluation:
         they were measured before, `resume`: then only the cache is rebuilt)."""
         if end <= self.replay:
             if self.run.cache is not None:
-                with torch.inference_mode():
-                    self.run.forward(self.ids[:, start:end], logits_to_keep=1)
+                self._feed(start, end, scored=False)
             return []
         self.note_eviction(start)
         started = time.perf_counter()
-        fed = self.ids[:, :end] if self.run.cache is None else self.ids[:, start:end]
-        with torch.inference_mode():
-            logits = self.run.forward(fed, logits_to_keep=end - start)[0]
+        logits = self._feed(start, end, scored=True)
         return self.take(start, logits, (time.perf_counter() - started) * 1000.0 / (end - start))
+
+    def _feed(self, start: int, end: int, scored: bool) -> torch.Tensor:
+        """Feed the document tokens [start, end) (`forward_sizes`), each attending to what it would fed alone; the
+        logits of each ``[n, vocab]`` (`scored`), else of the last forward's last."""
+        with torch.inference_mode():
+            if self.run.cache is None:  # every forward feeds the whole text so far
+                return self.run.forward(self.ids[:, :end], logits_to_keep=end - start if scored else 1)[0]
+            logits = []
+            for size in forward_sizes(end - start, self.chunk > 1 and self.run.strategy.masks_feeds):
+                fed = self.ids[:, start : start + size]
+                logits.append(self.run.forward(fed, logits_to_keep=size if scored else 1, streamed=True)[0])
+                start += size
+        return torch.cat(logits) if scored else logits[-1]
 
     def share(self, other: Evaluation) -> list[TokenRecord]:
         """Start where `other` stands, which has read the first tokens one at a time through a cache that holds

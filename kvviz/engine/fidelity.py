@@ -18,8 +18,7 @@ import time
 
 import torch
 
-from kvviz.engine.cache_rows import attention_implementation
-from kvviz.engine.forward import model_forward
+from kvviz.engine.forward import attention_implementation, model_forward
 from kvviz.engine.own_caches import dynamic_cache
 
 

@@ -1,15 +1,31 @@
 """One forward of a model through a cache, whatever transformers calls the cache's keyword and whether the model
-computes the logits of its last positions only."""
+computes the logits of its last positions only; and the attention implementation it runs with, for a while."""
 
 from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
 from kvviz.engine import attention_scores
 from kvviz.engine.own_caches import module_states
+
+
+@contextmanager
+def attention_implementation(model, name: str) -> Iterator[None]:
+    """Inside, `model` attends with the attention implementation `name`; the one before comes back after."""
+    previous = model.config._attn_implementation
+    if previous == name:
+        yield
+        return
+    model.set_attn_implementation(name)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(previous)
 
 
 @functools.cache
@@ -28,11 +44,15 @@ def _keeps_logits(model) -> bool:
 
 
 def model_forward(model, input_ids: torch.Tensor, cache, position_ids: torch.Tensor | None, logits_to_keep: int = 1,
-                  forward=None, encoder_outputs=None) -> torch.Tensor:
+                  forward=None, encoder_outputs=None, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
     """One forward of `model` (or of `forward`, its compiled form) through `cache` (None: no cache, the whole
     sequence fed) at `position_ids`; the logits of the last `logits_to_keep` positions (0: all). With
-    `encoder_outputs` (an encoder-decoder's, of the prompt) `input_ids` are the decoder's, numbered by the cache."""
+    `encoder_outputs` (an encoder-decoder's, of the prompt) `input_ids` are the decoder's, numbered by the cache.
+    `attention_mask`: which keys each fed token attends to, ``[1, 1, fed, keys]`` over the keys the cache returns
+    (None: the model's own mask, causal over them)."""
     kwargs = {"logits_to_keep": logits_to_keep} if _keeps_logits(model) else {}
+    if attention_mask is not None:
+        kwargs["attention_mask"] = attention_mask
     if cache is None:
         kwargs["use_cache"] = False
     else:

@@ -51,11 +51,14 @@ class KvvizLayer(CacheLayerMixin):
         return None
 
 
-def rotation(shift: int, inv_freq: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def rotation(shift: int | torch.Tensor, inv_freq: torch.Tensor, device: torch.device
+             ) -> tuple[torch.Tensor, torch.Tensor]:
     """The cosines and sines, in float32 on `device`, of a move by `shift` positions (`rotate_keys`), the sines of
-    the first half negated: rotate_half pairs each channel of the first half with the negated second half."""
-    angle = shift * inv_freq.to(device=device, dtype=torch.float32)
-    return torch.cat((angle.cos(), angle.cos())), torch.cat((-angle.sin(), angle.sin()))
+    the first half negated: rotate_half pairs each channel of the first half with the negated second half. A tensor
+    of shifts ``[n]`` gives one move per row, ``[n, channels]``, for the rows of what is rotated."""
+    shift = torch.as_tensor(shift, dtype=torch.float32, device=device)
+    angle = shift[..., None] * inv_freq.to(device=device, dtype=torch.float32)
+    return torch.cat((angle.cos(), angle.cos()), dim=-1), torch.cat((-angle.sin(), angle.sin()), dim=-1)
 
 
 def rotate_keys(keys: torch.Tensor, shift: int, inv_freq: torch.Tensor,
@@ -77,8 +80,8 @@ def rotate_keys(keys: torch.Tensor, shift: int, inv_freq: torch.Tensor,
     # rotate_half(x) * sin without building rotate_half(x) = (-second half, first half): (-a) * s is a * (-s) to the
     # bit, so each half is multiplied in place by its signed sines
     turned = torch.empty_like(rot)
-    torch.mul(rot[..., half:], sin[:half], out=turned[..., :half])
-    torch.mul(rot[..., :half], sin[half:], out=turned[..., half:])
+    torch.mul(rot[..., half:], sin[..., :half], out=turned[..., :half])
+    torch.mul(rot[..., :half], sin[..., half:], out=turned[..., half:])
     rotated = out[..., :rotary_dim] if out.dtype == torch.float32 else torch.empty_like(rot)
     torch.mul(rot, cos, out=rotated).add_(turned)
     if rotated.dtype != out.dtype:

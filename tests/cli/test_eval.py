@@ -13,7 +13,7 @@ import pytest
 from kvviz.files import evaluation
 from tests.commands import kvviz
 
-STRATEGIES = "dynamic,sliding:window=16,sink:sink_tokens=4:window=12"
+STRATEGIES = "dynamic,tova:budget=16,h2o:budget=12"
 
 
 def test_eval_writes_a_file_per_strategy_and_a_summary(tmp_path):
@@ -22,27 +22,27 @@ def test_eval_writes_a_file_per_strategy_and_a_summary(tmp_path):
                    "--out", str(out), "--json")
     assert result.returncode == 0, result.stderr
     results = json.loads(result.stdout)
-    assert [r["strategy"]["name"] for r in results] == ["dynamic", "sliding", "sink"]
+    assert [r["strategy"]["name"] for r in results] == ["dynamic", "tova", "h2o"]
     assert [r["method"]["mode"] for r in results] == ["chunked", "batched", "batched"]
     for r in results:
         run = evaluation.load(r["file"])
         assert r["status"] == run.status == "finished" and len(run.records) == 47
         assert run.document["source"] == "builtin:alice" and run.document["tokens"] == 48
         assert r["summary"]["perplexity"] == pytest.approx(run.summary()["perplexity"])
-    assert results[1]["summary"]["first_eviction"] == 16 and results[0]["summary"]["first_eviction"] is None
+    assert results[1]["summary"]["first_eviction"] == 17 and results[0]["summary"]["first_eviction"] is None
     rows = list(csv.DictReader((out / "summary.csv").open(encoding="utf-8")))
-    assert [row["strategy"] for row in rows] == ["dynamic", "sliding", "sink"]
-    assert rows[2]["options"] == "sink_tokens=4 window=12" and rows[2]["first_eviction"] == "17"
+    assert [row["strategy"] for row in rows] == ["dynamic", "tova", "h2o"]
+    assert rows[2]["options"].startswith("budget=12 recent=-1 ") and rows[2]["first_eviction"] == "13"
     assert not list(out.glob("*.part"))
 
 
 def test_strategies_that_evict_read_together_unless_one_at_a_time():
     args = ("eval", "--model", "tiny", "--builtin", "alice", "--tokens", "40", "--strategies",
-            "sliding:window=16,dynamic,sink:sink_tokens=4:window=12")
+            "tova:budget=16,dynamic,h2o:budget=16")
     together, alone = kvviz(*args), kvviz(*args, "--one-at-a-time")
     assert together.returncode == alone.returncode == 0, together.stderr + alone.stderr
-    rows = together.stdout.splitlines()[1:4]  # in the order asked for, though sink finished before dynamic started
-    assert rows[0].endswith("sliding (window=16): finished, evicting from token 16, one of 2 strategies per forward")
+    rows = together.stdout.splitlines()[1:4]  # in the order asked for, though h2o finished before dynamic started
+    assert rows[0].endswith("tova (budget=16): finished, evicting from token 17, one of 2 strategies per forward")
     assert rows[1].endswith("dynamic: finished, up to 128 tokens per forward")
     assert rows[2].endswith("evicting from token 17, one of 2 strategies per forward")
     assert "share each forward" in together.stdout and "share each forward" not in alone.stdout
@@ -58,14 +58,15 @@ def test_eval_prints_a_table_and_trace_opens_its_files(tmp_path):
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].split()[:3] == ["perplexity", "2nd", "half"] and lines[0].endswith("strategy")
-    assert lines[1].endswith("sliding (window=16): finished, evicting from token 16")
+    # a sliding window reads in chunks, each token masked to its window
+    assert lines[1].endswith("sliding (window=16): finished, evicting from token 16, up to 128 tokens per forward")
     assert "quantized (backend=hqq, nbits=4" in lines[2]
     assert lines[2].endswith(": finished, up to 128 tokens per forward")  # between re-quantizations
     assert "Q1-Q4: perplexity over each quarter" in result.stdout
     assert "kvviz: tiny-random-llama, document alice, 40 tokens, 2 strategies" in result.stderr
     shown = kvviz("trace", str(tmp_path / "eval-1-sliding.json"))
     assert shown.returncode == 0, shown.stderr
-    assert "kvviz evaluation of tiny-random-llama on alice (40 tokens, token-by-token), finished" in shown.stdout
+    assert "kvviz evaluation of tiny-random-llama on alice (40 tokens, chunked), finished" in shown.stdout
     assert lines[1] in shown.stdout
     as_json = json.loads(kvviz("trace", str(tmp_path / "eval-2-quantized.json"), "--json").stdout)
     assert as_json["summary"]["tokens"] == 39 and as_json["strategy"]["options"]["nbits"] == 4

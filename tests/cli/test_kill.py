@@ -27,7 +27,7 @@ SEED = int(os.environ.get("KVVIZ_KILL_SEED", time.time_ns() % 10**6))
 RUN = ["run", "--model", "tiny", "--prompt", "Tell me a story.", "--max-new-tokens", "40", "--ignore-eos"]
 EXACT = ["eval", "--model", "tiny", "--builtin", "alice", "--tokens", "300", "--strategies", "dynamic,static"]
 EVICTING = ["eval", "--model", "tiny", "--builtin", "alice", "--tokens", "40", "--strategies",
-            "sliding:window=8,sink:sink_tokens=2:window=6"]
+            "tova:budget=8,sink:sink_tokens=2:window=6"]
 KILLED = "killed"
 
 

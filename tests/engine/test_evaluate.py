@@ -6,10 +6,13 @@ import threading
 
 import pytest
 import torch
+import transformers
 
 from kvviz.engine import evaluate, evaluate_many, strategies
+from kvviz.engine.models import LoadedModel, build_random_model, model_card
 from kvviz.errors import OptionError
 from kvviz.files import documents
+from tests.engine.families import COMMON, tiny_family
 
 TOLERANCE = 1e-3  # nats, at every position
 
@@ -83,17 +86,18 @@ def test_strategies_that_keep_every_token_equal_dynamic(default_model, alice_256
 
 def test_caches_that_take_many_tokens_a_forward_read_in_chunks(tiny_model):
     ids, record = document_ids(tiny_model, 40)
-    expected = {"dynamic": "chunked", "static": "chunked", "none": "chunked", "sliding": "token-by-token",
-                "sink": "token-by-token", "h2o": "token-by-token", "quantized": "chunked", "snapkv": "chunked"}
+    expected = {"dynamic": "chunked", "static": "chunked", "none": "chunked", "sliding": "chunked",
+                "sink": "chunked", "h2o": "token-by-token", "quantized": "chunked", "snapkv": "chunked"}
     options = {"quantized": {"q_group_size": 32}, "h2o": {"budget": 8}, "snapkv": {"budget": 12, "window": 4}}
     for name, mode in expected.items():
         evaluation = evaluate.Evaluation(tiny_model, strategies.choose(name, options.get(name)), ids, record)
         assert evaluation.result.method["mode"] == mode, name
 
 
-# Caches that change what they hold between two tokens, yet read in chunks where nothing changes in between
-# (`Strategy.feed_span`): each against itself read token by token
-SPANNED = ["quantized:backend=quanto:nbits=4:q_group_size=32:residual_length=16",
+# Caches that change what they hold between two tokens, yet read in chunks where nothing changes in between or where
+# a mask makes each token attend to what it would alone (`Strategy.feed_span`): each against itself read token by token
+SPANNED = ["sliding:window=16", "sink:sink_tokens=4:window=12", "sink:sink_tokens=0:window=10",
+           "quantized:backend=quanto:nbits=4:q_group_size=32:residual_length=16",
            "quantized:backend=hqq:nbits=8:residual_length=16", "quantized:backend=fp8",
            "snapkv:budget=16:window=8", "snapkv:budget=16:window=8:chunk=4:critical=true", "keydiff:budget=16",
            "lagkv:budget=16", "expected_attention:budget=16", "pyramidkv:budget=16:window=8", "random:budget=16"]
@@ -109,10 +113,27 @@ def test_every_cache_read_in_chunks_is_proven_here(tiny_model):
 
 @pytest.mark.parametrize("spec", SPANNED)
 def test_a_cache_read_in_chunks_predicts_and_holds_as_token_by_token(tiny_model, spec):
-    ids, record = document_ids(tiny_model, 100)
+    assert_chunks_as_token_by_token(tiny_model, spec)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "phi3", "phi"])
+@pytest.mark.parametrize("spec", ["sliding:window=16", "sink:sink_tokens=4:window=12"])
+def test_windows_and_sinks_read_in_chunks_as_token_by_token_on_other_families(tiny_model, family, spec):
+    """The masks, and the sinks' queries turned back, hold with other RoPE layouts, and with partial rotary
+    embeddings (phi turns half of each head)."""
+    if family == "phi":
+        model = build_random_model(transformers.PhiConfig(**COMMON, partial_rotary_factor=0.5)).eval()
+        loaded = LoadedModel(model=model, tokenizer=tiny_model.tokenizer, card=model_card(model, "phi"), spec="phi")
+    else:
+        loaded = tiny_family(family, tiny_model.tokenizer)
+    assert_chunks_as_token_by_token(loaded, spec)
+
+
+def assert_chunks_as_token_by_token(loaded, spec):
+    ids, record = document_ids(loaded, 100)
     choice = strategies.parse_spec(spec)
-    chunked = evaluate.Evaluation(tiny_model, choice, ids, record, chunk=48)
-    single = evaluate.Evaluation(tiny_model, choice, ids, record, chunk=1)
+    chunked = evaluate.Evaluation(loaded, choice, ids, record, chunk=48)
+    single = evaluate.Evaluation(loaded, choice, ids, record, chunk=1)
     assert chunked.result.method["mode"] == "chunked" and single.result.method["mode"] == "token-by-token"
     for evaluation in (chunked, single):
         for _ in evaluation:
@@ -146,7 +167,7 @@ def test_evicting_strategies_hold_their_budget(tiny_model, name, options, held, 
     # before the first eviction the cache held everything: the same predictions as the full cache
     assert float((nll[:first_eviction] - dynamic[:first_eviction]).abs().max()) < TOLERANCE
     assert float((nll[first_eviction:] - dynamic[first_eviction:]).abs().max()) > TOLERANCE
-    assert max(r.tokens_held for r in records) == held
+    assert max(r.tokens_held for r in records if r.tokens_held is not None) == held
     assert all(r.cache_bytes == r.predicted_cache_bytes for r in records)
 
 
@@ -240,8 +261,8 @@ def test_a_quantized_cache_read_dequantizes_once_per_quantization_and_predicts_t
 def test_cancel_stops_between_tokens_and_keeps_what_was_measured(tiny_model):
     ids, record = document_ids(tiny_model, 80)
     cancel = threading.Event()
-    evaluations = [evaluate.Evaluation(tiny_model, strategies.choose(name, {"window": 16}), ids, record, cancel)
-                   for name in ("sliding", "sliding")]
+    evaluations = [evaluate.Evaluation(tiny_model, strategies.choose("tova", {"budget": 16}), ids, record, cancel)
+                   for _ in range(2)]
     for _, r in evaluate_many.evaluate_all(evaluations):
         if r.position == 9:
             evaluations[0].cancel()
@@ -252,8 +273,8 @@ def test_cancel_stops_between_tokens_and_keeps_what_was_measured(tiny_model):
 
 def test_a_failing_strategy_does_not_lose_the_others(tiny_model, caplog):
     ids, record = document_ids(tiny_model, 30)
-    evaluations = [evaluate.Evaluation(tiny_model, strategies.choose(name, {"window": 8}), ids, record)
-                   for name in ("sliding", "sliding", "sliding")]
+    evaluations = [evaluate.Evaluation(tiny_model, strategies.choose("tova", {"budget": 8}), ids, record)
+                   for _ in range(3)]
     forward = evaluations[1].run.forward
     calls = []
 

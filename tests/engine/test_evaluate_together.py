@@ -12,12 +12,11 @@ from tests.engine.families import tiny_family
 from tests.engine.test_evaluate import TOLERANCE, document_ids
 
 EVICTING = [
-    ("sliding", {"window": 12}),
-    ("sink", {"sink_tokens": 4, "window": 8}),
     ("h2o", {"budget": 12, "recent": 4}),
     ("tova", {"budget": 12}),
     ("knorm", {"budget": 12}),
-]  # snapkv reads its prompt in one forward, alone, then appends in chunks (test_evaluate)
+]  # snapkv reads its prompt in one forward, alone, then appends in chunks; a sliding window and attention sinks read
+# in chunks, each token attending as it would alone (test_evaluate)
 
 
 def evaluations_of(loaded, specs, ids, record, cancel=None):
@@ -62,7 +61,7 @@ def test_evicting_strategies_read_together_predict_as_alone(tiny_model, family):
 
 def test_on_the_default_model_the_rows_predict_as_alone(default_model):
     ids, record = document_ids(default_model, 30)
-    specs = [("sliding", {"window": 16}), ("sink", {"sink_tokens": 4, "window": 12}), ("h2o", {"budget": 16})]
+    specs = [("tova", {"budget": 16}), ("knorm", {"budget": 12}), ("h2o", {"budget": 16})]
     alone, _ = run_all(default_model, specs, ids, record, together=False)
     together, _ = run_all(default_model, specs, ids, record, together=True)
     assert all(a.result.first_eviction is not None for a in alone)  # each evicts for the second half
@@ -72,19 +71,20 @@ def test_on_the_default_model_the_rows_predict_as_alone(default_model):
 
 def test_only_evicting_strategies_share_forwards_and_the_order_is_kept(tiny_model):
     ids, record = document_ids(tiny_model, 20)
-    specs = [("dynamic", {}), ("sliding", {"window": 8}), ("quantized", {"q_group_size": 32, "residual_length": 4}),
-             ("sink", {"sink_tokens": 2, "window": 6})]
+    specs = [("dynamic", {}), ("tova", {"budget": 8}), ("quantized", {"q_group_size": 32, "residual_length": 4}),
+             ("h2o", {"budget": 6}), ("sliding", {"window": 8})]
     evaluations, order = run_all(tiny_model, specs, ids, record, together=True)
     modes = [e.result.method["mode"] for e in evaluations]
-    assert modes == ["chunked", "batched", "chunked", "batched"]  # quantized: in chunks up to each quantization
-    # the exact one first, then the batch where its first member stands, then the quantized one
-    assert order == [0] * 19 + [1, 3] * 19 + [2] * 19
+    # quantized: in chunks up to each quantization; sliding: in chunks, each token attending to its window
+    assert modes == ["chunked", "batched", "chunked", "batched", "chunked"]
+    # the exact one first, then the batch where its first member stands, then the ones read in chunks
+    assert order == [0] * 19 + [1, 3] * 19 + [2] * 19 + [4] * 19
     assert all(e.finished and e.result.error is None for e in evaluations)
 
 
 def test_a_row_that_fails_leaves_the_batch_and_the_others_go_on(tiny_model, caplog):
     ids, record = document_ids(tiny_model, 30)
-    specs = [("sliding", {"window": 8})] * 3
+    specs = [("tova", {"budget": 8})] * 3
     alone, _ = run_all(tiny_model, specs, ids, record, together=False)
     evaluations = evaluations_of(tiny_model, specs, ids, record)
     layer = evaluations[1].run.cache.layers[1]
@@ -101,7 +101,7 @@ def test_a_row_that_fails_leaves_the_batch_and_the_others_go_on(tiny_model, capl
     assert order == [0, 1, 2] * 5 + [0, 2] * 24
     assert evaluations[1].result.error == "RuntimeError: out of memory"
     logged = [r for r in caplog.records if r.name == "kvviz" and r.exc_info]  # the cause kept for --debug and the log
-    assert [r.getMessage() for r in logged] == ["sliding (window=8) in the evaluation failed"]
+    assert [r.getMessage() for r in logged] == ["tova (budget=8) in the evaluation failed"]
     assert "failing_update" in caplog.text  # the traceback reaches the frame that raised
     assert len(evaluations[1].result.records) == 5 and evaluations[1].finished
     assert_same_predictions([alone[0], alone[2]], [evaluations[0], evaluations[2]])
@@ -110,7 +110,7 @@ def test_a_row_that_fails_leaves_the_batch_and_the_others_go_on(tiny_model, capl
 def test_stop_cancels_every_row_and_leaves_the_rest_unstarted(tiny_model):
     ids, record = document_ids(tiny_model, 40)
     cancel = threading.Event()
-    specs = [("sliding", {"window": 8}), ("tova", {"budget": 8}), ("dynamic", {})]
+    specs = [("h2o", {"budget": 6}), ("tova", {"budget": 8}), ("dynamic", {})]
     evaluations = evaluations_of(tiny_model, specs, ids, record, cancel)
     for _, r in evaluate_many.evaluate_all(evaluations, together=True):
         if r.position == 9:
@@ -150,7 +150,7 @@ def test_a_row_predicts_the_same_bits_whichever_rows_share_its_forward(tiny_mode
     assert torch.equal(logits_of(["sink:sink_tokens=2:window=4"] * 3 + ["tova:budget=8"])[3], alone)
 
 
-SHARED = ["h2o:budget=20", "sliding:window=9", "sink:sink_tokens=2:window=12", "tova:budget=16", "knorm:budget=12",
+SHARED = ["h2o:budget=20", "knorm:budget=8", "knorm:budget=14", "tova:budget=16", "knorm:budget=12",
           "tova:budget=30", "quantized:backend=hqq:nbits=4:residual_length=8:q_group_size=32"]
 
 
@@ -206,7 +206,7 @@ def test_snapkv_read_token_by_token_reads_its_prompt_alone_and_joins_the_batch_a
 
 def test_rows_waiting_for_a_row_that_failed_read_alone(tiny_model):
     ids, record = document_ids(tiny_model, 30)
-    specs = ["h2o:budget=12", "sliding:window=9", "tova:budget=10"]
+    specs = ["h2o:budget=12", "knorm:budget=8", "tova:budget=10"]
     evaluations = [evaluate.Evaluation(tiny_model, strategies.parse_spec(s), ids, record) for s in specs]
     layer = evaluations[0].run.cache.layers[1]
     update = layer.update

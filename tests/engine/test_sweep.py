@@ -21,7 +21,8 @@ from kvviz.present import clock
 
 TOKENS = 96
 CONFIGS = ["sink:sink_tokens=4:window=20", "h2o:budget=24", "tova:budget=48", "sliding:window=33",
-           "quantized:backend=hqq:nbits=4:residual_length=16", "snapkv:budget=40:window=8", "knorm:budget=24"]
+           "quantized:backend=hqq:nbits=4:residual_length=16", "snapkv:budget=40:window=8", "knorm:budget=24",
+           "tova:budget=20"]
 
 
 def prepared(loaded, choices, tokens=TOKENS):
@@ -59,11 +60,12 @@ def test_the_sweep_is_timed_against_its_compute_bound_floor(swept, tmp_path):
     speed = run.sweep.speed
     assert speed.floor_rows == len(CONFIGS) and speed.floor_s > 0
     assert speed.floor_share == speed.wall_s / speed.floor_s
-    assert f"x the compute-bound floor ({clock(speed.floor_s)}: {TOKENS - 1} plain forwards of one token for 7 rows " \
+    assert f"x the compute-bound floor ({clock(speed.floor_s)}: {TOKENS - 1} plain forwards of one token for 8 rows " \
            f"over a full cache of {TOKENS // 2} tokens" in speed_text(run.sweep)
     assert read_kept(run.sweep.save(tmp_path / "sweep.json")).speed == speed
-    # rows of a batch that hold every token until they first evict start there, from the one that holds them longest
-    assert [c.run.method.get("shared") for c in run.sweep.configurations[1:5]] == [24, None, 24, 24]
+    # rows of a batch that hold every token until they first evict start there, from the one that holds them longest;
+    # attention sinks and a sliding window read in chunks, alone
+    assert [c.run.method.get("shared") for c in run.sweep.configurations[1:5]] == [None, None, 24, None]
 
 
 def test_the_floor_is_plain_forwards_of_the_rows_over_half_the_text(tiny_model):
@@ -126,7 +128,7 @@ def test_no_configuration_meeting_the_terms_names_the_nearest(swept):
 def test_memory_at_a_target_equals_a_measured_run_at_that_length(tiny_model, spec):
     """The size rule replayed to a target of 100 tokens against a cache sized for and fed those 100 tokens as a sweep
     feeds them (as many tokens per forward as `Strategy.feed_span` allows: a chunk where it keeps every token exactly,
-    up to its next quantization for a quantized cache, else one)."""
+    up to its next quantization for a quantized cache, a chunk in two forwards for a sliding window, else one)."""
     target = 100
     choice = strategies.parse_spec(spec)
     ids, _ = prepared(tiny_model, [choice], target)
@@ -134,9 +136,10 @@ def test_memory_at_a_target_equals_a_measured_run_at_that_length(tiny_model, spe
     chunk = evaluate.CHUNK
     fed = 0
     with torch.inference_mode():
-        for n in evaluate.feed_sizes(target, lambda seen: run.strategy.feed_span(choice.options, seen, chunk)):
-            run.forward(torch.tensor([ids[fed : fed + n]]))
-            fed += n
+        for span in evaluate.feed_sizes(target, lambda seen: run.strategy.feed_span(choice.options, seen, chunk)):
+            for n in evaluate.forward_sizes(span, run.strategy.masks_feeds):
+                run.forward(torch.tensor([ids[fed : fed + n]]), streamed=True)
+                fed += n
     measured = sum(layer.total_bytes for layer in run.measure(slots=False))
     assert size_at(tiny_model.model, choice, target, chunk) == (measured, run.policy_bytes())
     assert size_at(tiny_model.model, choice, target, chunk, sequences=3)[0] == 3 * measured

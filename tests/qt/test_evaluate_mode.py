@@ -19,7 +19,7 @@ from kvviz.present import MIB, mib, number
 from kvviz.qt import unsaved
 from tests.qt.conftest import load, run, tab
 
-TWO = [("dynamic", {}), ("sliding", {"window": 8})]
+TWO = [("dynamic", {}), ("tova", {"budget": 8})]
 
 
 def evaluate(qtbot, win, entries, tokens: int, timeout: int = 120000) -> int:
@@ -127,15 +127,15 @@ def test_two_strategies_end_to_end_rows_and_curves(window, qtbot, monkeypatch):
         assert y[-1] == pytest.approx(nll.mean(), rel=1e-9)  # under 64 predictions: the mean of all of them
         measured = mode.view.memory_plot.curve_data(series.run_id)[0]
         assert measured[1][-1] == pytest.approx(s["final_cache_bytes"] / MIB)
-    dynamic, sliding = mode.series
+    dynamic, tova = mode.series
     assert dynamic.run.method["mode"] == "chunked" and rows[0][0] == "dynamic" and rows[0][6] == "–"
-    assert sliding.run.method["mode"] == "token-by-token" and rows[1][0] == "sliding (window=8)"
-    assert len(mode.view.memory_plot.curve_data(sliding.run_id)[0][0]) == 39  # measured after every prediction
-    assert sliding.first_eviction == 8 and rows[1][6] == "8"
-    np.testing.assert_allclose([r.nll for r in dynamic.run.records[:8]], [r.nll for r in sliding.run.records[:8]],
-                               atol=1e-3)  # the same cache until the window is full
+    assert tova.run.method["mode"] == "token-by-token" and rows[1][0] == "tova (budget=8)"
+    assert len(mode.view.memory_plot.curve_data(tova.run_id)[0][0]) == 39  # measured after every prediction
+    assert tova.first_eviction == 9 and rows[1][6] == "9"
+    np.testing.assert_allclose([r.nll for r in dynamic.run.records[:9]], [r.nll for r in tova.run.records[:9]],
+                               atol=1e-3)  # the same cache until the budget is full
     legend = mode.view.perplexity_plot.legend_bar.texts()
-    assert legend[:2] == ["dynamic", "sliding (window=8)"] and "first eviction" in legend
+    assert legend[:2] == ["dynamic", "tova (budget=8)"] and "first eviction" in legend
     # each strategy kept on disk as it was measured, until the window closes: what a crash would leave
     kept = sorted(unsaved.folder().glob(f"eval-{os.getpid()}-*.json.journal"))[-2:]
     assert [read_kept(path).records for path in kept] == [s.run.records for s in mode.series]
@@ -154,7 +154,7 @@ def test_stop_stops_every_strategy_and_frees_the_worker(window, qtbot):
     window.set_mode("evaluate")
     mode = window.modes["evaluate"]
     # the two that evict read the document together (as kvviz eval does), then dynamic would
-    mode.list_panel.set_entries([("sliding", {"window": 16}), ("sink", {"window": 12}), ("dynamic", {})])
+    mode.list_panel.set_entries([("tova", {"budget": 16}), ("h2o", {"budget": 12}), ("dynamic", {})])
     mode.document_panel.tokens.setValue(4000)
     mode.evaluate_button.click()
     qtbot.waitUntil(lambda: mode.series[0].run is not None and len(mode.series[0].run.records) > 5, timeout=60000)
@@ -183,28 +183,28 @@ def test_a_failing_strategy_keeps_its_error_and_the_others_their_results(window,
     forward = CacheRun.forward
 
     def failing_after_ten(self, input_ids, *args, **kwargs):
-        if self.choice.name == "sink" and self.seen >= 10:
+        if self.choice.name == "h2o" and self.seen >= 10:
             raise RuntimeError("the cache ran out of memory (a failure this test injects)")
         return forward(self, input_ids, *args, **kwargs)
 
     monkeypatch.setattr(CacheRun, "forward", failing_after_ten)
     load(qtbot, window, "tiny")
-    # static with too few slots is refused before any work; sink fails after ten predictions; dynamic is fine
-    evaluate(qtbot, window, [("static", {"max_cache_len": 16}), ("sink", {"window": 8}), ("dynamic", {})], 40)
+    # static with too few slots is refused before any work; h2o fails after ten predictions; dynamic is fine
+    evaluate(qtbot, window, [("static", {"max_cache_len": 16}), ("h2o", {"budget": 8}), ("dynamic", {})], 40)
     mode = window.modes["evaluate"]
     assert [s.state for s in mode.series] == ["failed", "failed", "finished"]
-    static, sink, dynamic = _table(mode)
+    static, h2o, dynamic = _table(mode)
     assert static[1:7] == ["–"] * 6 and static[7].startswith("failed: option 'max_cache_len'")
-    assert sink[1] == "10 of 39" and "ran out of memory" in sink[7] and sink[2] != "–"
+    assert h2o[1] == "10 of 39" and "ran out of memory" in h2o[7] and h2o[2] != "–"
     assert dynamic[1] == "39" and dynamic[7] == "finished"
     assert len(mode.view.perplexity_plot.curve_data(mode.series[1].run_id)[0][0]) == 10  # what it measured
-    assert "static (max_cache_len=16) failed" in window.last_error and "sink (window=8) failed" in window.last_error
+    assert "static (max_cache_len=16) failed" in window.last_error and "h2o (budget=8) failed" in window.last_error
 
     written = window.modes["evaluate"].save(tmp_path / "kept")
-    assert sorted(p.name for p in written) == ["eval-2-sink.json", "eval-3-dynamic.json", "summary.csv"]
+    assert sorted(p.name for p in written) == ["eval-2-h2o.json", "eval-3-dynamic.json", "summary.csv"]
     with (tmp_path / "kept" / "summary.csv").open(encoding="utf-8") as f:
         assert [(r["strategy"], r["status"], r["tokens"]) for r in csv.DictReader(f)] == [
-            ("sink", "error", "10"), ("dynamic", "finished", "39")]
+            ("h2o", "error", "10"), ("dynamic", "finished", "39")]
 
 
 def test_save_and_open_evaluation_files(window, qtbot, tmp_path):
@@ -215,11 +215,11 @@ def test_save_and_open_evaluation_files(window, qtbot, tmp_path):
     mode, actions = window.modes["evaluate"], window.file_actions
     live_rows = _table(mode)
     written = mode.save(tmp_path / "out")
-    assert [p.name for p in written] == ["eval-1-dynamic.json", "eval-2-sliding.json", "summary.csv"]
+    assert [p.name for p in written] == ["eval-1-dynamic.json", "eval-2-tova.json", "summary.csv"]
     assert str((tmp_path / "out").resolve()) in window.statusBar().currentMessage()
     with (tmp_path / "out" / "summary.csv").open(encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
-    assert [r["strategy"] for r in rows] == ["dynamic", "sliding"] and rows[1]["options"] == "window=8"
+    assert [r["strategy"] for r in rows] == ["dynamic", "tova"] and rows[1]["options"].startswith("budget=8 ")
     assert float(rows[0]["perplexity"]) == pytest.approx(mode.series[0].perplexity(), rel=1e-5)
     exported = mode.export_csv(tmp_path / "summary-only.csv")
     with exported.open(encoding="utf-8") as f:
@@ -229,7 +229,7 @@ def test_save_and_open_evaluation_files(window, qtbot, tmp_path):
     assert sorted(p.name for p in plots) == ["eval_memory_plot.png", "eval_memory_plot.svg", "perplexity_plot.png",
                                              "perplexity_plot.svg"]
     svg = (tmp_path / "plots" / "eval_memory_plot.svg").read_text(encoding="utf-8")
-    assert "sliding (window=8)" in svg and "cache memory (MiB)" in svg
+    assert "tova (budget=8)" in svg and "cache memory (MiB)" in svg
 
     # File > Open the first file, drop the second: the two side by side again, with the same numbers
     window.set_mode("local")
@@ -352,12 +352,12 @@ def test_a_strategy_continued_in_an_eval_folder_writes_its_summary_again(window,
     from tests.commands import kvviz
 
     args = ["eval", "--model", "tiny", "--builtin", "alice", "--tokens", "100", "--strategies",
-            "dynamic,sliding:window=8"]
+            "dynamic,tova:budget=8"]
     assert kvviz(*args, "--out", tmp_path / "whole").returncode == 0
     update = evaluation.EvalJournal.update
 
-    def ctrl_c_in_the_second(journal, end=False):  # as a terminal's Ctrl-C, while sliding reads
-        if journal.run.strategy["name"] == "sliding" and len(journal.run.records) >= 40 and not end:
+    def ctrl_c_in_the_second(journal, end=False):  # as a terminal's Ctrl-C, while tova reads
+        if journal.run.strategy["name"] == "tova" and len(journal.run.records) >= 40 and not end:
             raise KeyboardInterrupt
         update(journal, end)
 
@@ -376,7 +376,7 @@ def test_a_strategy_continued_in_an_eval_folder_writes_its_summary_again(window,
     assert [row["status"] for row in summary(stopped)] == ["finished", "cancelled"]
 
     load(qtbot, window, "tiny")
-    journal = stopped / "eval-2-sliding.json.journal"
+    journal = stopped / "eval-2-tova.json.journal"
     assert window.file_actions.open_trace(journal) is not None
     mode = window.modes["evaluate"]
     assert "summary.csv" in mode.offer.text()
@@ -387,4 +387,4 @@ def test_a_strategy_continued_in_an_eval_folder_writes_its_summary_again(window,
     rows = summary(stopped)
     assert figures(rows) == figures(summary(tmp_path / "whole"))
     assert [row["status"] for row in rows] == ["finished", "finished"]
-    assert [row["file"] for row in rows] == [str(stopped / "eval-1-dynamic.json"), str(stopped / "eval-2-sliding.json")]
+    assert [row["file"] for row in rows] == [str(stopped / "eval-1-dynamic.json"), str(stopped / "eval-2-tova.json")]

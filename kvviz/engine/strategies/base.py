@@ -131,6 +131,9 @@ class Strategy:
     # the keys and values of every token it was fed, so that one filled with them by a switch is the cache it would
     # have built itself, and a sweep starts it there from another cache that held them (`CacheRun.take_over`)
     forkable: ClassVar[bool] = False
+    # True: `feed_span` feeds many tokens only inside `streamed` (a sliding window's band of a mask), which needs a
+    # model that takes a mask of its own (`cache_rows.unsupported`)
+    masks_feeds: ClassVar[bool] = False
     # True: also runs an encoder-decoder's cache (self-attention keys and values beside cross-attention ones)
     encoder_decoder: ClassVar[bool] = False
     # True: its cache reads text of its own (KVzip asks the model to repeat the prompt): a run needs the tokenizer
@@ -146,6 +149,12 @@ class Strategy:
         time would, each of them attending to what it would have attended to: the whole `chunk` for a cache that
         keeps every token exactly, else 1 (a cache that changes what it holds between two tokens)."""
         return chunk if self.exact else 1
+
+    def streamed(self, run, n: int) -> AbstractContextManager[torch.Tensor | None]:
+        """Around a forward that feeds `run`'s cache `n` tokens together, for each to attend to what it would if fed
+        alone (`masks_feeds`): gives the mask of which keys the cache returns each attends to, ``[1, 1, n, keys]``;
+        None: the model's causal mask, all the cache returns up to the token."""
+        return nullcontext()
 
     # -- options -------------------------------------------------------------------------------------
 

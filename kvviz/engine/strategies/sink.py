@@ -37,6 +37,7 @@ class Sink(Strategy):
     forkable = True
     renumbers_positions = True
     keeps_first_tokens = True
+    masks_feeds = True
 
     def model_problem(self, model, geometry, options):
         problem = attention_layers_problem(geometry, "re-rotates the keys it keeps")
@@ -55,6 +56,17 @@ class Sink(Strategy):
         n_layers = Geometry.of(model.config, model.dtype).num_layers
         layers = [SinkLayer(options["sink_tokens"], options["window"], inv_freq) for _ in range(n_layers)]
         return Cache(layers=keep_own_layers(model, layers))
+
+    def feed_span(self, options, seen, chunk):
+        # inside `streamed` each token attends as it would alone, however many are fed with it; the first feed that
+        # evicts ends where one token at a time would first have evicted, so that an evaluation marks that token
+        first_eviction = options["sink_tokens"] + options["window"] + 1
+        return min(chunk, first_eviction - seen) if seen < first_eviction else chunk
+
+    def streamed(self, run, n):
+        from kvviz.engine.sink_reading import fed_alone
+
+        return fed_alone(run, n)
 
     def predictor(self, options, geometry, capacity):
         return SinkPredictor(geometry, options["sink_tokens"] + options["window"])

@@ -1,5 +1,9 @@
 """A sliding window: keep and attend to only the most recent `window` tokens."""
 
+from contextlib import contextmanager
+
+import torch
+
 from kvviz.engine.geometry import Geometry
 from kvviz.engine.predict import CachePredictor
 from kvviz.engine.strategies.base import Option, Strategy, attention_layers_problem, keep_own_layers
@@ -22,6 +26,7 @@ class Sliding(Strategy):
     options = (Option("window", "int", 256, "tokens each step attends to, the current one included", minimum=2),)
     evicts = True
     forkable = True
+    masks_feeds = True
 
     def model_problem(self, model, geometry, options):
         return attention_layers_problem(geometry, "keeps a window of keys and values", latent=True)
@@ -39,6 +44,20 @@ class Sliding(Strategy):
             for native in Geometry.of(model.config, model.dtype).windows
         ]
         return Cache(layers=keep_own_layers(model, layers))
+
+    def feed_span(self, options, seen, chunk):
+        # inside `streamed` each token attends to its own window, however many are fed with it; the first feed that
+        # evicts ends where one token at a time would first have evicted, so that an evaluation marks that token
+        window = options["window"]
+        return min(chunk, window - seen) if seen < window else chunk
+
+    @contextmanager
+    def streamed(self, run, n):
+        window, seen = run.choice.options["window"], run.seen
+        first = max(0, seen - (window - 1))  # the position of the first key returned: each layer holds window - 1
+        queries = torch.arange(seen, seen + n, device=run.model.device)[:, None]
+        keys = torch.arange(first, seen + n, device=run.model.device)[None]
+        yield ((keys <= queries) & (keys > queries - window))[None, None]
 
     def predictor(self, options, geometry, capacity):
         return SlidingPredictor(geometry, options["window"])

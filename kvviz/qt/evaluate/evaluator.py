@@ -1,6 +1,6 @@
 """The Evaluate tab's engine side: teacher-forced evaluations run on the worker's thread, as `kvviz eval`
-runs them: strategies that evict read the document together (one batch row each), the others one after
-another.
+runs them: strategies that evict token by token read the document together (one batch row each), the others one
+after another.
 
 `Evaluator` lives on the `Worker`'s thread (a kvviz.qt.jobs.WorkerJob): `evaluate` is a queued slot, and every
 engine call (tokenizing the document, building each strategy's cache, the forwards) runs there, the one

@@ -4,7 +4,7 @@
 Controls, `buttons` under them, `view` as the central "Evaluate" tab) and the evaluation on screen: one
 `StrategySeries` per strategy. Evaluate sends the request to the `Evaluator`
 on the worker's thread (kvviz.qt.evaluate.evaluator), which runs them as `kvviz eval` does (the strategies
-that evict together, one batch row each, the others one after another); its answers
+that evict token by token together, one batch row each, the others one after another); its answers
 arrive as queued signals, and the records themselves are read from the engine's runs when the window
 redraws (on its redraw timer, `sigChanged` asks for one). Stop stops every strategy. Kept evaluations
 (`kvviz-eval` files) open into the same view, and the one on screen saves as those files and the
