@@ -13,7 +13,7 @@ from tests.commands import kvviz
 
 CHOOSE = ["choose", "--model", "tiny", "--tokens", "40", "--context", "512", "--budget", "1GiB", "--rows", "2",
           "--configs", "sliding:window=12,sink:sink_tokens=2:window=10,h2o:budget=12,tova:budget=12"]
-WRITES = 5  # the journal's writes: one per configuration (dynamic, then two batches of two)
+WRITES = 5  # the journal's writes: one per configuration (dynamic; sliding and sinks alone, in chunks; a batch of two)
 TIMED = ("decode_tokens_per_s", "sweep_tokens_per_s")  # what differs from one run to the next
 
 
@@ -25,7 +25,8 @@ def table(folder) -> list[dict]:
 
 def test_a_sweep_killed_anywhere_and_resumed_ends_as_an_uninterrupted_one(tmp_path, preloaded):  # noqa: F811
     whole = tmp_path / "whole"
-    assert in_child([*CHOOSE, "--out", whole]) == 0
+    assert in_child([*CHOOSE, "--out", whole], WRITES + 1) == 0  # WRITES counts them all (`test_kill`)
+    assert in_child([*CHOOSE, "--out", tmp_path / "last"], WRITES) == KILLED
     expected = table(whole)
     print(f"kill seed {SEED}")
     rng = random.Random(SEED)
