@@ -2,6 +2,7 @@
 faithful bookkeeping (evictions, sizes, cancellation, failures) where it does not."""
 
 import contextlib
+import copy
 import threading
 
 import pytest
@@ -127,6 +128,23 @@ def test_windows_and_sinks_read_in_chunks_as_token_by_token_on_other_families(ti
     else:
         loaded = tiny_family(family, tiny_model.tokenizer)
     assert_chunks_as_token_by_token(loaded, spec)
+
+
+@pytest.mark.parametrize("spec", ["sliding:window=16", "sink:sink_tokens=4:window=12"])
+def test_a_reading_in_chunks_resumed_continues_as_an_uninterrupted_one(tiny_model, spec):
+    """A resume feeds the whole forwards measured before again, unscored, each token masked as it was (the mask and
+    the sinks' turned queries rebuild the very same cache), then goes on."""
+    ids, record = document_ids(tiny_model, 100)
+    choice = strategies.parse_spec(spec)
+    whole = evaluate.Evaluation(tiny_model, choice, ids, record, chunk=32)
+    list(whole)
+    kept = copy.deepcopy(whole.result)
+    kept.records = kept.records[:70]  # killed inside its third chunk
+    resumed = evaluate.Evaluation(tiny_model, choice, ids, record, chunk=32)
+    said = resumed.resume(kept, ended=False)
+    assert resumed.replay == len(resumed.result.records) < 70 and "continues after token" in said
+    list(resumed)
+    assert [r.nll for r in resumed.result.records] == [r.nll for r in whole.result.records]
 
 
 def assert_chunks_as_token_by_token(loaded, spec):
