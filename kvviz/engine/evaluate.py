@@ -125,13 +125,6 @@ def feed_sizes(tokens: int, span: Callable[[int], int], prompt: int = 0) -> Iter
         fed += size
 
 
-def forward_sizes(size: int, masked: bool) -> list[int]:
-    """The forwards that feed `size` tokens (`feed_sizes`): one, or where they are fed with a mask
-    (`Strategy.masks_feeds`) two, the last token alone: a sliding window's layer keeps a view of all a forward
-    returned, more storage than one token at a time leaves, and a last token fed alone leaves the same."""
-    return [size - 1, 1] if masked and size > 1 else [size]
-
-
 def encoder_decoder_problem(model) -> str | None:
     """Why this model cannot read a document token by token, or None: an encoder-decoder has no such reading."""
     if not model.config.is_encoder_decoder:
@@ -314,13 +307,13 @@ class Evaluation:
         return self.take(start, logits, (time.perf_counter() - started) * 1000.0 / (end - start))
 
     def _feed(self, start: int, end: int, scored: bool) -> torch.Tensor:
-        """Feed the document tokens [start, end) (`forward_sizes`), each attending to what it would fed alone; the
-        logits of each ``[n, vocab]`` (`scored`), else of the last forward's last."""
+        """Feed the document tokens [start, end) (in `Strategy.feed_forwards`), each attending to what it would fed
+        alone; the logits of each ``[n, vocab]`` (`scored`), else of the last forward's last."""
         with torch.inference_mode():
             if self.run.cache is None:  # every forward feeds the whole text so far
                 return self.run.forward(self.ids[:, :end], logits_to_keep=end - start if scored else 1)[0]
             logits = []
-            for size in forward_sizes(end - start, self.chunk > 1 and self.run.strategy.masks_feeds):
+            for size in self.run.strategy.feed_forwards(end - start):
                 fed = self.ids[:, start : start + size]
                 logits.append(self.run.forward(fed, logits_to_keep=size if scored else 1, streamed=True)[0])
                 start += size

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kvviz.engine.evaluate import feed_sizes, forward_sizes, prompt_tokens
+from kvviz.engine.evaluate import feed_sizes, prompt_tokens
 from kvviz.engine.geometry import Geometry
 from kvviz.engine.strategies import StrategyChoice, capacity_for, get
 from kvviz.errors import OptionError
@@ -37,7 +37,7 @@ def size_at(model, choice: StrategyChoice, tokens: int, chunk: int, sequences: i
     except OptionError:  # so short a text that SnapKV keeps it whole: fed token by token, it never evicts
         prompt = 0
     for size in feed_sizes(tokens, lambda fed: strategy.feed_span(choice.options, fed, chunk), prompt):
-        for forward in forward_sizes(size, chunk > 1 and strategy.masks_feeds):
+        for forward in strategy.feed_forwards(size):
             predictor.feed(forward)
     return predictor.cache_bytes(), predictor.policy_bytes()
 

@@ -137,7 +137,7 @@ def test_memory_at_a_target_equals_a_measured_run_at_that_length(tiny_model, spe
     fed = 0
     with torch.inference_mode():
         for span in evaluate.feed_sizes(target, lambda seen: run.strategy.feed_span(choice.options, seen, chunk)):
-            for n in evaluate.forward_sizes(span, run.strategy.masks_feeds):
+            for n in run.strategy.feed_forwards(span):
                 run.forward(torch.tensor([ids[fed : fed + n]]), streamed=True)
                 fed += n
     measured = sum(layer.total_bytes for layer in run.measure(slots=False))

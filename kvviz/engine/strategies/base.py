@@ -131,8 +131,9 @@ class Strategy:
     # the keys and values of every token it was fed, so that one filled with them by a switch is the cache it would
     # have built itself, and a sweep starts it there from another cache that held them (`CacheRun.take_over`)
     forkable: ClassVar[bool] = False
-    # True: `feed_span` feeds many tokens only inside `streamed` (a sliding window's band of a mask), which needs a
-    # model that takes a mask of its own (`cache_rows.unsupported`)
+    # True: many tokens fed together each attend to what they would alone inside `streamed` (a sliding window's band
+    # of a mask, attention sinks' mask and turned queries), which needs a model that takes a mask of its own
+    # (`cache_rows.unsupported`); `feed_span` then feeds a chunk at a time, the first ending where it first evicts
     masks_feeds: ClassVar[bool] = False
     # True: also runs an encoder-decoder's cache (self-attention keys and values beside cross-attention ones)
     encoder_decoder: ClassVar[bool] = False
@@ -147,8 +148,17 @@ class Strategy:
         """The most tokens, at most `chunk`, that an evaluation's next forward may feed a cache of these options once
         it has been fed `seen` (its prompt first, where it has one), for the cache to end as one fed them a token at a
         time would, each of them attending to what it would have attended to: the whole `chunk` for a cache that
-        keeps every token exactly, else 1 (a cache that changes what it holds between two tokens)."""
+        keeps every token exactly or `masks_feeds` (the first chunk that evicts ending at the token that one token at
+        a time would first evict at, so that an evaluation marks that token), else 1 (a cache that changes what it
+        holds between two tokens)."""
+        if self.masks_feeds:
+            first_eviction = self.prompt_capacity(options) + 1
+            return min(chunk, first_eviction - seen) if seen < first_eviction else chunk
         return chunk if self.exact else 1
+
+    def feed_forwards(self, size: int) -> list[int]:
+        """The forwards in which an evaluation feeds the `size` tokens of one span (`feed_span`): one."""
+        return [size]
 
     def streamed(self, run, n: int) -> AbstractContextManager[torch.Tensor | None]:
         """Around a forward that feeds `run`'s cache `n` tokens together, for each to attend to what it would if fed

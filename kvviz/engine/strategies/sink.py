@@ -57,12 +57,6 @@ class Sink(Strategy):
         layers = [SinkLayer(options["sink_tokens"], options["window"], inv_freq) for _ in range(n_layers)]
         return Cache(layers=keep_own_layers(model, layers))
 
-    def feed_span(self, options, seen, chunk):
-        # inside `streamed` each token attends as it would alone, however many are fed with it; the first feed that
-        # evicts ends where one token at a time would first have evicted, so that an evaluation marks that token
-        first_eviction = options["sink_tokens"] + options["window"] + 1
-        return min(chunk, first_eviction - seen) if seen < first_eviction else chunk
-
     def streamed(self, run, n):
         from kvviz.engine.sink_reading import fed_alone
 

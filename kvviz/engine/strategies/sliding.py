@@ -45,11 +45,10 @@ class Sliding(Strategy):
         ]
         return Cache(layers=keep_own_layers(model, layers))
 
-    def feed_span(self, options, seen, chunk):
-        # inside `streamed` each token attends to its own window, however many are fed with it; the first feed that
-        # evicts ends where one token at a time would first have evicted, so that an evaluation marks that token
-        window = options["window"]
-        return min(chunk, window - seen) if seen < window else chunk
+    def feed_forwards(self, size):
+        # a DynamicSlidingWindowLayer keeps a view of all a forward returned, more storage than one token at a time
+        # leaves: a span's last token fed alone leaves the same
+        return [size - 1, 1] if size > 1 else [size]
 
     @contextmanager
     def streamed(self, run, n):
