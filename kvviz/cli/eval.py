@@ -1,8 +1,9 @@
 """`kvviz eval`: long-context perplexity of several cache strategies along one document, headless.
 
-Each strategy reads the document through its own cache, one token at a time (strategies that keep
-every token exactly, and those whose tokens fed together can each attend as alone: a chunk per forward; the other
-strategies that evict: together, one batch row each, unless `--one-at-a-time`), and the command prints per
+Each strategy reads the document through its own cache, a chunk of tokens per forward, each token attending to what it
+would fed alone (strategies that evict at every token step through each chunk a token at a time; with
+`--token-by-token` they are fed one token per forward, together, one batch row each, unless `--one-at-a-time`), and
+the command prints per
 strategy the perplexity overall and over segments, the cache's size and the speed; `--out DIR` keeps one
 `kvviz-eval` file per strategy and `summary.csv`. Ctrl-C or SIGTERM stops the evaluation, keeps and writes what was
 measured, keeps the journals for `--resume`, and exits 130 or 143; a strategy that fails does not stop the
@@ -36,9 +37,9 @@ SEGMENTS_NOTE = (
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
         "eval", help="perplexity along a long document through each strategy's cache (StreamingLLM's evaluation)",
-        description="Feed a document through each strategy's cache one token at a time (strategies that keep every "
-        "token exactly, a sliding window, attention sinks: a chunk per forward; other strategies that evict read it "
-        "together, one batch row each) and score "
+        description="Feed a document through each strategy's cache, a chunk per forward, each token attending to what "
+        "it would fed alone (strategies that evict at every token step through each chunk a token at a time), and "
+        "score "
         "every next token. Prints per strategy the perplexity overall, "
         "by quarter of the document and before/after the cache first dropped a token, the cache's size and tokens/s. "
         "Ctrl-C keeps and writes what was measured (with --out, --resume continues it).",
@@ -54,16 +55,18 @@ def add_parser(subparsers) -> None:
         help="comma-separated NAME or NAME:KEY=VALUE:KEY=VALUE, e.g. dynamic,sliding:window=256,"
         "sink:sink_tokens=4:window=252,quantized:backend=hqq:nbits=2",
     )
+    parser.add_argument("--token-by-token", action="store_true",
+                        help="feed the strategies that evict at every token one token per forward, as a decode does "
+                        "(slower; their perplexities differ from the stepped chunks' by float rounding only); they "
+                        "read the document together, one batch row each, sharing each forward's time")
     parser.add_argument("--one-at-a-time", action="store_true",
-                        help="feed each strategy alone, so that its tokens/s is its own (by default the strategies "
-                        "that evict token by token read the document together, one batch row each, sharing each "
-                        "forward's time)")
+                        help="with --token-by-token, feed each strategy alone, so that its tokens/s is its own")
     parser.add_argument("--out", type=Path, metavar="DIR", help="write a kvviz-eval file per strategy and summary.csv "
                         "(each kept as a journal while it is measured, so that a killed process loses almost nothing)")
     parser.add_argument("--resume", action="store_true",
                         help="continue an evaluation stopped (Ctrl-C, SIGTERM) or killed in --out DIR (same model, "
-                        "text, settings and strategies): strategies that ended are kept, exact caches continue from "
-                        "their last whole forward, caches that evict start again")
+                        "text, settings and strategies): strategies that ended are kept, those read in chunks continue "
+                        "from their last whole forward, those fed token by token start again")
     parser.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
 
 
@@ -84,7 +87,7 @@ def command(args) -> int:
     if notice:
         common.log(notice)
     # every strategy is checked against the model before any work
-    evaluations = [evaluate.Evaluation(loaded, c, ids, record) for c in choices]
+    evaluations = [evaluate.Evaluation(loaded, c, ids, record, stepped=not args.token_by_token) for c in choices]
     common.log(f"{loaded.card['name']}, document {document.name}, {counted(len(ids), 'token')}, "
                f"{counted(len(choices), 'strategy', 'strategies')}")
     kept = _journals(out, evaluations, _resume_key(args, loaded.card, ids, choices), args.resume) if out else []
@@ -180,7 +183,8 @@ def _resume_key(args, card: dict, ids: list[int], choices) -> dict:
     return {
         "model": card,
         "tokens_sha256": digest(ids),
-        "settings": {"tokens": args.tokens, "one_at_a_time": args.one_at_a_time},
+        "settings": {"tokens": args.tokens, "token_by_token": args.token_by_token,
+                     "one_at_a_time": args.one_at_a_time},
         "strategies": [{"name": c.name, "options": dict(c.options)} for c in choices],
     }
 
@@ -209,7 +213,7 @@ def _journals(out: Path, evaluations, key: dict, resume: bool) -> list:
         theirs = {k: v for k, v in found.resume.items() if k != "index"}
         differing = differences(theirs, key, {
             "model": "the model", "tokens_sha256": "the document's tokens",
-            "settings": "--tokens or --one-at-a-time", "strategies": "the strategies"})
+            "settings": "--tokens, --token-by-token or --one-at-a-time", "strategies": "the strategies"})
         if differing:
             raise UsageError(f"--resume: {path} was measured with other settings than these, so its numbers would not "
                              "continue: " + "; ".join(differing))

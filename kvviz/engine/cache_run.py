@@ -19,7 +19,7 @@ from contextlib import nullcontext
 import torch
 from transformers.cache_utils import DynamicLayer, StaticLayer
 
-from kvviz.engine import attention_scores, measure
+from kvviz.engine import attention_scores, measure, stepped_reading
 from kvviz.engine.attention_view import AttentionView
 from kvviz.engine.convert import convert, refusal
 from kvviz.engine.eviction_layers import EvictionLayer
@@ -113,8 +113,9 @@ class CacheRun:
                 streamed: bool = False) -> torch.Tensor:
         """Feed `input_ids` ``[1, n]`` (the whole sequence when there is no cache); returns the logits
         of the last `logits_to_keep` positions ``[1, kept, vocab]`` (0: every position). `streamed`: each token
-        attends to what it would if fed one at a time (`Strategy.streamed`), not to all the cache returns up to it
-        as in a prompt."""
+        attends to what it would if fed one at a time, not to all the cache returns up to it as in a prompt: through
+        the strategy's mask (`Strategy.streamed`), or, for a cache that would change what it holds within the feed
+        (`Strategy.feed_span`), stepped through one token at a time in every attention layer (`stepped_reading`)."""
         n = input_ids.shape[-1]
         if self.cache is not None and self.seen and n > 1 and feed_refusal(self.model):
             raise OptionError(f"cannot feed {n} tokens at once after the first {self.seen}: {feed_refusal(self.model)}")
@@ -159,9 +160,18 @@ class CacheRun:
 
     def call(self, input_ids: torch.Tensor, forward=None, logits_to_keep: int = 1,
              streamed: bool = False) -> torch.Tensor:
-        """One forward through the cache with no bookkeeping (what `forward` and compile warm-ups use)."""
+        """One forward through the cache (what `forward` and compile warm-ups use), with no bookkeeping but where a
+        stepped one first found the cache holding fewer tokens than it was fed (`evicted_at`)."""
         n = input_ids.shape[-1]
         positions = None if self.cache is None else self.positions(n, input_ids.device)
+        stepped = (streamed and n > 1 and self.cache is not None and not self.strategy.masks_feeds
+                   and self.strategy.feed_span(self.choice.options, self.seen, n) < n)
+        if stepped:
+            with stepped_reading.stepping(self.model, self.cache, self.seen, self.evicted_at is None) as steps:
+                logits = model_forward(self.model, input_ids, steps, positions, logits_to_keep, forward)
+            if steps.first_drop is not None:
+                self.evicted_at = self.seen + steps.first_drop + 1
+            return logits
         alone = self.strategy.streamed(self, n) if streamed and n > 1 and self.cache is not None else nullcontext()
         with alone as mask:
             return model_forward(self.model, input_ids, self.cache, positions, logits_to_keep, forward,

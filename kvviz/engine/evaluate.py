@@ -171,9 +171,11 @@ class Evaluation:
     """
 
     def __init__(self, loaded: LoadedModel, choice: StrategyChoice, token_ids: list[int], document: dict,
-                 cancel: threading.Event | None = None, chunk: int = CHUNK):
+                 cancel: threading.Event | None = None, chunk: int = CHUNK, stepped: bool = True):
         """`reference` may be set before the first forward (a `ReferenceStream` over the same tokens): each prediction
-        is then also compared with the exact cache's, in `kl` and `top1` (`fidelity.divergence`)."""
+        is then also compared with the exact cache's, in `kl` and `top1` (`fidelity.divergence`). `stepped` False: a
+        cache that changes what it holds between two tokens is fed one token per forward (a user's decode's own
+        forwards; several such share forwards, `evaluate_many`) instead of stepped through chunks."""
         if len(token_ids) < 2:
             raise OptionError("an evaluation needs at least 2 tokens: one fed, one predicted")
         problem = encoder_decoder_problem(loaded.model)
@@ -192,7 +194,10 @@ class Evaluation:
         strategy = self.run.strategy
         many = (strategy.feed_span(choice.options, 1, 2) > 1 and not feed_refusal(self.model)
                 and not (strategy.masks_feeds and cache_rows.unsupported(self.model)))
-        self.chunk = max(1, chunk) if many else 1
+        # one that changes what it holds between two tokens steps through each chunk (`stepped_reading`)
+        self.stepped = (stepped and not many and self.run.cache is not None and not feed_refusal(self.model)
+                        and cache_rows.unsupported(self.model) is None)
+        self.chunk = max(1, chunk) if many or self.stepped else 1
         self.prompt = prompt_tokens(choice, len(token_ids))
         self._cancel = cancel or threading.Event()
         self.started = False
@@ -283,7 +288,9 @@ class Evaluation:
 
     def span(self, fed: int) -> int:
         """The most tokens the next forward may feed once `fed` are fed (`Strategy.feed_span`, up to `chunk`)."""
-        return 1 if self.chunk == 1 else self.run.strategy.feed_span(self.run.choice.options, fed, self.chunk)
+        if self.chunk == 1 or self.stepped:
+            return self.chunk
+        return self.run.strategy.feed_span(self.run.choice.options, fed, self.chunk)
 
     def __iter__(self) -> Iterator[TokenRecord]:
         self.start()
@@ -301,9 +308,9 @@ class Evaluation:
             if self.run.cache is not None:
                 self._feed(start, end, scored=False)
             return []
-        self.note_eviction(start)
         started = time.perf_counter()
         logits = self._feed(start, end, scored=True)
+        self.note_eviction(end)
         return self.take(start, logits, (time.perf_counter() - started) * 1000.0 / (end - start))
 
     def _feed(self, start: int, end: int, scored: bool) -> torch.Tensor:
@@ -315,7 +322,8 @@ class Evaluation:
             logits = []
             for size in self.run.strategy.feed_forwards(end - start):
                 fed = self.ids[:, start : start + size]
-                logits.append(self.run.forward(fed, logits_to_keep=size if scored else 1, streamed=True)[0])
+                logits.append(self.run.forward(fed, logits_to_keep=size if scored else 1,
+                                               streamed=start >= self.prompt)[0])
                 start += size
         return torch.cat(logits) if scored else logits[-1]
 
@@ -335,11 +343,12 @@ class Evaluation:
         self.result.records.extend(unmeasured)
         return unmeasured + self._record(shared[-1].position, [shared[-1].nll], shared[-1].wall_ms)
 
-    def note_eviction(self, position: int) -> None:
-        """Before the forward that predicts from `position`: mark it as the first eviction if the cache has evicted
-        (as measured: it holds fewer tokens than it has seen)."""
-        if self.run.evicted and self.result.first_eviction is None:
-            self.result.first_eviction = position
+    def note_eviction(self, predicted: int) -> None:
+        """Once the predictions before position `predicted` are made (or being made): mark where the cache first
+        evicted, if one of them was made from a cache holding fewer tokens than it was fed (`CacheRun.evicted_at`)."""
+        at = self.run.evicted_at
+        if self.result.first_eviction is None and at is not None and at < predicted:
+            self.result.first_eviction = at
 
     def take(self, start: int, logits: torch.Tensor, wall_ms: float) -> list[TokenRecord]:
         """Record the predictions of the tokens fed from `start`, given their logits ``[n, vocab]`` and the time

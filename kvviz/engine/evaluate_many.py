@@ -78,7 +78,7 @@ def evaluate_together(evaluations: list[Evaluation], share: bool = False) -> Ite
                     break
                 continue
             for i in active:
-                evaluations[i].note_eviction(position)
+                evaluations[i].note_eviction(position + 1)
             started = time.perf_counter()
             with torch.inference_mode():
                 logits, failures = cache_rows.feed_together([evaluations[i].run for i in active],

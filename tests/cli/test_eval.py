@@ -23,7 +23,7 @@ def test_eval_writes_a_file_per_strategy_and_a_summary(tmp_path):
     assert result.returncode == 0, result.stderr
     results = json.loads(result.stdout)
     assert [r["strategy"]["name"] for r in results] == ["dynamic", "tova", "h2o"]
-    assert [r["method"]["mode"] for r in results] == ["chunked", "batched", "batched"]
+    assert [r["method"]["mode"] for r in results] == ["chunked", "chunked", "chunked"]  # tova, h2o: stepped
     for r in results:
         run = evaluation.load(r["file"])
         assert r["status"] == run.status == "finished" and len(run.records) == 47
@@ -36,9 +36,9 @@ def test_eval_writes_a_file_per_strategy_and_a_summary(tmp_path):
     assert not list(out.glob("*.part"))
 
 
-def test_strategies_that_evict_read_together_unless_one_at_a_time():
+def test_strategies_that_evict_read_token_by_token_together_unless_one_at_a_time():
     args = ("eval", "--model", "tiny", "--builtin", "alice", "--tokens", "40", "--strategies",
-            "tova:budget=16,dynamic,h2o:budget=16")
+            "tova:budget=16,dynamic,h2o:budget=16", "--token-by-token")
     together, alone = kvviz(*args), kvviz(*args, "--one-at-a-time")
     assert together.returncode == alone.returncode == 0, together.stderr + alone.stderr
     rows = together.stdout.splitlines()[1:4]  # in the order asked for, though h2o finished before dynamic started
@@ -47,9 +47,12 @@ def test_strategies_that_evict_read_together_unless_one_at_a_time():
     assert rows[2].endswith("evicting from token 17, one of 2 strategies per forward")
     assert "share each forward" in together.stdout and "share each forward" not in alone.stdout
     as_json = [json.loads(kvviz(*args, "--json", *extra).stdout) for extra in ((), ("--one-at-a-time",))]
-    for batched, single in zip(*as_json, strict=True):
+    stepped = json.loads(kvviz(*args[:-1], "--json").stdout)
+    for batched, single, chunks in zip(*as_json, stepped, strict=True):
         assert batched["summary"]["perplexity"] == pytest.approx(single["summary"]["perplexity"], rel=1e-4)
+        assert chunks["summary"]["perplexity"] == pytest.approx(single["summary"]["perplexity"], rel=1e-4)
     assert [r["method"]["mode"] for r in as_json[1]] == ["token-by-token", "chunked", "token-by-token"]
+    assert [r["method"]["mode"] for r in stepped] == ["chunked"] * 3
 
 
 def test_eval_prints_a_table_and_trace_opens_its_files(tmp_path):

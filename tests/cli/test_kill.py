@@ -27,7 +27,9 @@ SEED = int(os.environ.get("KVVIZ_KILL_SEED", time.time_ns() % 10**6))
 RUN = ["run", "--model", "tiny", "--prompt", "Tell me a story.", "--max-new-tokens", "40", "--ignore-eos"]
 EXACT = ["eval", "--model", "tiny", "--builtin", "alice", "--tokens", "300", "--strategies", "dynamic,static"]
 EVICTING = ["eval", "--model", "tiny", "--builtin", "alice", "--tokens", "40", "--strategies",
-            "tova:budget=8,h2o:budget=6"]
+            "tova:budget=8,h2o:budget=6", "--token-by-token"]  # read together, a journal write at every token
+STEPPED = ["eval", "--model", "tiny", "--builtin", "alice", "--tokens", "300", "--strategies",
+           "tova:budget=40,h2o:budget=30"]
 KILLED = "killed"
 
 
@@ -123,7 +125,8 @@ def nll(folder: Path) -> dict[str, list[float]]:
     return {name: [r.nll for r in run.records] for name, run in readable(folder).items()}
 
 
-@pytest.mark.parametrize("args,writes,chains", [(EXACT, 6, 3), (EVICTING, 79, 3)], ids=["exact", "evicting"])
+@pytest.mark.parametrize("args,writes,chains", [(EXACT, 6, 3), (STEPPED, 6, 3), (EVICTING, 79, 3)],
+                         ids=["exact", "stepped", "evicting"])
 def test_an_evaluation_and_its_resume_killed_anywhere_end_as_an_uninterrupted_one(tmp_path, preloaded, args, writes,
                                                                                   chains):
     whole = tmp_path / "whole"

@@ -88,7 +88,7 @@ def test_strategies_that_keep_every_token_equal_dynamic(default_model, alice_256
 def test_caches_that_take_many_tokens_a_forward_read_in_chunks(tiny_model):
     ids, record = document_ids(tiny_model, 40)
     expected = {"dynamic": "chunked", "static": "chunked", "none": "chunked", "sliding": "chunked",
-                "sink": "chunked", "h2o": "token-by-token", "quantized": "chunked", "snapkv": "chunked"}
+                "sink": "chunked", "h2o": "chunked", "quantized": "chunked", "snapkv": "chunked"}
     options = {"quantized": {"q_group_size": 32}, "h2o": {"budget": 8}, "snapkv": {"budget": 12, "window": 4}}
     for name, mode in expected.items():
         evaluation = evaluate.Evaluation(tiny_model, strategies.choose(name, options.get(name)), ids, record)
@@ -104,15 +104,23 @@ SPANNED = ["sliding:window=16", "sink:sink_tokens=4:window=12", "sink:sink_token
            "lagkv:budget=16", "expected_attention:budget=16", "pyramidkv:budget=16:window=8", "random:budget=16"]
 
 
+# Caches that change what they hold between two tokens: every attention layer steps through each chunk a token at a
+# time (`stepped_reading`)
+STEPPED = ["h2o:budget=16", "h2o:budget=16:recent=0:average=true", "tova:budget=16", "knorm:budget=16",
+           "kvzip:budget=16", "think:key_channels=0.5:window=8", "expected_attention:budget=16:adaptive=true",
+           "snapkv:budget=16:window=8:decode_interval=4", "tova:budget=16:chunk=4:critical=true"]
+
+
 def test_every_cache_read_in_chunks_is_proven_here(tiny_model):
-    """A strategy that reads in chunks without keeping every token exactly is in SPANNED, so that the test below
-    proves it (a new one, or one whose rule changed, fails here until it is)."""
-    spanned = {s.name for s in strategies.all_strategies()
-               if not s.exact and s.feed_span({o.name: o.default for o in s.options}, 1, 2) > 1}
-    assert spanned <= {spec.split(":")[0] for spec in SPANNED}
+    """A strategy that reads in chunks without keeping every token exactly is in SPANNED or STEPPED, so that the
+    test below proves it (a new one, or one whose rule changed, fails here until it is)."""
+    for listed, stepped in ((SPANNED, False), (STEPPED, True)):
+        names = {s.name for s in strategies.all_strategies()
+                 if not s.exact and (s.feed_span({o.name: o.default for o in s.options}, 1, 2) == 1) == stepped}
+        assert names <= {spec.split(":")[0] for spec in listed}
 
 
-@pytest.mark.parametrize("spec", SPANNED)
+@pytest.mark.parametrize("spec", SPANNED + STEPPED)
 def test_a_cache_read_in_chunks_predicts_and_holds_as_token_by_token(tiny_model, spec):
     assert_chunks_as_token_by_token(tiny_model, spec)
 
@@ -130,10 +138,10 @@ def test_windows_and_sinks_read_in_chunks_as_token_by_token_on_other_families(ti
     assert_chunks_as_token_by_token(loaded, spec)
 
 
-@pytest.mark.parametrize("spec", ["sliding:window=16", "sink:sink_tokens=4:window=12"])
+@pytest.mark.parametrize("spec", ["sliding:window=16", "sink:sink_tokens=4:window=12", "h2o:budget=16"])
 def test_a_reading_in_chunks_resumed_continues_as_an_uninterrupted_one(tiny_model, spec):
-    """A resume feeds the whole forwards measured before again, unscored, each token masked as it was (the mask and
-    the sinks' turned queries rebuild the very same cache), then goes on."""
+    """A resume feeds the whole forwards measured before again, unscored, each token masked or stepped as it was
+    (the mask, the sinks' turned queries and the steps rebuild the very same cache), then goes on."""
     ids, record = document_ids(tiny_model, 100)
     choice = strategies.parse_spec(spec)
     whole = evaluate.Evaluation(tiny_model, choice, ids, record, chunk=32)
@@ -225,7 +233,7 @@ def test_snapkv_whose_prompt_would_fit_is_refused(tiny_model):
 @pytest.mark.parametrize("name,layers,score", [("tova", 4, 0), ("h2o", 4, 4), ("knorm", 2, 0)])  # knorm: 2 left whole
 def test_a_policy_s_own_state_is_measured(tiny_model, name, layers, score):
     ids, record = document_ids(tiny_model, 30)
-    _, evaluation = nll_of(tiny_model, name, {"budget": 12}, ids, record)
+    _, evaluation = nll_of(tiny_model, name, {"budget": 12}, ids, record, chunk=1)  # measured at every token
     records = evaluation.result.records
     assert evaluation.result.first_eviction == 13  # the budget of 12 held against the 13 tokens seen
     assert records[0].policy_bytes == layers * 2 * (8 + score)  # one token, before any choice
@@ -279,8 +287,8 @@ def test_a_quantized_cache_read_dequantizes_once_per_quantization_and_predicts_t
 def test_cancel_stops_between_tokens_and_keeps_what_was_measured(tiny_model):
     ids, record = document_ids(tiny_model, 80)
     cancel = threading.Event()
-    evaluations = [evaluate.Evaluation(tiny_model, strategies.choose("tova", {"budget": 16}), ids, record, cancel)
-                   for _ in range(2)]
+    evaluations = [evaluate.Evaluation(tiny_model, strategies.choose("tova", {"budget": 16}), ids, record, cancel,
+                                       chunk=1) for _ in range(2)]
     for _, r in evaluate_many.evaluate_all(evaluations):
         if r.position == 9:
             evaluations[0].cancel()
@@ -291,7 +299,7 @@ def test_cancel_stops_between_tokens_and_keeps_what_was_measured(tiny_model):
 
 def test_a_failing_strategy_does_not_lose_the_others(tiny_model, caplog):
     ids, record = document_ids(tiny_model, 30)
-    evaluations = [evaluate.Evaluation(tiny_model, strategies.choose("tova", {"budget": 8}), ids, record)
+    evaluations = [evaluate.Evaluation(tiny_model, strategies.choose("tova", {"budget": 8}), ids, record, chunk=1)
                    for _ in range(3)]
     forward = evaluations[1].run.forward
     calls = []

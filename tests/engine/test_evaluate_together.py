@@ -20,7 +20,10 @@ EVICTING = [
 
 
 def evaluations_of(loaded, specs, ids, record, cancel=None):
-    return [evaluate.Evaluation(loaded, strategies.choose(name, dict(options)), ids, record, cancel)
+    """The evicting ones read token by token (`chunk=1`), as only those share forwards (read in chunks, each steps
+    through them alone: `stepped_reading`)."""
+    return [evaluate.Evaluation(loaded, strategies.choose(name, dict(options)), ids, record, cancel,
+                                chunk=1 if name in ("h2o", "tova", "knorm") else evaluate.CHUNK)
             for name, options in specs]
 
 
@@ -155,7 +158,7 @@ SHARED = ["h2o:budget=20", "knorm:budget=8", "knorm:budget=14", "tova:budget=16"
 
 
 def read_with_reference(loaded, specs, ids, record, share):
-    evaluations = [evaluate.Evaluation(loaded, strategies.parse_spec(s), ids, record) for s in specs]
+    evaluations = [evaluate.Evaluation(loaded, strategies.parse_spec(s), ids, record, chunk=1) for s in specs]
     stream = ReferenceStream(loaded.model, evaluations[0].ids, evaluate.CHUNK)
     for e in evaluations:
         e.reference = stream
@@ -207,7 +210,7 @@ def test_snapkv_read_token_by_token_reads_its_prompt_alone_and_joins_the_batch_a
 def test_rows_waiting_for_a_row_that_failed_read_alone(tiny_model):
     ids, record = document_ids(tiny_model, 30)
     specs = ["h2o:budget=12", "knorm:budget=8", "tova:budget=10"]
-    evaluations = [evaluate.Evaluation(tiny_model, strategies.parse_spec(s), ids, record) for s in specs]
+    evaluations = [evaluate.Evaluation(tiny_model, strategies.parse_spec(s), ids, record, chunk=1) for s in specs]
     layer = evaluations[0].run.cache.layers[1]
     update = layer.update
 
@@ -219,7 +222,7 @@ def test_rows_waiting_for_a_row_that_failed_read_alone(tiny_model):
     layer.update = failing_update
     list(evaluate_many.evaluate_together(evaluations, share=True))
     assert evaluations[0].result.error == "RuntimeError: out of memory"
-    alone = [evaluate.Evaluation(tiny_model, strategies.parse_spec(s), ids, record) for s in specs[1:]]
+    alone = [evaluate.Evaluation(tiny_model, strategies.parse_spec(s), ids, record, chunk=1) for s in specs[1:]]
     for e in alone:
         list(e)
     assert_same_predictions(alone, evaluations[1:])

@@ -129,8 +129,8 @@ def test_two_strategies_end_to_end_rows_and_curves(window, qtbot, monkeypatch):
         assert measured[1][-1] == pytest.approx(s["final_cache_bytes"] / MIB)
     dynamic, tova = mode.series
     assert dynamic.run.method["mode"] == "chunked" and rows[0][0] == "dynamic" and rows[0][6] == "–"
-    assert tova.run.method["mode"] == "token-by-token" and rows[1][0] == "tova (budget=8)"
-    assert len(mode.view.memory_plot.curve_data(tova.run_id)[0][0]) == 39  # measured after every prediction
+    assert tova.run.method["mode"] == "chunked" and rows[1][0] == "tova (budget=8)"  # stepped through its chunk
+    assert len(mode.view.memory_plot.curve_data(tova.run_id)[0][0]) == 1  # measured once per chunk
     assert tova.first_eviction == 9 and rows[1][6] == "9"
     np.testing.assert_allclose([r.nll for r in dynamic.run.records[:9]], [r.nll for r in tova.run.records[:9]],
                                atol=1e-3)  # the same cache until the budget is full
@@ -153,25 +153,25 @@ def test_stop_stops_every_strategy_and_frees_the_worker(window, qtbot):
     load(qtbot, window, "tiny")
     window.set_mode("evaluate")
     mode = window.modes["evaluate"]
-    # the two that evict read the document together (as kvviz eval does), then dynamic would
+    # each reads the document alone, in chunks (the two that evict stepping through them), one after another
     mode.list_panel.set_entries([("tova", {"budget": 16}), ("h2o", {"budget": 12}), ("dynamic", {})])
     mode.document_panel.tokens.setValue(4000)
     mode.evaluate_button.click()
     qtbot.waitUntil(lambda: mode.series[0].run is not None and len(mode.series[0].run.records) > 5, timeout=60000)
     assert not window.controls.model_panel.load_button.isEnabled() and mode.stop_button.isEnabled()
-    assert mode.active == [0, 1] and mode.progress().startswith("strategies 1, 2 of 3, read together: ")
+    assert mode.active == [0] and mode.progress().startswith("strategy 1 of 3, tova (budget=16): ")
     window.redraw()  # the status bar speaks of the evaluation, not of the last local run
     rate, _, cache = mode.figures()
-    assert rate == pytest.approx(sum(s.tokens_per_s() for s in mode.series[:2]))
-    assert cache == sum(s.cache_bytes() for s in mode.series[:2])
+    assert rate == pytest.approx(mode.series[0].tokens_per_s())
+    assert cache == mode.series[0].cache_bytes()
     assert window.status_line.labels["cache"].text() == f"cache {mib(cache)}"
     with qtbot.waitSignal(mode.sigDone, timeout=60000):
         window.menus.stop_action.trigger()  # Esc
-    assert [s.state for s in mode.series] == ["cancelled", "cancelled", "not run"]
-    assert all(5 < s.n < 3999 and s.run.cancelled for s in mode.series[:2])
-    assert [row[-1] for row in _table(mode)] == ["cancelled", "cancelled", "not run"]
+    assert [s.state for s in mode.series] == ["cancelled", "not run", "not run"]
+    assert 5 < mode.series[0].n < 3999 and mode.series[0].run.cancelled
+    assert [row[-1] for row in _table(mode)] == ["cancelled", "not run", "not run"]
     assert "cancelled" in mode.view.summary.text()
-    assert [index for index, _ in mode.runs()] == [0, 1]  # what was measured is kept; nothing of the rest
+    assert [index for index, _ in mode.runs()] == [0]  # what was measured is kept; nothing of the rest
     window.set_mode("local")
     assert window.modes["local"].run_button.isEnabled()
     run(qtbot, window, tokens=4)  # the worker serves a local run again
@@ -190,6 +190,10 @@ def test_a_failing_strategy_keeps_its_error_and_the_others_their_results(window,
     monkeypatch.setattr(CacheRun, "forward", failing_after_ten)
     load(qtbot, window, "tiny")
     # static with too few slots is refused before any work; h2o fails after ten predictions; dynamic is fine
+    from kvviz.engine.evaluate import Evaluation
+
+    span = Evaluation.span  # chunks of 10 tokens for h2o: it fails in its second
+    monkeypatch.setattr(Evaluation, "span", lambda self, fed: 10 if self.stepped else span(self, fed))
     evaluate(qtbot, window, [("static", {"max_cache_len": 16}), ("h2o", {"budget": 8}), ("dynamic", {})], 40)
     mode = window.modes["evaluate"]
     assert [s.state for s in mode.series] == ["failed", "failed", "finished"]
@@ -351,8 +355,8 @@ def test_a_strategy_continued_in_an_eval_folder_writes_its_summary_again(window,
     folder's summary.csv again, as `kvviz eval --out` writes it for the whole evaluation (timings aside)."""
     from tests.commands import kvviz
 
-    args = ["eval", "--model", "tiny", "--builtin", "alice", "--tokens", "100", "--strategies",
-            "dynamic,tova:budget=8"]
+    args = ["eval", "--model", "tiny", "--builtin", "alice", "--tokens", "300", "--strategies",
+            "dynamic,tova:budget=8"]  # tova stepped through chunks of 128: stopped after its first
     assert kvviz(*args, "--out", tmp_path / "whole").returncode == 0
     update = evaluation.EvalJournal.update
 
