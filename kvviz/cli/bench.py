@@ -45,8 +45,8 @@ def add_parser(subparsers) -> None:
                       "alice)")
     bench.add_argument("--tokens", type=int, default=READ_TOKENS, metavar="N",
                        help=f"with --sweep or --eval: tokens of the text read (default {READ_TOKENS:,})")
-    bench.add_argument("--rows", type=int, metavar="N", help="with --sweep: configurations per batched forward, as "
-                       "kvviz choose's")
+    bench.add_argument("--rows", type=int, metavar="N", help="with --sweep: configurations per batched forward "
+                       "answering questions, as kvviz choose's")
     bench.add_argument("--floor-forwards", type=int, default=FLOOR_FORWARDS, metavar="N",
                        help=f"with --sweep: forwards of the floor timed, the median kept (default {FLOOR_FORWARDS})")
 

@@ -65,11 +65,12 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--configs", metavar="LIST",
                         help="comma-separated configurations to try, as --strategies of kvviz eval (default: every "
                         "strategy available here at sensible settings; the exact cache is always added)")
-    parser.add_argument("--rows", type=int, metavar="N", help="configurations per batched forward (default 24)")
+    parser.add_argument("--rows", type=int, metavar="N",
+                        help="configurations per batched forward answering questions (default 24; the text is read by "
+                        "each alone, in chunks)")
     parser.add_argument("--quantized-alone", action="store_true",
-                        help="never feed quantized caches in a batch of rows: where they would share its forwards "
-                        "(answering questions; a model that takes one token at a time after a prompt), float rounding "
-                        "moves a quantized cache's results by about 1%%; they read the text alone in chunks anyway")
+                        help="answering questions, never feed quantized caches in a batch of rows: float rounding "
+                        "moves a quantized cache's results by about 1%%")
     asked = parser.add_argument_group("questions", "ask every configuration questions too, and score its answers")
     given = asked.add_mutually_exclusive_group()
     given.add_argument("--task", metavar="NAME[,NAME]",

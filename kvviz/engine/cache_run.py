@@ -224,20 +224,6 @@ class CacheRun:
         for layer in stoppable:
             layer.stop()
 
-    def take_over(self, other: CacheRun) -> None:
-        """Fill this run's new cache with what `other`'s holds, every token it was fed, none evicted and none
-        quantized, as if they had been fed here one at a time: for a strategy whose cache holds nothing but those
-        keys and values until it first evicts (`Strategy.forkable`), the very cache it would have built. It takes a
-        copy: `other` goes on as it was."""
-        if self.seen or other.evicted or other.strategy.quantizes or not self.strategy.forks(self.choice.options):
-            raise RuntimeError(f"{self.choice.label()} cannot take over the cache of {other.choice.label()} after "
-                               f"{other.seen} tokens: it holds them no longer as fed, or this strategy keeps more")
-        _, self.carried = convert(copy.deepcopy(other.cache), self.cache, other.carried, other.position, other.seen)
-        self.seen, self.position = other.seen, other.position
-        for _ in range(other.seen):  # the size rule, as fed one token at a time
-            self.predictor.feed(1)
-        self._note_eviction()
-
     # -- going back and copying (conversations) -----------------------------------------------------
 
     def crop_refusal(self) -> str | None:

@@ -18,8 +18,11 @@ appends between two changes of what it holds, in forwards that end at the next c
 (`Strategy.feed_span`: a quantized cache between re-quantizations, SnapKV after its prompt), and one whose tokens
 fed together can each be made to attend to what it would alone (`Strategy.streamed`: a sliding window's mask,
 attention sinks' mask and turned queries); each is tested against its own token-by-token reading. The other
-strategies can read the document together (`evaluate_many.evaluate_all(..., together=True)`): one batch row each,
-every forward feeding one token to all of their caches (`cache_rows`), which shares the reading of
+strategies, which change what they hold at every token, read chunks stepped through a token at a time in every
+attention layer (`stepped_reading`): the weights are read once per chunk, and each token attends to exactly what it
+would fed alone (tested against their token-by-token reading). Fed token by token instead (`stepped` False, or a model
+that cannot be stepped), several can read the document together (`evaluate_many.evaluate_all(..., together=True)`):
+one batch row each, every forward feeding one token to all of their caches (`cache_rows`), which shares the reading of
 the weights that bounds a token-by-token forward; each row's NLL is the same as alone (tested).
 """
 
@@ -29,7 +32,6 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 
 import torch
 
@@ -234,23 +236,12 @@ class Evaluation:
         result = self.result
         return self.started and (len(result.records) >= self.predictions or bool(result.error) or result.cancelled)
 
-    def batchable(self, quantized: bool = False) -> bool:
+    def batchable(self) -> bool:
         """Whether this evaluation can share forwards with others (`feed_together`) and predict as it would
-        alone: token by token (after its prompt, which it reads alone), through a cache that does not quantize
-        (`quantized`: or does, to the float rounding of a batched forward, which may move a value to the
-        neighbouring level), on a model that allows it."""
-        return (self.chunk == 1 and self.run.cache is not None
-                and (quantized or not self.run.strategy.quantizes) and cache_rows.unsupported(self.model) is None)
-
-    @property
-    def whole_until(self) -> int | None:
-        """How many tokens, fed one at a time from the first, its cache holds whole (every one, in full precision)
-        before it first evicts, so that its predictions until then are a full cache's; None where it may change
-        them sooner (it quantizes, reads a prompt first, or never evicts)."""
-        strategy = self.run.strategy
-        if self.prompt or self.chunk != 1 or strategy.quantizes or not strategy.evicts:
-            return None
-        return strategy.prompt_capacity(self.run.choice.options)
+        alone: token by token (after its prompt, which it reads alone), through a cache that does not quantize (a
+        batched forward's float rounding may move a value to the neighbouring level), on a model that allows it."""
+        return (self.chunk == 1 and self.run.cache is not None and not self.run.strategy.quantizes
+                and cache_rows.unsupported(self.model) is None)
 
     def resume(self, kept: EvalRun, ended: bool) -> str:
         """Take up what an earlier process measured (`kept`, from its journal; `ended`: the strategy was over
@@ -326,22 +317,6 @@ class Evaluation:
                                                streamed=start >= self.prompt)[0])
                 start += size
         return torch.cat(logits) if scored else logits[-1]
-
-    def share(self, other: Evaluation) -> list[TokenRecord]:
-        """Start where `other` stands, which has read the first tokens one at a time through a cache that holds
-        every one of them whole (`whole_until`): its cache becomes this one's (`CacheRun.take_over`: the cache this
-        strategy would have built itself, `Strategy.forkable`), and its predictions so far this one's, which are
-        the ones this cache would have made, bit for bit where batched rows are (`cache_rows.ROW_GROUP`). Returns
-        them; only the last is measured, on this cache, as a chunk's are."""
-        shared = other.result.records
-        self.run.take_over(other.run)
-        self.result.method["shared"] = len(shared)
-        self.kl += other.kl[: len(shared)]
-        self.top1 += other.top1[: len(shared)]
-        unmeasured = [replace(r, cache_bytes=None, predicted_cache_bytes=None, tokens_held=None, policy_bytes=None)
-                      for r in shared[:-1]]
-        self.result.records.extend(unmeasured)
-        return unmeasured + self._record(shared[-1].position, [shared[-1].nll], shared[-1].wall_ms)
 
     def note_eviction(self, predicted: int) -> None:
         """Once the predictions before position `predicted` are made (or being made): mark where the cache first

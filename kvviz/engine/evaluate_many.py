@@ -14,38 +14,11 @@ from kvviz.errors import failure
 from kvviz.files.evaluation import TokenRecord
 
 
-def starts(evaluations: list[Evaluation], share: bool) -> tuple[list[int], int | None]:
-    """Where each of these batchable evaluations starts being fed in their batch, and the one the others start
-    from (None: none). One with a prompt (SnapKV) starts after it, which it reads alone. With `share`, one whose cache
-    holds nothing but the tokens it was fed until it first evicts (`Strategy.forkable`) starts where it would first
-    evict, from the one that saves the most: that one reads from the first token and holds every token whole
-    (`Evaluation.whole_until`) for the longest shared (`Evaluation.share`)."""
-    first = [e.prompt for e in evaluations]
-    whole = [e.whole_until or 0 for e in evaluations]
-    forkable = [i for i, e in enumerate(evaluations) if whole[i] and e.run.strategy.forks(e.run.choice.options)]
-    last = evaluations[0].predictions - 1  # the last one starts with at least one token to read in the batch
-
-    def saved(donor: int) -> int:
-        return sum(min(whole[i], whole[donor], last) for i in forkable if i != donor)
-
-    donor = max((i for i, held in enumerate(whole) if held), key=saved, default=None) if share else None
-    if donor is None or not saved(donor):
-        return first, None
-    for i in forkable:
-        if i != donor:
-            first[i] = min(whole[i], whole[donor], last)
-    return first, donor
-
-
-def evaluate_together(evaluations: list[Evaluation], share: bool = False) -> Iterator[tuple[int, TokenRecord]]:
+def evaluate_together(evaluations: list[Evaluation]) -> Iterator[tuple[int, TokenRecord]]:
     """Batchable evaluations of the same tokens, one batch row each, fed one token per forward: yields
     (index in `evaluations`, record). Each record's time is its share of the forward (the forward's time
-    over the rows in it). A row that fails keeps its error and leaves the batch; the others go on.
-
-    Rows join the batch where `starts` says: after a prompt, read alone first; with `share`, from another row's
-    cache and predictions, which are then this row's own (`Evaluation.share`). Should that row have failed (or
-    evicted after all, as measured) before, the rows waiting for it read alone after the batch."""
-    first, donor = starts(evaluations, share)
+    over the rows in it). A row that fails keeps its error and leaves the batch; the others go on. A row with a
+    prompt (SnapKV) reads it alone first, then joins the batch after it."""
     for e in evaluations:
         e.start()
         e.result.method.update(mode="batched", rows=len(evaluations))
@@ -53,7 +26,6 @@ def evaluate_together(evaluations: list[Evaluation], share: bool = False) -> Ite
         if e.prompt and not e.cancelled:
             yield from _alone(i, e, lambda e=e: e.read(0, e.prompt))
     active: list[int] = []
-    waited: list[int] = []  # rows whose donor failed before they could start from it
     with ExitStack() as reading:
         for e in evaluations:
             reading.enter_context(e.run.strategy.reading(e.run.cache))
@@ -63,18 +35,9 @@ def evaluate_together(evaluations: list[Evaluation], share: bool = False) -> Ite
                 for e in evaluations:
                     e.result.cancelled = e.result.cancelled or not e.finished
                 return
-            for i, e in enumerate(evaluations):
-                if first[i] != position or e.result.error:
-                    continue
-                if position and not e.prompt:  # it starts from the donor's cache
-                    if evaluations[donor].result.error or evaluations[donor].run.evicted:
-                        waited.append(i)
-                        continue
-                    for record in e.share(evaluations[donor]):
-                        yield i, record
-                active.append(i)
+            active += [i for i, e in enumerate(evaluations) if e.prompt == position and not e.result.error]
             if not active:
-                if max(first) <= position:
+                if max(e.prompt for e in evaluations) <= position:
                     break
                 continue
             for i in active:
@@ -99,10 +62,6 @@ def evaluate_together(evaluations: list[Evaluation], share: bool = False) -> Ite
                 for record in records:
                     yield i, record
             active = still
-    for i in waited:
-        e = evaluations[i]
-        e.result.method = {"mode": "token-by-token", "chunk": 1}
-        yield from _alone(i, e, lambda e=e: e)
 
 
 def _alone(index: int, evaluation: Evaluation, records: Callable[[], Iterable[TokenRecord]]

@@ -2,18 +2,18 @@
 
 Every configuration reads the same text through its own cache as `kvviz eval` reads it (`Evaluation`), and
 each prediction is compared with the exact cache's (`fidelity.ReferenceStream`: KL divergence and top-1
-agreement). Configurations that can share a forward read the text together, `rows` per batched forward
-(`cache_rows`); the exact cache reads it a chunk at a time; the rest alone. When a configuration has read the
+agreement), each alone, in chunks where the model allows it (those that evict at every token stepped through each
+chunk, `stepped_reading`); configurations read token by token that can share a forward read the text together, `rows`
+per batched forward (`cache_rows`). When a configuration has read the
 text, a few decode steps are timed with it alone (its speed as a user would get it, batch 1), and its memory at
 the target is derived from its size rule (`target_memory`), checked against the cache measured at the end.
 
 Where the user gives questions (`Asked`: tasks kvviz writes, or the user's own), every configuration is asked them
 first, in each regime asked (`kvviz.engine.answering`), and its answers are scored beside its perplexity.
 
-Quantized caches share forwards here too, unlike in `kvviz eval`, unless `quantized_alone`: a batched forward's
-float rounding may move a value to the neighbouring quantization level, which moves a quantized configuration's
-perplexity by about 1 % (hqq int4 on the default model, 400 tokens of Alice: 30.91 alone, 30.62 in a batch), no
-more than a run on another machine or thread count may; fed one at a time, they would take most of a sweep.
+Answering questions, configurations share forwards, `rows` at a time (quantized caches too, unless `quantized_alone`:
+a batched forward's float rounding may move a value to the neighbouring quantization level, which moves a quantized
+configuration's results by about 1 %).
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from kvviz.engine import dequantize_memo, machine
 from kvviz.engine.answering import Asking
 from kvviz.engine.cache_run import CacheRun
 from kvviz.engine.evaluate import Evaluation, prompt_tokens
-from kvviz.engine.evaluate_many import evaluate_together
 from kvviz.engine.fidelity import ReferenceStream
 from kvviz.engine.forward import model_forward
 from kvviz.engine.geometry import Geometry
@@ -43,9 +42,10 @@ from kvviz.files.frontier import parse_budget, parse_tolerance
 from kvviz.files.sweep import Asked, Configuration, Question, SpeedRecord, Sweep, SweptSoFar
 from kvviz.present import size
 
-# Batched rows per forward. The default model on this 2-core CPU (quiet machine): a plain forward of one token costs
-# 28.6 ms for 1 row, 49.3 for 4, 62.5 for 12, 80.1 for 24; with H2O caches over 200 tokens the rows read 29, 62,
-# 137 and 155 configuration-tokens a second at 1, 4, 12 and 24 rows: more rows still pay, a little, up to 24.
+# Batched rows per forward answering questions (`answering`). The default model on this 2-core CPU (quiet machine): a
+# plain forward of one token costs 28.6 ms for 1 row, 49.3 for 4, 62.5 for 12, 80.1 for 24; with H2O caches over 200
+# tokens the rows read 29, 62, 137 and 155 configuration-tokens a second at 1, 4, 12 and 24 rows: more rows still
+# pay, a little, up to 24.
 ROWS = 24
 FRACTIONS = (0.125, 0.25, 0.5)  # of the measured length: the budgets the default grid gives evicting caches
 QUANTIZED = (("quanto", 4), ("quanto", 2), ("hqq", 8), ("hqq", 4), ("hqq", 2))
@@ -193,7 +193,6 @@ class SweepRun:
         self._started: float | None = None
         self._forwards = 0  # token-by-token forwards (batched or alone) and their time, for the speed figures
         self._forward_ms = 0.0
-        self._row_tokens = 0
         self._floor_bytes = 0.0
         self._asking_s: float | None = None
 
@@ -209,7 +208,7 @@ class SweepRun:
         self._earlier_s = kept.elapsed_s
         if self.asking is not None:
             self.asking.resume([c.answers for c in kept.sweep.configurations], kept.answered)
-        return [self.sweep.configurations[i] for group in self.groups() for i in group if i in self._kept]
+        return [self.sweep.configurations[i] for i in self.order() if i in self._kept]
 
     @property
     def elapsed_s(self) -> float:
@@ -240,16 +239,10 @@ class SweepRun:
         """The evaluations this process reads (not those refused, nor those an earlier process finished)."""
         return [e for i, e in enumerate(self.evaluations) if e is not None and (i not in self._kept or not i)]
 
-    def groups(self) -> list[list[int]]:
-        """Indices of the evaluations in the order they read: the exact cache first (alone), then batches of up to
-        `rows` that share forwards, then the rest one at a time."""
-        quantized = not self.quantized_alone
-        together = [i for i, e in enumerate(self.evaluations) if i and e is not None and e.batchable(quantized)]
-        alone = [i for i, e in enumerate(self.evaluations) if i and e is not None and i not in together]
-        batches = [together[k : k + self.rows] for k in range(0, len(together), self.rows)]
-        if batches and len(batches[-1]) == 1:  # a batch of one reads as one alone does
-            alone = batches.pop() + alone
-        return [[0], *batches, *([i] for i in alone)]
+    def order(self) -> list[int]:
+        """Indices of the evaluations in the order they read, each alone: the exact cache first, then the others in
+        the order given (those that evict at every token step through chunks, `stepped_reading`)."""
+        return [i for i, e in enumerate(self.evaluations) if e is not None]
 
     def __iter__(self) -> Iterator[Configuration]:
         started = self._started = time.perf_counter()
@@ -260,28 +253,24 @@ class SweepRun:
         try:
             if self.asking is not None:
                 self._ask()
-            groups = [group for group in self.groups() if not self._kept.issuperset(group)]
-            if groups and groups[0] != [0]:  # the exact cache, kept, reads the text again: the reference
-                groups.insert(0, [0])
-            for group in groups:
+            order = [i for i in self.order() if i not in self._kept]
+            if order and order[0] != 0:  # the exact cache, kept, reads the text again: the reference
+                order.insert(0, 0)
+            for i in order:
                 if self.cancelled:
                     break
-                evaluations = [self.evaluations[i] for i in group]
-                for e in evaluations:
-                    e.reference = stream
-                self._read(evaluations)
-                if group == [0] and 0 in self._kept:
+                e = self.evaluations[i]
+                e.reference = stream
+                self._read(e)
+                if i == 0 and 0 in self._kept:
                     continue
-                for i in group:
-                    config = self.sweep.configurations[i]
-                    e = self.evaluations[i]
-                    config.measured_rows = len(group)
-                    if not self.cancelled and not e.result.error:
-                        config.decode_ms = self._decode_ms(e)
-                    config.target = target_memory(self.model, e.run.choice, self.question.context,
-                                                  self.question.sequences, self.question.budget_bytes,
-                                                  reference_chunk, len(e.result.records) or None)
-                    yield config
+                config = self.sweep.configurations[i]
+                if not self.cancelled and not e.result.error:
+                    config.decode_ms = self._decode_ms(e)
+                config.target = target_memory(self.model, e.run.choice, self.question.context,
+                                              self.question.sequences, self.question.budget_bytes,
+                                              reference_chunk, len(e.result.records) or None)
+                yield config
             finished = not self.cancelled
         except BaseException:  # Ctrl-C or SIGTERM (a KeyboardInterrupt) or a failure of kvviz's own: stop here
             self._cancel.set()
@@ -320,38 +309,29 @@ class SweepRun:
             if kept < e.predictions and not e.result.error:
                 e.result.cancelled = True
 
-    def _read(self, evaluations: list[Evaluation]) -> None:
-        """Read the text through these evaluations' caches: together when there are several, else alone (a quantized
-        cache dequantized once per quantization: `dequantize_memo`)."""
+    def _read(self, e: Evaluation) -> None:
+        """Read the text through one configuration's cache (a quantized cache dequantized once per quantization:
+        `dequantize_memo`)."""
         with dequantize_memo.memoized():
-            if len(evaluations) > 1:
-                for _ in evaluate_together(evaluations, share=True):
+            try:
+                for _ in e:
                     self.on_progress()
-            else:
-                e = evaluations[0]
-                try:
-                    for _ in e:
-                        self.on_progress()
-                except Exception as exc:  # noqa: BLE001 - this configuration's own failure, reported in its row
-                    e.result.error = failure(f"{e.result.label()} in the sweep", exc)
-        for e in evaluations:
-            if e.started and not e.result.error and len(e.result.records) < e.predictions:
-                e.result.cancelled = True
-        self._count(evaluations)
+            except Exception as exc:  # noqa: BLE001 - this configuration's own failure, reported in its row
+                e.result.error = failure(f"{e.result.label()} in the sweep", exc)
+        if e.started and not e.result.error and len(e.result.records) < e.predictions:
+            e.result.cancelled = True
+        self._count(e)
 
-    def _count(self, evaluations: list[Evaluation]) -> None:
-        """Add these evaluations' token-by-token forwards to the speed figures (not a prompt's, nor predictions
-        shared from another row): a batched forward's time is the sum of its rows' shares; its memory-bound floor
-        reads every weight once and every row's cache."""
-        if evaluations[0].chunk != 1:
+    def _count(self, e: Evaluation) -> None:
+        """Add a token-by-token reading's forwards (not its prompt's) to the speed figures: its memory-bound floor
+        reads every weight and the cache once per forward."""
+        if e.chunk != 1:
             return
-        fed = [e.result.records[e.prompt or e.result.method.get("shared", 0) :] for e in evaluations]
-        forwards = max(len(records) for records in fed)
-        self._forwards += forwards
-        self._row_tokens += sum(len(records) for records in fed)
-        self._forward_ms += sum(r.wall_ms for records in fed for r in records)
+        fed = e.result.records[e.prompt :]
+        self._forwards += len(fed)
+        self._forward_ms += sum(r.wall_ms for r in fed)
         weights = self.loaded.card.get("weight_bytes") or 0
-        self._floor_bytes += forwards * weights + sum(r.cache_bytes or 0 for records in fed for r in records)
+        self._floor_bytes += len(fed) * weights + sum(r.cache_bytes or 0 for r in fed)
 
     def _floor(self) -> tuple[int, float] | None:
         """The rows of the configurations that do not keep every token exactly (every one but the exact cache's kind),
@@ -392,7 +372,7 @@ class SweepRun:
         if self._forwards:
             seconds = self._forward_ms / 1000.0
             floor_s = self._floor_bytes / bandwidth if bandwidth else None
-            speed.rows_per_forward = self._row_tokens / self._forwards
+            speed.rows_per_forward = 1.0  # each reads alone
             speed.forwards_per_s = self._forwards / seconds if seconds else None
             speed.memory_bound_share = floor_s / seconds if floor_s and seconds else None
         return speed

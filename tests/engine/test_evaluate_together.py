@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from kvviz.engine import cache_rows, evaluate, evaluate_many, strategies
-from kvviz.engine.fidelity import ReferenceStream
 from tests.engine.families import tiny_family
 from tests.engine.test_evaluate import TOLERANCE, document_ids
 
@@ -153,42 +152,6 @@ def test_a_row_predicts_the_same_bits_whichever_rows_share_its_forward(tiny_mode
     assert torch.equal(logits_of(["sink:sink_tokens=2:window=4"] * 3 + ["tova:budget=8"])[3], alone)
 
 
-SHARED = ["h2o:budget=20", "knorm:budget=8", "knorm:budget=14", "tova:budget=16", "knorm:budget=12",
-          "tova:budget=30", "quantized:backend=hqq:nbits=4:residual_length=8:q_group_size=32"]
-
-
-def read_with_reference(loaded, specs, ids, record, share):
-    evaluations = [evaluate.Evaluation(loaded, strategies.parse_spec(s), ids, record, chunk=1) for s in specs]
-    stream = ReferenceStream(loaded.model, evaluations[0].ids, evaluate.CHUNK)
-    for e in evaluations:
-        e.reference = stream
-    order = [index for index, _ in evaluate_many.evaluate_together(evaluations, share=share)]
-    return evaluations, order
-
-
-def measured(e):
-    return {r.position: (r.cache_bytes, r.predicted_cache_bytes, r.tokens_held, r.policy_bytes)
-            for r in e.result.records if r.cache_bytes is not None}
-
-
-def test_rows_that_start_from_another_row_predict_what_they_would_have_from_the_first_token(tiny_model):
-    """A cache that holds nothing but every token until it first evicts starts there from a copy of the row that
-    held them longest, with that row's predictions: the same numbers, bit for bit, as reading from the first token."""
-    ids, record = document_ids(tiny_model, 40)
-    whole, _ = read_with_reference(tiny_model, SHARED, ids, record, share=False)
-    shared, order = read_with_reference(tiny_model, SHARED, ids, record, share=True)
-    # h2o (20 tokens whole) starts every forkable row, each where it would first evict; h2o keeps more than keys
-    assert [e.result.method.get("shared") for e in shared] == [None, 8, 14, 16, 12, 20, None]
-    for w, s in zip(whole, shared, strict=True):
-        label = w.result.label()
-        assert [r.nll for r in s.result.records] == [r.nll for r in w.result.records], label
-        assert (s.kl, s.top1) == (w.kl, w.top1), label
-        assert s.result.first_eviction == w.result.first_eviction, label
-        assert all(measured(w)[p] == m for p, m in measured(s).items()), label  # measured on its own cache
-    # the shared predictions come when the row starts, then one token for every row at a time
-    assert order.count(1) == 39 and order[: 2 * 8].count(1) == 0
-
-
 def test_snapkv_read_token_by_token_reads_its_prompt_alone_and_joins_the_batch_after_it(tiny_model):
     """Where it reads token by token after its prompt (`chunk=1`, as on a model that takes one token at a time after
     a prompt; elsewhere it appends in chunks, alone)."""
@@ -205,25 +168,3 @@ def test_snapkv_read_token_by_token_reads_its_prompt_alone_and_joins_the_batch_a
     assert_same_predictions(alone, together)
     assert together[0].result.method == {"mode": "batched", "chunk": 1, "rows": 2, "prompt": 30}
     assert order[:30] == [0] * 30 and order[30:36] == [1] * 6  # its prompt first, then h2o alone until it joins
-
-
-def test_rows_waiting_for_a_row_that_failed_read_alone(tiny_model):
-    ids, record = document_ids(tiny_model, 30)
-    specs = ["h2o:budget=12", "knorm:budget=8", "tova:budget=10"]
-    evaluations = [evaluate.Evaluation(tiny_model, strategies.parse_spec(s), ids, record, chunk=1) for s in specs]
-    layer = evaluations[0].run.cache.layers[1]
-    update = layer.update
-
-    def failing_update(*args, **kwargs):  # h2o's cache fails at the 4th token, before the others start from it
-        if layer.seen == 3:
-            raise RuntimeError("out of memory")
-        return update(*args, **kwargs)
-
-    layer.update = failing_update
-    list(evaluate_many.evaluate_together(evaluations, share=True))
-    assert evaluations[0].result.error == "RuntimeError: out of memory"
-    alone = [evaluate.Evaluation(tiny_model, strategies.parse_spec(s), ids, record, chunk=1) for s in specs[1:]]
-    for e in alone:
-        list(e)
-    assert_same_predictions(alone, evaluations[1:])
-    assert [e.result.method for e in evaluations[1:]] == [{"mode": "token-by-token", "chunk": 1}] * 2

@@ -7,6 +7,7 @@ import csv
 import json
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -149,7 +150,16 @@ def test_a_document_longer_than_the_context_is_cut_with_a_notice(window, qtbot, 
     assert "longer than the model's context of 256 tokens" in mode.view.summary.text()
 
 
-def test_stop_stops_every_strategy_and_frees_the_worker(window, qtbot):
+def test_stop_stops_every_strategy_and_frees_the_worker(window, qtbot, monkeypatch):
+    from kvviz.engine.cache_run import CacheRun
+
+    forward = CacheRun.forward
+
+    def slowed(self, *args, **kwargs):  # a chunk of the tiny model takes milliseconds: Stop must find tova reading
+        time.sleep(0.05)
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(CacheRun, "forward", slowed)
     load(qtbot, window, "tiny")
     window.set_mode("evaluate")
     mode = window.modes["evaluate"]
@@ -157,9 +167,11 @@ def test_stop_stops_every_strategy_and_frees_the_worker(window, qtbot):
     mode.list_panel.set_entries([("tova", {"budget": 16}), ("h2o", {"budget": 12}), ("dynamic", {})])
     mode.document_panel.tokens.setValue(4000)
     mode.evaluate_button.click()
-    qtbot.waitUntil(lambda: mode.series[0].run is not None and len(mode.series[0].run.records) > 5, timeout=60000)
+    # a chunk's records come at once, before the window hears that tova reads
+    qtbot.waitUntil(lambda: mode.series[0].run is not None and len(mode.series[0].run.records) > 5
+                    and mode.active == [0], timeout=60000)
     assert not window.controls.model_panel.load_button.isEnabled() and mode.stop_button.isEnabled()
-    assert mode.active == [0] and mode.progress().startswith("strategy 1 of 3, tova (budget=16): ")
+    assert mode.progress().startswith("strategy 1 of 3, tova (budget=16): ")
     window.redraw()  # the status bar speaks of the evaluation, not of the last local run
     rate, _, cache = mode.figures()
     assert rate == pytest.approx(mode.series[0].tokens_per_s())

@@ -127,10 +127,6 @@ class Strategy:
     # True: rounds what it keeps to a few bits, so a difference in float rounding (a batched forward's) can
     # move a value to the neighbouring level; an evaluation feeds it alone
     quantizes: ClassVar[bool] = False
-    # True: until it first evicts (after `prompt_capacity` tokens fed one at a time) its cache holds nothing but
-    # the keys and values of every token it was fed, so that one filled with them by a switch is the cache it would
-    # have built itself, and a sweep starts it there from another cache that held them (`CacheRun.take_over`)
-    forkable: ClassVar[bool] = False
     # True: many tokens fed together each attend to what they would alone inside `streamed` (a sliding window's band
     # of a mask, attention sinks' mask and turned queries), which needs a model that takes a mask of its own
     # (`cache_rows.unsupported`); `feed_span` then feeds a chunk at a time, the first ending where it first evicts
@@ -139,10 +135,6 @@ class Strategy:
     encoder_decoder: ClassVar[bool] = False
     # True: its cache reads text of its own (KVzip asks the model to repeat the prompt): a run needs the tokenizer
     needs_tokenizer: ClassVar[bool] = False
-
-    def forks(self, options: dict) -> bool:
-        """Whether a cache of these options is `forkable`."""
-        return self.forkable
 
     def feed_span(self, options: dict, seen: int, chunk: int) -> int:
         """The most tokens, at most `chunk`, that an evaluation's next forward may feed a cache of these options once

@@ -35,7 +35,6 @@ from kvviz.engine.strategies.base import (
     keep_own_layers,
     only_full_attention,
 )
-from kvviz.present import WRAPPERS_OFF
 
 POSITION_BYTES = 8  # an int64 position, what an EvictionLayer keeps per token and KV head
 NORM_BYTES = 4  # critical=1: the float32 norm of each held token's value through the output projection, per KV head
@@ -142,12 +141,6 @@ class EvictionStrategy(Strategy):
 
     def schedule(self, options: dict, geometry: Geometry) -> Schedule:
         return Schedule.of(options)
-
-    def forks(self, options: dict) -> bool:
-        # a cache filled by a take-over compresses its next feed as a prompt, as after a live switch: that is the
-        # eviction it would have made itself only where it evicts at every step over its budget, unwrapped
-        wrapped = any(options.get(name, off) != off for name, off in WRAPPERS_OFF.items())
-        return self.forkable and not wrapped and options.get("decode_interval") == 1
 
     def feed_span(self, options, seen, chunk):
         # one that compresses only its prompt (its first feed) and then neither compresses nor watches attention

@@ -35,7 +35,6 @@ class KeyNorm(EvictionStrategy):
         *scoring_options(decode_interval=1),
     )
     reads_attention = False
-    forkable = True
     scorer = LowNorm
 
     def model_problem(self, model, geometry, options):

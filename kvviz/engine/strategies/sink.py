@@ -34,7 +34,6 @@ class Sink(Strategy):
         Option("window", "int", 252, "most recent tokens kept", minimum=1),
     )
     evicts = True
-    forkable = True
     renumbers_positions = True
     keeps_first_tokens = True
     masks_feeds = True

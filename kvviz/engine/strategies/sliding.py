@@ -25,7 +25,6 @@ class Sliding(Strategy):
     reference = "transformers' DynamicSlidingWindowLayer (the window of Longformer and Mistral)"
     options = (Option("window", "int", 256, "tokens each step attends to, the current one included", minimum=2),)
     evicts = True
-    forkable = True
     masks_feeds = True
 
     def model_problem(self, model, geometry, options):

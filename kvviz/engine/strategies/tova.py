@@ -31,7 +31,6 @@ class TOVA(EvictionStrategy):
         "attention averaged over all heads, one choice per layer"
     )
     options = (budget_option(), *scoring_options(decode_interval=1))
-    forkable = True
     scorer = NewestQuery
 
     def prompt_kept(self, options) -> str:

@@ -1,6 +1,5 @@
 """The Evaluate tab's engine side: teacher-forced evaluations run on the worker's thread, as `kvviz eval`
-runs them: strategies that evict token by token read the document together (one batch row each), the others one
-after another.
+runs them: one after another, each in chunks (those that evict at every token stepping through each chunk).
 
 `Evaluator` lives on the `Worker`'s thread (a kvviz.qt.jobs.WorkerJob): `evaluate` is a queued slot, and every
 engine call (tokenizing the document, building each strategy's cache, the forwards) runs there, the one
@@ -137,7 +136,7 @@ class Evaluator(WorkerJob):
             if e.finished:  # kept whole from the journal: written again at once, ended
                 journal.update(end=True)
         try:
-            for _ in evaluate_many.evaluate_all(runnable, together=True):
+            for _ in evaluate_many.evaluate_all(runnable):
                 for e, journal in kept:
                     if not journal.ended:
                         journal.update(end=e.finished)

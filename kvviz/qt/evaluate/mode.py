@@ -3,8 +3,8 @@
 `EvaluateMode` owns its widgets (`document_panel` and `list_panel` around the shared strategy picker in its
 Controls, `buttons` under them, `view` as the central "Evaluate" tab) and the evaluation on screen: one
 `StrategySeries` per strategy. Evaluate sends the request to the `Evaluator`
-on the worker's thread (kvviz.qt.evaluate.evaluator), which runs them as `kvviz eval` does (the strategies
-that evict token by token together, one batch row each, the others one after another); its answers
+on the worker's thread (kvviz.qt.evaluate.evaluator), which runs them as `kvviz eval` does (one after another, in
+chunks); its answers
 arrive as queued signals, and the records themselves are read from the engine's runs when the window
 redraws (on its redraw timer, `sigChanged` asks for one). Stop stops every strategy. Kept evaluations
 (`kvviz-eval` files) open into the same view, and the one on screen saves as those files and the
@@ -72,8 +72,8 @@ class EvaluateMode(Mode):
         self.view = EvalView()
         self.evaluate_button = QPushButton("Evaluate")
         self.evaluate_button.setObjectName("runButton")
-        self.evaluate_button.setToolTip("Evaluate every strategy in the list on the document: the ones that evict "
-                                        "read it together (one batch row each, as kvviz eval does)")
+        self.evaluate_button.setToolTip("Evaluate every strategy in the list on the document, one after another, "
+                                        "as kvviz eval does")
         self.stop_button = QPushButton("Stop")
         self.stop_button.setToolTip("Stop the evaluation: the strategies reading keep what they measured, "
                                     "the ones after them do not start")
@@ -101,7 +101,7 @@ class EvaluateMode(Mode):
         evaluator.sigUnwritten.connect(self._on_unwritten)
 
         self.series: list[StrategySeries] = []
-        self.active: list[int] = []  # the strategies whose records arrive (several when read together)
+        self.active: list[int] = []  # the strategy whose records arrive (none between two)
         self.model: dict = {}  # the card of the model evaluated
         self.document: dict = {}  # the document's record, as the files keep it
         self.notice = ""  # why the document was cut
@@ -390,23 +390,19 @@ class EvaluateMode(Mode):
 
     def progress(self) -> str:
         """"strategy 2 of 4, sliding (window=128): 312 of 599 tokens, 21.3 tokens/s, 0:14 left, about 1:02 in
-        all" (several read together: "strategies 2, 3 of 4, read together: ..., 21.3 tokens/s each"); times
-        from each prediction's measured time (kvviz.files.evaluation.seconds_left), as `kvviz eval` says them."""
+        all"; times from each prediction's measured time (kvviz.files.evaluation.seconds_left), as `kvviz eval` says
+        them."""
         active = [self.series[i] for i in self.active if self.series[i].total is not None]
         if not active:
             return "reading the document and building the caches…"
         first = active[0]
-        if len(active) == 1:
-            text = f"strategy {first.index + 1} of {len(self.series)}, {first.short_label()}"
-        else:
-            numbers = ", ".join(str(s.index + 1) for s in active)
-            text = f"strategies {numbers} of {len(self.series)}, read together"
+        text = f"strategy {first.index + 1} of {len(self.series)}, {first.short_label()}"
         text += f": {first.n:,} of {first.total:,} tokens"
         ms = evaluation.ms_per_prediction(first.run)
         if ms is None:
             return text
-        left, _ = evaluation.seconds_left([(s.run, s.total) for s in active])
-        text += f", {number(1000.0 / ms)} tokens/s{' each' if len(active) > 1 else ''}, {clock(left)} left"
+        left, _ = evaluation.seconds_left([(first.run, first.total)])
+        text += f", {number(1000.0 / ms)} tokens/s, {clock(left)} left"
         later = [s for s in self.series if s.run is not None and s.state not in FINAL_STATUSES and s not in active]
         if later:
             runs = [(s.run, s.total if s.state not in FINAL_STATUSES else len(s.run.records))

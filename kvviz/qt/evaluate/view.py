@@ -38,7 +38,7 @@ COLUMNS = (
                        "what a long document costs)"),
     ("cache MiB", True, "The cache's measured size after the last prediction"),
     ("tokens/s", True, "Predictions per second of forward time (a chunked evaluation scores many per forward; "
-                        "strategies read together by kvviz eval share each forward)"),
+                        "strategies read together by kvviz eval --token-by-token share each forward)"),
     ("evicts from", True, "The first position predicted after the cache had dropped a token"),
     ("status", False, "finished, running, cancelled (and why, for a journal of a process that ended), not run "
               "(stopped before it started), or failed and why"),
