@@ -194,10 +194,12 @@ class Evaluation:
         # a cache that may take many tokens per forward once it holds one (`Strategy.feed_span`), unless the model
         # reads that as a new prompt or cannot take the mask it needs, reads in chunks of up to `chunk`
         strategy = self.run.strategy
-        many = (strategy.feed_span(choice.options, 1, 2) > 1 and not feed_refusal(self.model)
+        # one that changes what it holds between two tokens steps through each chunk where it does
+        # (`Strategy.steps`, `stepped_reading`); fed token by token otherwise
+        steps = self.run.cache is not None and strategy.steps(choice.options)
+        many = (not steps and strategy.feed_span(choice.options, 1, 2) > 1 and not feed_refusal(self.model)
                 and not (strategy.masks_feeds and cache_rows.unsupported(self.model)))
-        # one that changes what it holds between two tokens steps through each chunk (`stepped_reading`)
-        self.stepped = (stepped and not many and self.run.cache is not None and not feed_refusal(self.model)
+        self.stepped = (stepped and steps and not feed_refusal(self.model)
                         and cache_rows.unsupported(self.model) is None)
         self.chunk = max(1, chunk) if many or self.stepped else 1
         self.prompt = prompt_tokens(choice, len(token_ids))
@@ -279,9 +281,10 @@ class Evaluation:
 
     def span(self, fed: int) -> int:
         """The most tokens the next forward may feed once `fed` are fed (`Strategy.feed_span`, up to `chunk`)."""
-        if self.chunk == 1 or self.stepped:
-            return self.chunk
-        return self.run.strategy.feed_span(self.run.choice.options, fed, self.chunk)
+        if self.chunk == 1:
+            return 1
+        span = self.run.strategy.feed_span(self.run.choice.options, fed, self.chunk)
+        return self.chunk if span == 1 and self.stepped else span
 
     def __iter__(self) -> Iterator[TokenRecord]:
         self.start()

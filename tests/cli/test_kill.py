@@ -125,7 +125,7 @@ def nll(folder: Path) -> dict[str, list[float]]:
     return {name: [r.nll for r in run.records] for name, run in readable(folder).items()}
 
 
-@pytest.mark.parametrize("args,writes,chains", [(EXACT, 6, 3), (STEPPED, 6, 3), (EVICTING, 79, 3)],
+@pytest.mark.parametrize("args,writes,chains", [(EXACT, 6, 3), (STEPPED, 8, 3), (EVICTING, 79, 3)],
                          ids=["exact", "stepped", "evicting"])
 def test_an_evaluation_and_its_resume_killed_anywhere_end_as_an_uninterrupted_one(tmp_path, preloaded, args, writes,
                                                                                   chains):

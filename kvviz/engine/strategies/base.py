@@ -148,6 +148,12 @@ class Strategy:
             return min(chunk, first_eviction - seen) if seen < first_eviction else chunk
         return chunk if self.exact else 1
 
+    def steps(self, options: dict) -> bool:
+        """Whether a cache of these options changes what it holds between two tokens, once it evicts, in a way no
+        span or mask follows (where `feed_span` says 1): an evaluation in chunks then steps every attention layer
+        through each chunk a token at a time (`stepped_reading`)."""
+        return not (self.exact or self.masks_feeds or self.quantizes)
+
     def feed_forwards(self, size: int) -> list[int]:
         """The forwards in which an evaluation feeds the `size` tokens of one span (`feed_span`): one."""
         return [size]

@@ -35,6 +35,7 @@ from kvviz.engine.strategies.base import (
     keep_own_layers,
     only_full_attention,
 )
+from kvviz.present import WRAPPERS_OFF
 
 POSITION_BYTES = 8  # an int64 position, what an EvictionLayer keeps per token and KV head
 NORM_BYTES = 4  # critical=1: the float32 norm of each held token's value through the output projection, per KV head
@@ -142,12 +143,25 @@ class EvictionStrategy(Strategy):
     def schedule(self, options: dict, geometry: Geometry) -> Schedule:
         return Schedule.of(options)
 
+    def appends(self, options: dict) -> bool:
+        """Whether it compresses only its prompt (its first feed) and then neither compresses nor watches attention:
+        it only appends after it, as a full cache does."""
+        return (self.compresses_prompt and not options.get("decode_interval") and not options.get("adaptive")
+                and not self.scorer.every_feed and type(self).after_forward is Strategy.after_forward)
+
+    def steps(self, options):
+        return not self.appends(options)
+
     def feed_span(self, options, seen, chunk):
-        # one that compresses only its prompt (its first feed) and then neither compresses nor watches attention
-        # only appends after it, as a full cache does
-        appends = (self.compresses_prompt and not options.get("decode_interval") and not options.get("adaptive")
-                   and not self.scorer.every_feed and type(self).after_forward is Strategy.after_forward)
-        return chunk if appends and seen else 1
+        if self.appends(options) and seen:
+            return chunk
+        # one that evicts at every step over its budget, unwrapped, holds every token it was fed until then: fed
+        # together, they are a prompt that fits it (H2O's sums are then every query's attention, causally)
+        wrapped = any(options.get(name, off) != off for name, off in WRAPPERS_OFF.items())
+        capacity = self.prompt_capacity(options)
+        if not self.compresses_prompt and not wrapped and options.get("decode_interval") == 1 and seen < capacity:
+            return min(chunk, capacity - seen)
+        return 1
 
     def whole_layers(self, options: dict) -> int:
         """The first layers the policy leaves whole (plain DynamicLayers)."""
