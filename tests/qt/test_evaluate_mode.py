@@ -130,8 +130,9 @@ def test_two_strategies_end_to_end_rows_and_curves(window, qtbot, monkeypatch):
         assert measured[1][-1] == pytest.approx(s["final_cache_bytes"] / MIB)
     dynamic, tova = mode.series
     assert dynamic.run.method["mode"] == "chunked" and rows[0][0] == "dynamic" and rows[0][6] == "–"
-    assert tova.run.method["mode"] == "chunked" and rows[1][0] == "tova (budget=8)"  # stepped through its chunk
-    assert len(mode.view.memory_plot.curve_data(tova.run_id)[0][0]) == 1  # measured once per chunk
+    assert tova.run.method["mode"] == "chunked" and rows[1][0] == "tova (budget=8)"
+    # measured once per forward: the 8 tokens its budget holds whole, then the rest, stepped through
+    assert len(mode.view.memory_plot.curve_data(tova.run_id)[0][0]) == 2
     assert tova.first_eviction == 9 and rows[1][6] == "9"
     np.testing.assert_allclose([r.nll for r in dynamic.run.records[:9]], [r.nll for r in tova.run.records[:9]],
                                atol=1e-3)  # the same cache until the budget is full
