@@ -114,8 +114,9 @@ class CacheRun:
         """Feed `input_ids` ``[1, n]`` (the whole sequence when there is no cache); returns the logits
         of the last `logits_to_keep` positions ``[1, kept, vocab]`` (0: every position). `streamed`: each token
         attends to what it would if fed one at a time, not to all the cache returns up to it as in a prompt: through
-        the strategy's mask (`Strategy.streamed`), or, for a cache that would change what it holds within the feed
-        (`Strategy.feed_span`), stepped through one token at a time in every attention layer (`stepped_reading`)."""
+        the strategy's mask (`Strategy.streamed`), or, for a cache that steps (`Strategy.steps`) and would change
+        what it holds within the feed (`Strategy.feed_span`), stepped through a token at a time in every attention
+        layer (`stepped_reading`)."""
         n = input_ids.shape[-1]
         if self.cache is not None and self.seen and n > 1 and feed_refusal(self.model):
             raise OptionError(f"cannot feed {n} tokens at once after the first {self.seen}: {feed_refusal(self.model)}")
@@ -164,7 +165,7 @@ class CacheRun:
         stepped one first found the cache holding fewer tokens than it was fed (`evicted_at`)."""
         n = input_ids.shape[-1]
         positions = None if self.cache is None else self.positions(n, input_ids.device)
-        stepped = (streamed and n > 1 and self.cache is not None and not self.strategy.masks_feeds
+        stepped = (streamed and n > 1 and self.cache is not None and self.strategy.steps(self.choice.options)
                    and self.strategy.feed_span(self.choice.options, self.seen, n) < n)
         if stepped:
             with stepped_reading.stepping(self.model, self.cache, self.seen, self.evicted_at is None) as steps:

@@ -3,9 +3,8 @@
 Every configuration reads the same text through its own cache as `kvviz eval` reads it (`Evaluation`), and
 each prediction is compared with the exact cache's (`fidelity.ReferenceStream`: KL divergence and top-1
 agreement), each alone, in chunks where the model allows it (those that evict at every token stepped through each
-chunk, `stepped_reading`); configurations read token by token that can share a forward read the text together, `rows`
-per batched forward (`cache_rows`). When a configuration has read the
-text, a few decode steps are timed with it alone (its speed as a user would get it, batch 1), and its memory at
+chunk, `stepped_reading`), else token by token. When a configuration has read the text, a few decode steps are timed
+with it alone (its speed as a user would get it, batch 1), and its memory at
 the target is derived from its size rule (`target_memory`), checked against the cache measured at the end.
 
 Where the user gives questions (`Asked`: tasks kvviz writes, or the user's own), every configuration is asked them
@@ -191,7 +190,7 @@ class SweepRun:
         self._kept: set[int] = set()  # configurations an earlier process finished (`resume`): not read again
         self._earlier_s = 0.0  # the time the sweep took in earlier processes
         self._started: float | None = None
-        self._forwards = 0  # token-by-token forwards (batched or alone) and their time, for the speed figures
+        self._forwards = 0  # token-by-token forwards and their time, for the speed figures
         self._forward_ms = 0.0
         self._floor_bytes = 0.0
         self._asking_s: float | None = None
