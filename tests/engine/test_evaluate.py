@@ -101,14 +101,14 @@ SPANNED = ["sliding:window=16", "sink:sink_tokens=4:window=12", "sink:sink_token
            "quantized:backend=quanto:nbits=4:q_group_size=32:residual_length=16",
            "quantized:backend=hqq:nbits=8:residual_length=16", "quantized:backend=fp8",
            "snapkv:budget=16:window=8", "snapkv:budget=16:window=8:chunk=4:critical=true", "keydiff:budget=16",
-           "lagkv:budget=16", "expected_attention:budget=16", "pyramidkv:budget=16:window=8", "random:budget=16"]
+           "lagkv:budget=16", "expected_attention:budget=16", "pyramidkv:budget=16:window=8", "random:budget=16",
+           "kvzip:budget=16", "expected_attention:budget=16:adaptive=true", "snapkv:budget=16:window=8:adaptive=true"]
 
 
 # Caches that change what they hold between two tokens: every attention layer steps through each chunk a token at a
 # time (`stepped_reading`)
 STEPPED = ["h2o:budget=16", "h2o:budget=16:recent=0:average=true", "tova:budget=16", "knorm:budget=16",
-           "kvzip:budget=16", "think:key_channels=0.5:window=8", "expected_attention:budget=16:adaptive=true",
-           "snapkv:budget=16:window=8:decode_interval=4", "tova:budget=16:chunk=4:critical=true"]
+           "think:key_channels=0.5:window=8", "snapkv:budget=16:window=8:decode_interval=4", "tova:budget=16:chunk=4:critical=true"]
 
 
 def test_every_cache_read_in_chunks_is_proven_here(tiny_model):

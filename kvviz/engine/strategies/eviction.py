@@ -145,9 +145,9 @@ class EvictionStrategy(Strategy):
 
     def appends(self, options: dict) -> bool:
         """Whether it compresses only its prompt (its first feed) and then neither compresses nor watches attention:
-        it only appends after it, as a full cache does."""
-        return (self.compresses_prompt and not options.get("decode_interval") and not options.get("adaptive")
-                and not self.scorer.every_feed and type(self).after_forward is Strategy.after_forward)
+        it only appends after it, as a full cache does (an adaptive layer's KV heads, which then hold different
+        numbers, have each feed's padding masked and are laid end to end again after it, all at once)."""
+        return self.compresses_prompt and not options.get("decode_interval") and not self.scorer.every_feed
 
     def steps(self, options):
         return not self.appends(options)
