@@ -1,12 +1,11 @@
 """`kvviz eval`: long-context perplexity of several cache strategies along one document, headless.
 
 Each strategy reads the document through its own cache, a chunk of tokens per forward, each token attending to what it
-would fed alone (strategies that evict at every token step through each chunk a token at a time; with
-`--token-by-token` they are fed one token per forward, together, one batch row each, unless `--one-at-a-time`), and
-the command prints per strategy the perplexity overall and over segments, the cache's size and the speed; `--out DIR`
-keeps one `kvviz-eval` file per strategy and `summary.csv`. Ctrl-C or SIGTERM stops the evaluation, keeps and writes what was
-measured, keeps the journals for `--resume`, and exits 130 or 143; a strategy that fails does not stop the
-others (exit status 1 then).
+would fed alone (strategies that evict at every token step through each chunk a token at a time; with `--token-by-token`
+they are fed one token per forward, together, one batch row each, unless `--one-at-a-time`), and the command prints per
+strategy the perplexity overall and over segments, the cache's size and the speed; `--out DIR` keeps one `kvviz-eval`
+file per strategy and `summary.csv`. Ctrl-C or SIGTERM stops the evaluation, keeps and writes what was measured, keeps
+the journals for `--resume`, and exits 130 or 143; a strategy that fails does not stop the others (exit status 1 then).
 `kvviz trace FILE` prints a kept evaluation file's summary.
 """
 

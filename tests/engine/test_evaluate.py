@@ -108,7 +108,8 @@ SPANNED = ["sliding:window=16", "sink:sink_tokens=4:window=12", "sink:sink_token
 # Caches that change what they hold between two tokens: every attention layer steps through each chunk a token at a
 # time (`stepped_reading`)
 STEPPED = ["h2o:budget=16", "h2o:budget=16:recent=0:average=true", "tova:budget=16", "knorm:budget=16",
-           "think:key_channels=0.5:window=8", "snapkv:budget=16:window=8:decode_interval=4", "tova:budget=16:chunk=4:critical=true"]
+           "think:key_channels=0.5:window=8", "snapkv:budget=16:window=8:decode_interval=4",
+           "tova:budget=16:chunk=4:critical=true"]
 
 
 def test_every_cache_read_in_chunks_is_proven_here(tiny_model):
