@@ -141,10 +141,12 @@ def test_windows_and_sinks_read_in_chunks_as_token_by_token_on_other_families(ti
     assert_chunks_as_token_by_token(loaded, spec)
 
 
-@pytest.mark.parametrize("spec", ["sliding:window=16", "sink:sink_tokens=4:window=12", "h2o:budget=16"])
+@pytest.mark.parametrize("spec", ["sliding:window=16", "sink:sink_tokens=4:window=12", "h2o:budget=16",
+                                  "kvzip:budget=16", "expected_attention:budget=16:adaptive=true"])
 def test_a_reading_in_chunks_resumed_continues_as_an_uninterrupted_one(tiny_model, spec):
     """A resume feeds the whole forwards measured before again, unscored, each token masked or stepped as it was
-    (the mask, the sinks' turned queries and the steps rebuild the very same cache), then goes on."""
+    (the mask, the sinks' turned queries, the steps, a prompt compressed and the padding of KV heads holding different
+    numbers rebuild the very same cache), then goes on."""
     ids, record = document_ids(tiny_model, 100)
     choice = strategies.parse_spec(spec)
     whole = evaluate.Evaluation(tiny_model, choice, ids, record, chunk=32)
