@@ -40,7 +40,8 @@ class Reference:
 def divergence(reference_logprobs: torch.Tensor, run: torch.Tensor) -> tuple[list[float], list[bool]]:
     """Per row of two ``[n, vocab]`` float32 log-probabilities: KL(reference || run) in nats, and whether their most
     likely tokens agree."""
-    kl = (reference_logprobs.exp() * (reference_logprobs - run)).sum(dim=-1).clamp_min(0.0)
+    gap = reference_logprobs - run  # weighted in place: one [n, vocab] temporary fewer, the same bits
+    kl = gap.mul_(reference_logprobs.exp()).sum(dim=-1).clamp_min(0.0)
     agree = reference_logprobs.argmax(dim=-1) == run.argmax(dim=-1)
     return kl.tolist(), agree.tolist()
 
