@@ -212,7 +212,8 @@ class Strategy:
 
     def after_forward(self, run, input_ids: torch.Tensor) -> None:
         """What the cache does once a forward of `input_ids` through it has run (`CacheRun.forward`): KVzip reads the
-        prompt again there."""
+        prompt again there. It acts after the prompt's forward only: an evaluation reads the tokens that follow in
+        chunks (`EvictionStrategy.appends`), which would skip an action between two of them."""
 
     def switch_from_problem(self, options: dict) -> str | None:
         """Why a cache of this strategy with `options` that has evicted tokens cannot be switched to another, or
