@@ -191,16 +191,17 @@ class Evaluation:
         self.ids = torch.tensor([token_ids], device=self.model.device)
         self.run = CacheRun(self.model, choice, capacity_for(choice, len(token_ids)), tokenizer=loaded.tokenizer)
         self.run.check_memory()
-        # a cache that may take many tokens per forward once it holds one (`Strategy.feed_span`), unless the model
-        # reads that as a new prompt or cannot take the mask it needs, reads in chunks of up to `chunk`
+        # a cache that may take many tokens per forward once it holds one (`Strategy.feed_span`) reads in chunks of
+        # up to `chunk`, and one that changes what it holds between two tokens steps through each chunk where it does
+        # (`Strategy.steps`, `stepped_reading`), unless the model reads many tokens as a new prompt or cannot take
+        # the mask or the attention function they need; fed token by token otherwise
         strategy = self.run.strategy
-        # one that changes what it holds between two tokens steps through each chunk where it does
-        # (`Strategy.steps`, `stepped_reading`); fed token by token otherwise
+        takes_many = not feed_refusal(self.model)
+        own_attention = cache_rows.unsupported(self.model) is None  # takes kvviz's masks and attention functions
         steps = self.run.cache is not None and strategy.steps(choice.options)
-        many = (not steps and strategy.feed_span(choice.options, 1, 2) > 1 and not feed_refusal(self.model)
-                and not (strategy.masks_feeds and cache_rows.unsupported(self.model)))
-        self.stepped = (stepped and steps and not feed_refusal(self.model)
-                        and cache_rows.unsupported(self.model) is None)
+        many = (not steps and takes_many and strategy.feed_span(choice.options, 1, 2) > 1
+                and (own_attention or not strategy.masks_feeds))
+        self.stepped = stepped and steps and takes_many and own_attention
         self.chunk = max(1, chunk) if many or self.stepped else 1
         self.prompt = prompt_tokens(choice, len(token_ids))
         self._cancel = cancel or threading.Event()
