@@ -115,23 +115,32 @@ def _wrappers_off(name: str) -> dict[str, Any]:
     return {**WRAPPERS_OFF, "decode_interval": 1 if name in EVICT_EVERY_STEP else 0}
 
 
-def strategy_label(strategy: Mapping[str, Any] | None, defaults: Mapping[str, Mapping[str, Any]] | None = None,
-                   limit: int | None = None) -> str:
-    """A strategy with its options as one line, everywhere a strategy is named: "sink (sink_tokens=4, window=60)";
-    a scoring policy's wrappers and decoding schedule only when set (`WRAPPERS_OFF`).
-
-    defaults: each strategy's option defaults ({name: {option: default}}); given, only the options set away from
-    them are named ("sink (window=124)", as `--strategies` would be written), for a strategy it lists. limit: at most
-    that many characters (`shortened`)."""
+def named_options(strategy: Mapping[str, Any] | None,
+                  defaults: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """The options a strategy is named with (`strategy_label`): all but a scoring policy's wrappers and decoding
+    schedule where unset (`WRAPPERS_OFF`), any strategy's prefill_chunk where its prompt is read whole, and, given each
+    strategy's option defaults ({name: {option: default}}), those left at them."""
     strategy = strategy or {}
     name = str(strategy.get("name") or "?")
     options = dict(strategy.get("options") or {})
+    if not options.get("prefill_chunk"):  # every strategy's: named only when its prompt is read in chunks
+        options.pop("prefill_chunk", None)
     if "decode_interval" in options:  # a scoring policy
         off = _wrappers_off(name)
         options = {k: v for k, v in options.items() if k not in off or off[k] != v}
     known = (defaults or {}).get(name)
     if known is not None:
         options = {k: v for k, v in options.items() if k not in known or known[k] != v}
+    return options
+
+
+def strategy_label(strategy: Mapping[str, Any] | None, defaults: Mapping[str, Mapping[str, Any]] | None = None,
+                   limit: int | None = None) -> str:
+    """A strategy with its options as one line, everywhere a strategy is named: "sink (sink_tokens=4, window=60)",
+    the options `named_options` keeps (given `defaults`, only those set away from them: "sink (window=124)", as
+    `--strategies` would be written). limit: at most that many characters (`shortened`)."""
+    name = str((strategy or {}).get("name") or "?")
+    options = named_options(strategy, defaults)
     text = f"{name} ({options_text(options)})" if options else name
     return text if limit is None else shortened(text, limit)
 

@@ -132,6 +132,27 @@ class CacheRun:
         self.fed(n)
         return logits
 
+    def prefill(self, input_ids: torch.Tensor, forward=None, logits_to_keep: int = 1) -> torch.Tensor:
+        """Feed a prompt ``[1, n]`` as a prefill: in one `forward`, or where the strategy's prefill_chunk is set, a
+        chunk per forward (`Strategy.prompt_forwards`), as transformers' generate(prefill_chunk_size=...) feeds it,
+        each later chunk taken by the policy as more of its prompt (`Strategy.prompt_continues`: a cache that
+        compresses its prompt compresses it chunk by chunk). Returns the logits of the prompt's last `logits_to_keep`
+        positions ``[1, kept, vocab]`` (0: every position), however many forwards they came from."""
+        sizes = [input_ids.shape[-1]] if self.cache is None else \
+            self.strategy.prompt_forwards(self.choice.options, input_ids.shape[-1])
+        first_kept = 0 if not logits_to_keep else max(0, input_ids.shape[-1] - logits_to_keep)
+        logits, start = [], 0
+        for size in sizes:
+            if start:
+                self.strategy.prompt_continues(self.cache)
+                self.predictor.more_prompt()
+            kept = start + size - max(start, first_kept)  # of this chunk's positions, those asked for (maybe none)
+            out = self.forward(input_ids[:, start : start + size], forward, max(kept, 1))
+            if kept > 0:
+                logits.append(out)
+            start += size
+        return logits[0] if len(logits) == 1 else torch.cat(logits, dim=1)
+
     def fed(self, n: int) -> None:
         """The bookkeeping after `n` tokens went through the cache (by `forward`, or in a batch of runs): positions
         advance by the tokens fed, unless the strategy renumbers what it keeps (then they go on from there)."""

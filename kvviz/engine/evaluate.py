@@ -314,11 +314,12 @@ class Evaluation:
         with torch.inference_mode():
             if self.run.cache is None:  # every forward feeds the whole text so far
                 return self.run.forward(self.ids[:, :end], logits_to_keep=end - start if scored else 1)[0]
+            if start < self.prompt:  # the prompt, read as a prefill (in chunks where the strategy's prefill_chunk says)
+                return self.run.prefill(self.ids[:, start:end], logits_to_keep=0 if scored else 1)[0]
             logits = []
             for size in self.run.strategy.feed_forwards(end - start):
                 fed = self.ids[:, start : start + size]
-                logits.append(self.run.forward(fed, logits_to_keep=size if scored else 1,
-                                               streamed=start >= self.prompt)[0])
+                logits.append(self.run.forward(fed, logits_to_keep=size if scored else 1, streamed=True)[0])
                 start += size
         return torch.cat(logits) if scored else logits[-1]
 

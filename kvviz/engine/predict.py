@@ -2,11 +2,11 @@
 
 Nothing here looks at a live cache: `measure.py` reads the real allocation, and the two are drawn
 next to each other. A `CachePredictor` replays a strategy's storage rule (what it allocates when a
-feed adds n tokens) per layer. `feed(n)` and `receive(moved)` (a live switch's filling, which may differ
-by layer) are the only calls that change its state; `cache_bytes()` and `policy_bytes()` answer from
-that state, as often as asked. This base class is transformers' `DynamicCache`: each full-attention
-layer keeps everything it has seen, each sliding-window layer of a hybrid model its window, and no
-policy keeps anything beside keys and values. Strategies subclass it for their own rule.
+feed adds n tokens) per layer. `feed(n)`, `more_prompt()` (a prompt read in chunks goes on) and
+`receive(moved)` (a live switch's filling, which may differ by layer) are the only calls that change its state;
+`cache_bytes()` and `policy_bytes()` answer from that state, as often as asked. This base class is transformers'
+`DynamicCache`: each full-attention layer keeps everything it has seen, each sliding-window layer of a hybrid model
+its window, and no policy keeps anything beside keys and values. Strategies subclass it for their own rule.
 """
 
 from __future__ import annotations
@@ -30,6 +30,10 @@ class CachePredictor:
         """A forward fed `new_tokens` tokens through every layer."""
         for i in range(len(self.seen)):
             self._fed(i, new_tokens, received=False)
+
+    def more_prompt(self) -> None:
+        """The next feed is more of a prompt read in chunks (`Strategy.prompt_continues`): no change for a cache without
+        a policy."""
 
     def receive(self, moved: list[int]) -> None:
         """A live switch filled the new cache, layer i with the `moved[i]` tokens the old cache held there.

@@ -79,7 +79,7 @@ def test_strategies_json():
     listing = json.loads(result.stdout)
     assert {s["name"] for s in listing} >= {"none", "dynamic", "static", "quantized", "sliding", "sink"}
     sink = next(s for s in listing if s["name"] == "sink")
-    assert {o["name"]: o["default"] for o in sink["options"]} == {"sink_tokens": 4, "window": 252}
+    assert {o["name"]: o["default"] for o in sink["options"]} == {"sink_tokens": 4, "window": 252, "prefill_chunk": 0}
 
 
 def test_strategies_say_what_they_follow():
@@ -168,7 +168,7 @@ def test_one_form_for_a_strategy_with_options_everywhere():
     ran = kvviz("run", "--model", "tiny", "--strategy", "sink:window=8", "--set", "sink_tokens=2", "--prompt", "hi",
                 "--max-new-tokens", "2", "--no-trace", "--json")
     assert ran.returncode == 0, ran.stderr
-    assert json.loads(ran.stdout)["strategy"]["options"] == {"sink_tokens": 2, "window": 8}
+    assert json.loads(ran.stdout)["strategy"]["options"] == {"sink_tokens": 2, "window": 8, "prefill_chunk": 0}
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))

@@ -29,7 +29,7 @@ def test_offloaded_unavailable_on_cpu_with_reason():
     "name,options,message",
     [
         ("bogus", {}, "unknown strategy 'bogus'; accepted: none, dynamic"),
-        ("sliding", {"windw": "3"}, "has no option 'windw'; its options: window"),
+        ("sliding", {"windw": "3"}, "has no option 'windw'; its options: prefill_chunk, window"),
         ("sliding", {"window": "0"}, "option 'window' of strategy 'sliding' must be an integer >= 2"),
         ("sink", {"window": "0"}, "option 'window' of strategy 'sink' must be an integer >= 1"),
         ("sliding", {"window": "many"}, "must be an integer >= 2, not 'many'"),
@@ -39,7 +39,7 @@ def test_offloaded_unavailable_on_cpu_with_reason():
         ("quantized", {"backend": "fp8", "nbits": "4"}, "backend 'fp8' quantizes per tensor and takes no 'nbits'"),
         ("quantized", {"backend": "hqq", "axis_key": "-1"}, "option 'axis_key' of backend 'hqq' must be one of 0, 1"),
         ("static", {"compile": "maybe"}, "option 'compile' of strategy 'static' must be true or false"),
-        ("dynamic", {"window": "4"}, "strategy 'dynamic' has no option 'window'; its options: none"),
+        ("dynamic", {"window": "4"}, "strategy 'dynamic' has no option 'window'; its options: prefill_chunk"),
     ],
 )
 def test_bad_options_rejected_with_what_is_accepted(name, options, message):
@@ -52,9 +52,10 @@ def test_options_parsed_and_defaults_filled():
     choice = strategies.choose("quantized", {"backend": "hqq", "nbits": "2", "residual_length": "32"})
     assert choice.options == {
         "backend": "hqq", "nbits": 2, "residual_length": 32, "q_group_size": 64, "axis_key": 0, "axis_value": 0,
+        "prefill_chunk": 0,
     }
     assert strategies.choose("static", {"compile": "true"}).options["compile"] is True
-    assert strategies.choose("quantized", {"backend": "fp8"}).options == {"backend": "fp8"}
+    assert strategies.choose("quantized", {"backend": "fp8"}).options == {"backend": "fp8", "prefill_chunk": 0}
 
 
 def test_set_pairs_parsed():

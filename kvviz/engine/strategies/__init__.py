@@ -74,7 +74,7 @@ def choose(name: str, raw: dict[str, Any] | None = None) -> StrategyChoice:
     """Validate a strategy name and options (strings from the command line, or typed values)."""
     strategy = get(name)
     options = strategy.parse_options(dict(raw or {}))
-    problem = strategy.check_options(options)
+    problem = strategy.check_all(options)
     if problem:
         raise OptionError(problem)
     return StrategyChoice(name, options)

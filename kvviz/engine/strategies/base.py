@@ -92,6 +92,23 @@ def _parse_int(value: Any) -> int:
     return int(value)
 
 
+# Every strategy with a cache takes it (`Strategy.__init_subclass__`): a prompt read a chunk per forward, as
+# transformers' generate(prefill_chunk_size=N) reads it, the policy acting after each chunk (`CacheRun.prefill`)
+PREFILL_CHUNK = Option("prefill_chunk", "int", 0, "read a prompt this many tokens per forward, the cache's policy "
+                       "acting after each, as generate(prefill_chunk_size=N) does (0: the whole prompt in one "
+                       "forward)", minimum=0)
+
+
+@dataclass(frozen=True)
+class Forward:
+    """One forward that serves a prompt, as `first_token` predicts its cost from its shape."""
+
+    fed: int  # tokens fed
+    past: int  # tokens the cache held before it
+    scored: int = 0  # keys each fed token's attention scores and probabilities are materialized over (0: none)
+    unkept: int = 0  # tokens every layer holds during it that it drops once the prompt is served (KVzip's)
+
+
 @dataclass(frozen=True)
 class StrategyChoice:
     """A validated strategy with all of its options filled in."""
@@ -135,6 +152,37 @@ class Strategy:
     encoder_decoder: ClassVar[bool] = False
     # True: its cache reads text of its own (KVzip asks the model to repeat the prompt): a run needs the tokenizer
     needs_tokenizer: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # its own options, then prefill_chunk where it keeps a cache (kept last however its options were composed)
+        own = tuple(o for o in cls.options if o.name != PREFILL_CHUNK.name)
+        cls.options = own + ((PREFILL_CHUNK,) if cls.has_cache else ())
+
+    def prefill_chunk_problem(self, options: dict) -> str | None:
+        """Why this strategy cannot read a prompt in chunks of `prefill_chunk` (set above 0), or None."""
+        return None
+
+    def prompt_continues(self, cache) -> None:
+        """The next forward feeds `cache` more of the prompt it is reading in chunks (`CacheRun.prefill`): a policy that
+        compresses its prompt compresses that chunk too."""
+
+    def after_prefill_forwards(self, options: dict, tokens: int) -> list[Forward]:
+        """The forwards the cache runs of its own after a prefill of `tokens` tokens (KVzip's reading again), for
+        `first_token`'s predictions: none."""
+        return []
+
+    def prompt_forwards(self, options: dict, tokens: int) -> list[int]:
+        """The tokens each forward of a prefill of `tokens` tokens feeds: all of them, or chunks of prefill_chunk."""
+        chunk = options.get(PREFILL_CHUNK.name) or tokens
+        return [min(chunk, tokens - start) for start in range(0, tokens, chunk)] if tokens else []
+
+    def predict_prompt(self, predictor: CachePredictor, options: dict, tokens: int) -> None:
+        """Replay on `predictor` a prompt of `tokens` tokens read as a prefill (`CacheRun.prefill`)."""
+        for k, size in enumerate(self.prompt_forwards(options, tokens)):
+            if k:
+                predictor.more_prompt()
+            predictor.feed(size)
 
     def feed_span(self, options: dict, seen: int, chunk: int) -> int:
         """The most tokens, at most `chunk`, that an evaluation's next forward may feed a cache of these options once
@@ -181,6 +229,14 @@ class Strategy:
     def check_options(self, options: dict[str, Any]) -> str | None:
         """Why these (parsed) options cannot work together, or None."""
         return None
+
+    def check_all(self, options: dict[str, Any]) -> str | None:
+        """Why these (parsed) options cannot work together, the options every strategy shares included, or None."""
+        if options.get(PREFILL_CHUNK.name):
+            problem = self.prefill_chunk_problem(options)
+            if problem:
+                return f"strategy {self.name!r} with prefill_chunk={options[PREFILL_CHUNK.name]}: {problem}"
+        return self.check_options(options)
 
     # -- this machine and this model -----------------------------------------------------------------
 

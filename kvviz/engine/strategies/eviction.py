@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from kvviz.engine.geometry import Geometry
+from kvviz.engine.own_caches import layers_of
 from kvviz.engine.predict import CachePredictor
 from kvviz.engine.scorers import ADAPTIVE_SAFEGUARD, Schedule, ScheduleState, Scorer, chunk_kept
 from kvviz.engine.strategies.base import (
@@ -110,6 +111,10 @@ class BudgetPredictor(CachePredictor):
             self.held[i] = chunk_kept(self.returned[i], target, self.chunk) if self.chunk else target
         self.scored[i] = self.held[i]
 
+    def more_prompt(self) -> None:
+        for state in self.states:
+            state.prompt = True
+
     def layer_bytes(self, i, window) -> int:
         tokens = self.seen[i] if i < self.whole else self.held[i]
         return tokens * self.token_bytes(i)
@@ -162,6 +167,13 @@ class EvictionStrategy(Strategy):
         if not self.compresses_prompt and not wrapped and options.get("decode_interval") == 1 and seen < capacity:
             return min(chunk, capacity - seen)
         return 1
+
+    def prompt_continues(self, cache) -> None:
+        from kvviz.engine.eviction_layers import EvictionLayer
+
+        for layer in layers_of(cache):
+            if isinstance(layer, EvictionLayer):
+                layer.state.prompt = True
 
     def whole_layers(self, options: dict) -> int:
         """The first layers the policy leaves whole (plain DynamicLayers)."""

@@ -24,12 +24,13 @@ from dataclasses import dataclass
 import torch
 
 from kvviz.engine.scorers import Schedule, ScheduleState, Scorer
-from kvviz.engine.strategies.base import Option
+from kvviz.engine.strategies.base import Forward, Option
 from kvviz.engine.strategies.eviction import BudgetPredictor, EvictionStrategy, budget_option
 
 FIRST_ASK = "\n\nRepeat the previous context exactly."
 NEXT_ASK = "\n\nRepeat the part of the previous context exactly, starting with"
 OVERLAP = 8  # tokens of the chunk before, given to start each later chunk's repetition (kvpress's)
+REPEAT_EXTRA = 24  # about the tokens a repetition feeds besides its chunk: the ask, the template's suffix, the overlap
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,22 @@ class KVzip(EvictionStrategy):
             return (f"option 'sink_tokens' of strategy 'kvzip' ({options['sink_tokens']}) must be smaller than "
                     f"'budget' ({options['budget']})")
         return None
+
+    def prefill_chunk_problem(self, options):
+        return ("kvzip scores a whole prompt by having the model read it again after its prefill, so it cannot "
+                "compress between chunks of it: chunks would lower only the prompt's own forward, while the cache "
+                "holds every token until the reading again, which repeat_chunk already reads a chunk at a time; set "
+                "repeat_chunk instead")
+
+    def after_prefill_forwards(self, options, tokens):
+        if tokens <= options["budget"]:
+            return []
+        forwards = []
+        for start in range(0, tokens, options["repeat_chunk"]):
+            fed = min(options["repeat_chunk"], tokens - start) + REPEAT_EXTRA
+            # scored over the sinks, the chunk repeated and the repetition; the whole prompt held until the choice
+            forwards.append(Forward(fed, tokens, options["sink_tokens"] + 2 * fed, tokens - options["budget"]))
+        return forwards
 
     def schedule(self, options, geometry):
         return NoSchedule(options["budget"])

@@ -10,6 +10,7 @@ import torch
 from kvviz.engine.geometry import Geometry
 from kvviz.engine.predict import CachePredictor
 from kvviz.engine.strategies.base import (
+    PREFILL_CHUNK,
     Option,
     Strategy,
     attention_layers_problem,
@@ -111,7 +112,8 @@ class Quantized(Strategy):
                     f"backend 'fp8' quantizes per tensor and takes no {given[0]!r}; "
                     "use backend=quanto or backend=hqq for group-wise options"
                 )
-            return {"backend": self.option("backend").parse(raw["backend"], self.name)}
+            prompt = PREFILL_CHUNK.parse(raw[PREFILL_CHUNK.name], self.name) if PREFILL_CHUNK.name in raw else 0
+            return {"backend": self.option("backend").parse(raw["backend"], self.name), PREFILL_CHUNK.name: prompt}
         return super().parse_options(raw)
 
     def check_options(self, options):

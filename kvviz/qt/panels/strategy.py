@@ -195,7 +195,7 @@ class StrategyPanel(QGroupBox):
             values = self.values()
             try:
                 options = strategy.parse_options(values)
-                problem = strategy.check_options(options)
+                problem = strategy.check_all(options)
             except OptionError as exc:
                 problem = str(exc)
             if problem is None and self._preflight is not None and self._preflight[:2] == (strategy.name, values):
