@@ -14,6 +14,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 
 import torch
@@ -24,7 +25,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from kvviz.engine import measure
+from kvviz.engine import allocations, measure
 from kvviz.engine.cache_run import CacheRun
 from kvviz.engine.fidelity import Reference
 from kvviz.engine.geometry import Geometry
@@ -311,14 +312,18 @@ class Decoder:
                         self.trace.cancelled = True
                         break
                     forward = compiled
-                started = time.perf_counter()
-                if prefill and self.encoder_decoder:
-                    self.run.encode(prompt)
-                logits = self.run.forward(fed, forward)[:, -1, :]
-                token = self._pick(ids, logits)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                wall_ms = (time.perf_counter() - started) * 1000.0
+                # the prefill's allocations are counted (about 2 µs an operator, in its time): what serving the
+                # request holds at its peak beside the weights and what was there before
+                with allocations.counting(device) if prefill else nullcontext() as counted:
+                    started = time.perf_counter()
+                    if prefill and self.encoder_decoder:
+                        self.run.encode(prompt)
+                    feed = self.run.prefill if prefill else self.run.forward
+                    logits = feed(fed, forward)[:, -1, :]
+                    token = self._pick(ids, logits)
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)
+                    wall_ms = (time.perf_counter() - started) * 1000.0
                 layer_ms = timer.collect()
                 if prefill:  # kept for a conversation's re-prefill check, outside the step's time
                     self.prefill_logits = logits[0].float().cpu()
@@ -336,6 +341,9 @@ class Decoder:
                 else:
                     piece, text = new_text[len(text) :], new_text
                 record = self._record(index, prefill, token, piece, wall_ms, layer_ms, fidelity)
+                if counted is not None:
+                    record.peak_allocated_bytes = counted.peak_bytes
+                    record.allocations = [list(point) for point in counted.timeline]
                 self.trace.steps.append(record)
                 yield record
                 if self.settings.stop_at_eos and token in self.eos_ids:

@@ -277,6 +277,13 @@ def weight_read_bytes(model) -> int:
     return total
 
 
+def model_bytes(model) -> int:
+    """Bytes the model itself holds (every parameter and buffer, each storage once): what a process serving it holds
+    before any request."""
+    counter = StorageCounter()
+    return sum(counter.bytes_of(tensor) for tensor in (*model.parameters(), *model.buffers()))
+
+
 def scoring_ms(cache) -> float | None:
     """Milliseconds the cache's layers spent choosing what to keep since last asked; None if none of them chooses."""
     spent = [layer.take_scoring_ms() for layer in getattr(cache, "layers", ()) if _kind(type(layer)) == KVVIZ]

@@ -117,6 +117,11 @@ class StepRecord:
     # Per pinned span of the trace (`Trace.pins`), per layer, per KV head: how many of the span's tokens the cache
     # still holds after this step (None for a layer that holds no tokens); None when nothing is pinned
     pins_held: list[list[list[int] | None]] | None = None
+    # The prefill's allocations, counted (None at decode steps and where not counted): the most it held at once beside
+    # what was allocated before it (activations, logits, the cache it built), and [ms since it began, bytes then],
+    # thinned to a few hundred points that keep the peak
+    peak_allocated_bytes: int | None = None
+    allocations: list[list[float]] | None = None
 
 
 _NOT_SAVED = {f.name for f in fields(StepRecord) if not f.metadata.get("saved", True)}

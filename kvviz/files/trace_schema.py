@@ -233,6 +233,8 @@ _STEP = Record(
         "attention_sink": optional(ListOf(Number(0, 1.001, what="a share of attention"), null=True)),
         # per pinned span, per layer (null: a layer without tokens), per KV head: the span's tokens held
         "pins_held": optional(ListOf(ListOf(ListOf(_POSITIONS, null=True)), null=True)),
+        "peak_allocated_bytes": optional(_BYTES_OR_UNKNOWN),
+        "allocations": optional(ListOf(Pair(_MS, Int(0, MAX_BYTES), what="point [ms, bytes allocated]"), null=True)),
     },
     rules=(_step_adds_up,),
     what="a step record (an object)",
