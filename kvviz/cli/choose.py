@@ -27,6 +27,7 @@ from kvviz.cli import common
 from kvviz.errors import OptionError, UsageError, failure
 from kvviz.files import documents, evaluation, qa
 from kvviz.files.frontier import BUDGET_FORMS, TOLERANCE_FORMS, accuracy_loss, answer, frontier, memory, quality_loss
+from kvviz.files.sweep import BUDGET_COVERS
 from kvviz.files.sweep_report import by_memory, cells, columns, csv_row, keep, question_text, speed_text
 from kvviz.present import clock, counted
 
@@ -59,7 +60,14 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--sequences", type=int, default=1, metavar="N",
                         help="sequences held at once at that context, e.g. concurrent users (default 1)")
     parser.add_argument("--budget", default="free", metavar="SIZE",
-                        help=f"memory for the cache: {BUDGET_FORMS} (the default)")
+                        help=f"memory for the caches (or, with --budget-covers process, for the whole process): "
+                        f"{BUDGET_FORMS} (the default)")
+    parser.add_argument("--budget-covers", choices=BUDGET_COVERS, default="cache",
+                        help="what the budget bounds: the caches of the sequences (the default), or the whole process "
+                        "serving them (the weights, one request's prefill at its peak and the other sequences' caches)")
+    parser.add_argument("--no-first-token", action="store_true",
+                        help="do not serve a request of the text's length through each configuration (its peak memory "
+                        "and time to first token stay unknown; the sweep takes about a prefill less per configuration)")
     parser.add_argument("--tolerance", default="5%", metavar="T", help="quality you accept to lose: "
                         + TOLERANCE_FORMS.replace("%", "%%") + " (default 5%%)")  # argparse formats help with %
     parser.add_argument("--configs", metavar="LIST",
@@ -144,7 +152,7 @@ def command(args) -> int:
                                progress=lambda message, fraction: common.log(message))
     try:
         question = sweep.ask(loaded.model, args.context, args.sequences, args.budget, args.tolerance,
-                             args.accuracy_tolerance / 100.0)
+                             args.accuracy_tolerance / 100.0, args.budget_covers)
         asked = _asked(args, loaded, questions, regimes)
     except OptionError as exc:
         raise UsageError(str(exc)) from None
@@ -160,7 +168,7 @@ def command(args) -> int:
     if notice:
         common.log(notice)
     run = sweep.SweepRun(loaded, configs, ids, record, question, rows=args.rows or sweep.ROWS,
-                         quantized_alone=args.quantized_alone, asked=asked)
+                         quantized_alone=args.quantized_alone, asked=asked, first_tokens=not args.no_first_token)
     common.log(f"{loaded.card['name']}, text {document.name}, {counted(len(ids), 'token')}, "
                f"{counted(len(run.sweep.configurations), 'configuration')}; target: {question_text(run.sweep)}")
     if asked:
@@ -286,7 +294,7 @@ def show_sweep(result, as_json: bool):
     print("\n" + "\n".join(said.sentences))
     print("\n".join(said.caveats))
     print("frontier (no other configuration is both smaller at the target and better): "
-          + "; ".join(f"{c.label} {memory(c):,} B" for c in frontier(result)))
+          + "; ".join(f"{c.label} {memory(c, result.question.budget_covers):,} B" for c in frontier(result)))
     return said
 
 

@@ -4,8 +4,10 @@ Every configuration reads the same text through its own cache as `kvviz eval` re
 each prediction is compared with the exact cache's (`fidelity.ReferenceStream`: KL divergence and top-1
 agreement), each alone, in chunks where the model allows it (those that evict at every token stepped through each
 chunk, `stepped_reading`), else token by token. When a configuration has read the text, a few decode steps are timed
-with it alone (its speed as a user would get it, batch 1), and its memory at
-the target is derived from its size rule (`target_memory`), checked against the cache measured at the end.
+with it alone (its speed as a user would get it, batch 1), one request of the text's length is served through a fresh
+cache of it up to the first token (`first_token`: the process's peak memory and the time to first token), and its
+memory at the target is derived from its size rule (`target_memory`), checked against the cache measured at the end,
+beside that request's peak and time predicted at the target.
 
 Where the user gives questions (`Asked`: tasks kvviz writes, or the user's own), every configuration is asked them
 first, in each regime asked (`kvviz.engine.answering`), and its answers are scored beside its perplexity.
@@ -30,15 +32,18 @@ from kvviz.engine.answering import Asking
 from kvviz.engine.cache_run import CacheRun
 from kvviz.engine.evaluate import Evaluation, prompt_tokens
 from kvviz.engine.fidelity import ReferenceStream
+from kvviz.engine.first_token import Served, arithmetic, measure_first_token
 from kvviz.engine.forward import model_forward
 from kvviz.engine.geometry import Geometry
+from kvviz.engine.measure import model_bytes
 from kvviz.engine.models import LoadedModel
 from kvviz.engine.strategies import StrategyChoice, choose, get
 from kvviz.engine.target_memory import target_memory
 from kvviz.errors import OptionError, failure
 from kvviz.files.evaluation import EvalRun, seconds_left
+from kvviz.files.first_token import FirstToken
 from kvviz.files.frontier import parse_budget, parse_tolerance
-from kvviz.files.sweep import Asked, Configuration, Question, SpeedRecord, Sweep, SweptSoFar
+from kvviz.files.sweep import BUDGET_COVERS, Asked, Configuration, Question, SpeedRecord, Sweep, SweptSoFar
 from kvviz.present import size
 
 # Batched rows per forward answering questions (`answering`). The default model on this 2-core CPU (quiet machine): a
@@ -49,6 +54,9 @@ ROWS = 24
 FRACTIONS = (0.125, 0.25, 0.5)  # of the measured length: the budgets the default grid gives evicting caches
 QUANTIZED = (("quanto", 4), ("quanto", 2), ("hqq", 8), ("hqq", 4), ("hqq", 2))
 EVICTING = ("h2o", "tova", "snapkv", "knorm")
+# the most compressed configurations of a window, a prompt compressor and an evictor at every step read their prompt
+# in chunks of this many tokens too: how far a prefill in chunks lowers the peak of serving a request
+TWINS, PREFILL_CHUNK = ("sink", "snapkv", "h2o"), 256
 DECODE_STEPS = 8  # decode steps timed alone after the text, per configuration (the median is kept)
 FLOOR_FORWARDS = 8  # plain batched forwards timed after the text for the compute-bound floor (the median is kept)
 
@@ -58,7 +66,8 @@ def default_grid(model, tokens: int, budgets_of: int | None = None) -> tuple[lis
     cache; each quantized backend installed at int8, int4 and int2 where it has them; a sliding window, attention
     sinks and each eviction policy keeping an eighth, a quarter and a half of the measured length, or of
     `budgets_of` tokens where given (the questions' length, when questions are asked), but SnapKV, which compresses
-    only the text's first half, given as its prompt, never keeping all of it; and at a quarter, the leaders of
+    only the text's first half, given as its prompt, never keeping all of it; at an eighth, attention sinks, SnapKV
+    and H2O again with their prompt read in chunks (`TWINS`); and at a quarter, the leaders of
     kvpress's leaderboard and its baseline (Expected Attention, alone and AdaKV's, KVzip, random). Those compress the
     first half as their prompt, so each reads the text alone: one budget each keeps a default sweep near its time."""
     specs: list[tuple[str, dict]] = [("dynamic", {})]
@@ -67,6 +76,9 @@ def default_grid(model, tokens: int, budgets_of: int | None = None) -> tuple[lis
         budget = max(8, round(fraction * (budgets_of or tokens)))
         specs += [("sliding", {"window": budget + 1}), ("sink", {"sink_tokens": 4, "window": budget - 4})]
         specs += [(name, {"budget": budget}) for name in EVICTING]
+        if fraction == min(FRACTIONS):
+            specs += [(name, {**options, "prefill_chunk": PREFILL_CHUNK}) for name, options in specs[-6:]
+                      if name in TWINS]
     quarter = max(8, round(0.25 * (budgets_of or tokens)))
     specs += [(name, {"budget": quarter}) for name in ("expected_attention", "kvzip", "random")]
     specs.append(("expected_attention", {"budget": quarter, "adaptive": True}))
@@ -91,10 +103,13 @@ def default_grid(model, tokens: int, budgets_of: int | None = None) -> tuple[lis
 
 
 def ask(model, context: int | None = None, sequences: int = 1, budget: str = "free",
-        tolerance: str = "5%", accuracy_tolerance: float = 0.05) -> Question:
+        tolerance: str = "5%", accuracy_tolerance: float = 0.05, budget_covers: str = "cache") -> Question:
     """The user's question, checked: `context` tokens per sequence (None: the model's maximum), `sequences` at once,
-    `budget` for the cache ("free": the device's free memory now), `tolerance`, and where questions are asked the
-    accuracy below the exact cache's they accept (a share). Raises OptionError."""
+    `budget` for what `budget_covers` says, the caches or the whole process ("free": the device's free memory now,
+    and for the process the model's own bytes, which it already holds, too), `tolerance`, and where questions are
+    asked the accuracy below the exact cache's they accept (a share). Raises OptionError."""
+    if budget_covers not in BUDGET_COVERS:
+        raise OptionError(f"the budget covers {' or '.join(BUDGET_COVERS)}, not {budget_covers!r}")
     limit = Geometry.of(model.config, model.dtype).context
     if context is None:
         if limit is None:
@@ -109,11 +124,20 @@ def ask(model, context: int | None = None, sequences: int = 1, budget: str = "fr
     if sequences < 1:
         raise OptionError(f"the number of sequences must be at least 1, not {sequences}")
     if budget.strip().lower() == "free":
-        free, where = machine.free_memory(model.device)
-        budget_bytes, said = free, f"{size(free)} ({where})"
+        budget_bytes, said = free_budget(model, budget_covers)
     else:
         budget_bytes, said = parse_budget(budget), budget.strip()
-    return Question(context, sequences, budget_bytes, said, parse_tolerance(tolerance), accuracy_tolerance)
+    return Question(context, sequences, budget_bytes, said, parse_tolerance(tolerance), accuracy_tolerance,
+                    budget_covers)
+
+
+def free_budget(model, covers: str) -> tuple[int, str]:
+    """A budget of the device's free memory now (and for the process, the model's own bytes too, which it already
+    holds): its bytes, and in words."""
+    free, where = machine.free_memory(model.device)
+    if covers == "process":
+        free, where = free + model_bytes(model), f"{where} and the model's own"
+    return free, f"{size(free)} ({where})"
 
 
 def floor_forward_ms(run: CacheRun, token_ids: torch.Tensor, tokens: int, forwards: int) -> list[float] | None:
@@ -154,8 +178,10 @@ class SweepRun:
 
     def __init__(self, loaded: LoadedModel, choices: list[StrategyChoice], token_ids: list[int], document: dict,
                  question: Question, cancel: threading.Event | None = None, rows: int = ROWS,
-                 quantized_alone: bool = False, floor_forwards: int = FLOOR_FORWARDS, asked: Asked | None = None):
+                 quantized_alone: bool = False, floor_forwards: int = FLOOR_FORWARDS, asked: Asked | None = None,
+                 first_tokens: bool = True):
         self.loaded = loaded
+        self.first_tokens = first_tokens  # serve a request of the text's length through each (`_first_token`)
         self.model = loaded.model
         self.ids = token_ids
         self.question = question
@@ -194,6 +220,8 @@ class SweepRun:
         self._forward_ms = 0.0
         self._floor_bytes = 0.0
         self._asking_s: float | None = None
+        self._first_token_s = 0.0
+        self._speed_at_text = None
 
     def resume(self, kept: SweptSoFar) -> list[Configuration]:
         """Take up what an earlier process measured (its journal): the configurations it finished stand as they
@@ -266,9 +294,10 @@ class SweepRun:
                 config = self.sweep.configurations[i]
                 if not self.cancelled and not e.result.error:
                     config.decode_ms = self._decode_ms(e)
-                config.target = target_memory(self.model, e.run.choice, self.question.context,
-                                              self.question.sequences, self.question.budget_bytes,
-                                              reference_chunk, len(e.result.records) or None)
+                    config.first_token = self._first_token(e)
+                served = None if config.first_token is None else Served(config.first_token, self._arithmetic())
+                config.target = target_memory(self.model, e.run.choice, self.question, reference_chunk,
+                                              len(e.result.records) or None, served)
                 yield config
             finished = not self.cancelled
         except BaseException:  # Ctrl-C or SIGTERM (a KeyboardInterrupt) or a failure of kvviz's own: stop here
@@ -346,6 +375,27 @@ class SweepRun:
                                  self.floor_forwards)
         return (rows, statistics.median(times)) if times else None
 
+    def _first_token(self, e: Evaluation) -> FirstToken | None:
+        """One request of the text's length served through a fresh cache of this configuration up to its first token
+        (`first_token`): the process's peak and the time to first token; None where not asked for, or where serving
+        it failed (said in kvviz's log)."""
+        if not self.first_tokens:
+            return None
+        begun = time.perf_counter()
+        try:
+            return measure_first_token(self.loaded, e.run.choice, self.ids)
+        except Exception as exc:  # noqa: BLE001 - its peak and time stay unknown; its reading stands
+            failure(f"serving a request through {e.result.label()}", exc)
+            return None
+        finally:
+            self._first_token_s += time.perf_counter() - begun
+
+    def _arithmetic(self):
+        """This machine's arithmetic speed at the text's length (once per sweep): how times to first token scale."""
+        if self._speed_at_text is None:
+            self._speed_at_text = arithmetic(self.model, len(self.ids))
+        return self._speed_at_text
+
     def _decode_ms(self, e: Evaluation) -> float | None:
         """The median time of a decode step with this configuration's cache alone, right after the text; None where
         the model numbers no more positions."""
@@ -364,7 +414,7 @@ class SweepRun:
     def _speed(self, wall_s: float, floor: tuple[int, float] | None) -> SpeedRecord:
         bandwidth = machine.memory_bandwidth(self.model.device)
         speed = SpeedRecord(wall_s=self._earlier_s + wall_s, bandwidth_bytes_per_s=bandwidth,
-                            answering_s=self._asking_s)
+                            answering_s=self._asking_s, first_token_s=self._first_token_s or None)
         if floor is not None:
             speed.floor_rows = floor[0]
             speed.floor_s = floor[1] * self.evaluations[0].predictions / 1000.0

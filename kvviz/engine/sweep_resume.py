@@ -5,12 +5,10 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from kvviz.engine import machine
-from kvviz.engine.sweep import SweepRun
+from kvviz.engine.sweep import SweepRun, free_budget
 from kvviz.errors import OptionError
 from kvviz.files.journal import differences, digest
 from kvviz.files.sweep import Configuration, Question, SweptSoFar, read_journal
-from kvviz.present import size
 
 # what a sweep's journal keeps for a resume to check, by what a refusal calls it
 RESUME_NAMES = {"model": "the model", "tokens_sha256": "the text's tokens", "context": "the target context",
@@ -18,7 +16,8 @@ RESUME_NAMES = {"model": "the model", "tokens_sha256": "the text's tokens", "con
                 "accuracy_tolerance": "the accuracy tolerance", "grid": "the configurations",
                 "rows": "the rows per forward", "quantized_alone": "quantized caches fed alone or not",
                 "questions": "the questions asked (their source, items, seed and length, plain text or not)",
-                "regimes": "the regimes"}
+                "regimes": "the regimes", "budget_covers": "what the budget covers",
+                "first_tokens": "requests served up to their first token or not"}
 
 
 def resume_key(run: SweepRun, budget: str) -> dict:
@@ -37,7 +36,8 @@ def resume_key(run: SweepRun, budget: str) -> dict:
             "tolerance": question.tolerance.to_dict(), "accuracy_tolerance": question.accuracy_tolerance,
             "grid": [c.run.strategy for c in sweep.configurations], "rows": run.rows,
             "quantized_alone": run.quantized_alone, "questions": questions,
-            "regimes": list(asked.regimes) if asked else None}
+            "regimes": list(asked.regimes) if asked else None, "budget_covers": question.budget_covers,
+            "first_tokens": run.first_tokens}
 
 
 def take_up(run: SweepRun, journal: str | os.PathLike, key: dict) -> tuple[SweptSoFar, list[Configuration]]:
@@ -63,5 +63,5 @@ def asked_again(model, found: SweptSoFar) -> Question:
     question = found.sweep.question
     if found.resume.get("budget") != "free":
         return question
-    free, where = machine.free_memory(model.device)
-    return dataclasses.replace(question, budget_bytes=free, budget=f"{size(free)} ({where})")
+    free, said = free_budget(model, question.budget_covers)
+    return dataclasses.replace(question, budget_bytes=free, budget=said)

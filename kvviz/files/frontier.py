@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import partial
 
 from kvviz import present
 from kvviz.errors import OptionError
@@ -112,22 +113,30 @@ def worst_regime(sweep: Sweep, config: Configuration) -> str | None:
     return max(known)[1] if known else None
 
 
-def memory(config: Configuration) -> int | None:
-    """Cache and policy bytes at the target context and number of sequences."""
-    return config.target.total_bytes if config.target else None
+def memory(config: Configuration, covers: str = "cache") -> int | None:
+    """Memory at the target context and number of sequences: of the caches and their policies' state (`covers`
+    "cache"), or of the process serving them ("process": the weights and one request's prefill at its peak beside the
+    others' caches)."""
+    if config.target is None:
+        return None
+    return config.target.total_bytes if covers == "cache" else config.target.process_bytes
 
 
-def placed(sweep: Sweep) -> list[Configuration]:
-    """The configurations with both a quality loss and a memory at the target, in the sweep's order."""
-    return [c for c in sweep.configurations if quality_loss(sweep, c) is not None and memory(c) is not None]
+def placed(sweep: Sweep, covers: str | None = None) -> list[Configuration]:
+    """The configurations with both a quality loss and a memory at the target (of what `covers`, by default what the
+    budget covers), in the sweep's order."""
+    covers = covers or sweep.question.budget_covers
+    return [c for c in sweep.configurations if quality_loss(sweep, c) is not None and memory(c, covers) is not None]
 
 
-def frontier(sweep: Sweep) -> list[Configuration]:
-    """The configurations no other beats on both memory and quality (no worse on both, better on one), by memory."""
-    points = [(memory(c), quality_loss(sweep, c), c) for c in placed(sweep)]
+def frontier(sweep: Sweep, covers: str | None = None) -> list[Configuration]:
+    """The configurations no other beats on both memory (of what `covers`, by default what the budget covers) and
+    quality (no worse on both, better on one), by memory."""
+    covers = covers or sweep.question.budget_covers
+    points = [(memory(c, covers), quality_loss(sweep, c), c) for c in placed(sweep, covers)]
     kept = [c for m, q, c in points
             if not any(m2 <= m and q2 <= q and (m2 < m or q2 < q) for m2, q2, _ in points)]
-    return sorted(kept, key=memory)
+    return sorted(kept, key=lambda c: memory(c, covers))
 
 
 def loss_text(sweep: Sweep, config: Configuration) -> str:
@@ -168,8 +177,11 @@ class Answer:
 
 def answer(sweep: Sweep) -> Answer:
     question = sweep.question
+    held = partial(memory, covers=question.budget_covers)  # what the budget bounds
     candidates = [c for c in placed(sweep) if answers_well(sweep, c)]
     where = f"{counted(question.sequences, 'sequence')} of {question.context:,} tokens"
+    if question.budget_covers == "process":
+        where += ", the weights and a request's prefill included"
     if not candidates:
         return Answer(None, None, ["No configuration finished with its quality, its memory and, where questions were "
                                    "asked, its answers measured, so there is nothing to choose from yet."])
@@ -178,31 +190,75 @@ def answer(sweep: Sweep) -> Answer:
         terms += (f", and answers within {100 * question.accuracy_tolerance:g} points of the exact cache's accuracy "
                   f"in {', '.join(sweep.asked.regimes)}")
     within = [c for c in candidates if quality_loss(sweep, c) <= question.tolerance.value]
-    smallest = min(within, key=lambda c: (memory(c), quality_loss(sweep, c))) if within else None
+    smallest = min(within, key=lambda c: (held(c), quality_loss(sweep, c))) if within else None
     if smallest is not None:
         first = (f"The smallest cache within your tolerance ({terms}) is {smallest.label}: "
-                 f"{size(memory(smallest))} for {where}, with {loss_text(sweep, smallest)}.")
+                 f"{size(held(smallest))} for {where}, with {loss_text(sweep, smallest)}.")
     else:
         nearest = min(candidates, key=lambda c: quality_loss(sweep, c))
         first = (f"No configuration meets your tolerance ({terms}); the nearest is "
-                 f"{nearest.label}, with {loss_text(sweep, nearest)} ({size(memory(nearest))} for {where}).")
-    fits = [c for c in candidates if question.budget_bytes is None or memory(c) <= question.budget_bytes]
-    best = min(fits, key=lambda c: (quality_loss(sweep, c), memory(c))) if fits else None
+                 f"{nearest.label}, with {loss_text(sweep, nearest)} ({size(held(nearest))} for {where}).")
+    fits = [c for c in candidates if question.budget_bytes is None or held(c) <= question.budget_bytes]
+    best = min(fits, key=lambda c: (quality_loss(sweep, c), held(c))) if fits else None
     budget = f"your budget of {question.budget}" if question.budget_bytes is not None else "no budget"
     if best is not None:
         fit = best.target.sequences_in_budget if best.target else None
         room = f"; {counted(fit, 'such sequence')} fit in it" if fit is not None else ""
         second = (f"Within {budget}, the best quality is {best.label}: {loss_text(sweep, best)}, in "
-                  f"{size(memory(best))}{room}.")
+                  f"{size(held(best))}{room}.")
     else:
-        cheapest = min(candidates, key=memory)
+        cheapest = min(candidates, key=held)
         second = (f"No configuration fits {where} in {budget}; the smallest is {cheapest.label} at "
-                  f"{size(memory(cheapest))}.")
+                  f"{size(held(cheapest))}.")
     said = [first, second]
+    said += [note for note in dict.fromkeys(prefill_note(sweep, c) for c in (smallest, best) if c) if note]
     disagree = disagreements(sweep)
     if disagree:
         said.append(f"Perplexity and accuracy disagree: {'; '.join(disagree)}.")
     return Answer(smallest, best, said, caveats(sweep))
+
+
+def prefill_note(sweep: Sweep, config: Configuration) -> str | None:
+    """Where serving a request, not holding the caches, sets the memory a configuration needs beside the weights (its
+    prefill at the target holds more than all the sequences' caches): said, with the peak of a twin that reads its
+    prompt in chunks where the sweep measured one. None elsewhere."""
+    question = sweep.question
+    target, first = config.target, config.first_token
+    at = target.first_token if target else None
+    if at is None or at.peak_bytes is None or first is None or target.total_bytes is None \
+            or target.per_sequence_bytes is None:
+        return None
+    beside = at.peak_bytes - first.weight_bytes - target.per_sequence_bytes  # the prefill's own, at its peak
+    if beside <= target.total_bytes:
+        return None
+    label = "predicted" if at.predicted else "measured"
+    said = (f"For {config.label}, the prefill, not the cache, sets the peak: {size(target.total_bytes)} of cache for "
+            f"{counted(question.sequences, 'sequence')} of {question.context:,} tokens, but serving one request peaks "
+            f"at {size(at.peak_bytes)} ({label}, {size(first.weight_bytes)} of it the weights)")
+    twin = chunked_twin(sweep, config)
+    if twin is not None:
+        options = twin.run.strategy.get("options") or {}
+        said += (f"; prefill in chunks of {options['prefill_chunk']:,} ({twin.label}) to peak at "
+                 f"{size(twin.target.first_token.peak_bytes)}")
+    return said + "."
+
+
+def chunked_twin(sweep: Sweep, config: Configuration) -> Configuration | None:
+    """The configuration of the same strategy and options that reads its prompt in chunks (prefill_chunk set) with
+    the lowest known peak at the target, if the sweep has one and `config` does not chunk."""
+    strategy = config.run.strategy
+    options = dict(strategy.get("options") or {})
+    if options.pop("prefill_chunk", 0):
+        return None
+    twins = []
+    for other in sweep.configurations:
+        theirs = dict(other.run.strategy.get("options") or {})
+        chunk = theirs.pop("prefill_chunk", 0)
+        at = other.target.first_token if other.target else None
+        if chunk and other.run.strategy.get("name") == strategy.get("name") and theirs == options \
+                and at is not None and at.peak_bytes is not None:
+            twins.append((at.peak_bytes, other))
+    return min(twins, key=lambda t: t[0])[1] if twins else None
 
 
 def disagreements(sweep: Sweep) -> list[str]:

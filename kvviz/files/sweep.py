@@ -9,17 +9,21 @@ A sweep file, as JSON:
 
     {"format": "kvviz-sweep", "version": 1, "model": {...}, "document": {...},
      "question": {"context": int, "sequences": int, "budget_bytes": int or null, "budget": str,
-                  "tolerance": {"kind": "perplexity" or "kl", "value": float}},
+                  "tolerance": {"kind": "perplexity" or "kl", "value": float}, "budget_covers": "cache" or "process"},
      "speed": {"wall_s", "rows_per_forward", "forwards_per_s", "memory_bound_share", "bandwidth_bytes_per_s",
-               "answering_s"},
+               "answering_s", "first_token_s"},
      "cancelled": bool,
      "asked": {"source": str, "regimes": [str], "raw": bool, "seed": int or null, "length": int or null,
                "items": [{a question item: name, task, context, turns, needles, metric, seed}]} or null,
      "configurations": [{"evaluation": {a kvviz-eval file's fields}, "kl": [...], "top1": [...],
                          "decode_ms": float or null, "measured_rows": int,
                          "target": {"cache_bytes", "policy_bytes", "per_sequence_bytes", "sequences_in_budget",
-                                    "longest_context", "longest_limit", "predicted_at_measured"} or null,
+                                    "longest_context", "longest_limit", "predicted_at_measured",
+                                    "first_token": {"tokens", "peak_bytes", "ttft_ms", "predicted"} or null,
+                                    "process_bytes"} or null,
                          "answers": [{an answer record: item, turn, regime, answer, score, ...}],
+                         "first_token": {"tokens", "token_id", "peak_bytes", "weight_bytes", "cache_bytes",
+                                         "ttft_ms", "attention"} or null,
                          "error": str or null}, ...]}
 
 `kl[i]` and `top1[i]` compare the i-th prediction with the exact cache's (`kvviz.engine.fidelity`): the KL
@@ -44,6 +48,7 @@ import numpy as np
 
 from kvviz.files import evaluation
 from kvviz.files.evaluation import EvalRun
+from kvviz.files.first_token import FirstToken, FirstTokenAt
 from kvviz.files.formats import file_format
 from kvviz.files.journal import Journal, ended_without_saving, journal_path, read_journal_of
 from kvviz.files.jsonfile import KeptFileError, write_json
@@ -52,6 +57,8 @@ from kvviz.files.qa import AnswerRecord, QAItem
 FORMAT = "kvviz-sweep"
 VERSION = 1
 QUALITY_KINDS = ("perplexity", "kl")
+# what the budget bounds: the caches alone, or the whole process (weights, one request's prefill and the other caches)
+BUDGET_COVERS = ("cache", "process")
 # why a sequence cannot hold a longer context: the budget, the model's positions, or nothing (a bounded cache)
 LONGEST_LIMITS = ("budget", "context", "none")
 
@@ -83,11 +90,12 @@ class Question:
     budget: str  # as the user gave it ("4 GiB", "free memory of cuda:0"), for messages
     tolerance: Tolerance
     accuracy_tolerance: float = 0.05  # where questions were asked: how far below the exact cache's accuracy (a share)
+    budget_covers: str = "cache"  # one of BUDGET_COVERS
 
     def to_dict(self) -> dict[str, Any]:
         return {"context": self.context, "sequences": self.sequences, "budget_bytes": self.budget_bytes,
                 "budget": self.budget, "tolerance": self.tolerance.to_dict(),
-                "accuracy_tolerance": self.accuracy_tolerance}
+                "accuracy_tolerance": self.accuracy_tolerance, "budget_covers": self.budget_covers}
 
 
 @dataclass
@@ -101,6 +109,11 @@ class TargetMemory:
     longest_context: int | None  # the longest context one sequence reaches within the budget (None: unknown)
     longest_limit: str  # what stops it there: one of LONGEST_LIMITS
     predicted_at_measured: int | None  # the size rule at the measured length (equal to the measurement: checked)
+    # one request of `context` tokens served up to its first token: the process's peak and the time (None: not known)
+    first_token: FirstTokenAt | None = None
+    # the process's peak serving `sequences` such sequences: the weights and one request's prefill at its peak, its own
+    # cache included, beside the caches of the others (None: not known)
+    process_bytes: int | None = None
 
     @property
     def total_bytes(self) -> int | None:
@@ -110,7 +123,9 @@ class TargetMemory:
         return {"cache_bytes": self.cache_bytes, "policy_bytes": self.policy_bytes,
                 "per_sequence_bytes": self.per_sequence_bytes, "sequences_in_budget": self.sequences_in_budget,
                 "longest_context": self.longest_context, "longest_limit": self.longest_limit,
-                "predicted_at_measured": self.predicted_at_measured}
+                "predicted_at_measured": self.predicted_at_measured,
+                "first_token": self.first_token.to_dict() if self.first_token else None,
+                "process_bytes": self.process_bytes}
 
 
 @dataclass
@@ -125,6 +140,7 @@ class Configuration:
     measured_rows: int = 1  # configurations sharing its forwards while it read the text
     target: TargetMemory | None = None
     answers: list[AnswerRecord] = field(default_factory=list)  # where the sweep asked questions (`Sweep.asked`)
+    first_token: FirstToken | None = None  # one request of the text's length served up to its first token, measured
 
     def answered(self, regime: str) -> list[AnswerRecord]:
         return [a for a in self.answers if a.regime == regime]
@@ -173,7 +189,8 @@ class Configuration:
         run = {k: v for k, v in self.run.to_dict().items() if k not in ("format", "version", "summary")}
         return {"evaluation": run, "kl": list(self.kl), "top1": list(self.top1), "decode_ms": self.decode_ms,
                 "measured_rows": self.measured_rows, "target": self.target.to_dict() if self.target else None,
-                "answers": [a.to_dict() for a in self.answers]}
+                "answers": [a.to_dict() for a in self.answers],
+                "first_token": self.first_token.to_dict(timeline=False) if self.first_token else None}
 
 
 @dataclass
@@ -192,6 +209,7 @@ class SpeedRecord:
     floor_s: float | None = None
     floor_rows: int | None = None
     answering_s: float | None = None  # asking every configuration the questions (None: none were asked)
+    first_token_s: float | None = None  # serving a request of the text's length through each configuration
 
     @property
     def floor_share(self) -> float | None:
@@ -202,7 +220,7 @@ class SpeedRecord:
         return {"wall_s": self.wall_s, "rows_per_forward": self.rows_per_forward,
                 "forwards_per_s": self.forwards_per_s, "memory_bound_share": self.memory_bound_share,
                 "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s, "floor_s": self.floor_s,
-                "floor_rows": self.floor_rows, "answering_s": self.answering_s}
+                "floor_rows": self.floor_rows, "answering_s": self.answering_s, "first_token_s": self.first_token_s}
 
 
 @dataclass
@@ -366,7 +384,7 @@ def _not_finished(header: dict, strategy: Any, answers: list, ended: str) -> dic
                       "method": {"mode": "token-by-token", "chunk": 1}, "cancelled": True, "error": ended,
                       "first_eviction": None, "records": {name: [] for name in evaluation.COLUMNS}}
     return {"evaluation": evaluation_run, "kl": [], "top1": [], "decode_ms": None, "measured_rows": 1,
-            "target": None, "answers": answers}
+            "target": None, "answers": answers, "first_token": None}
 
 
 # -- reading -----------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from kvviz.files.frontier import accuracy_text, answer, frontier, loss_text, mem
 from kvviz.files.jsonfile import write_atomic
 from kvviz.files.qa import REGIMES
 from kvviz.files.sweep import Configuration, Sweep
-from kvviz.present import UNKNOWN, change, clock, counted, options_text, percent, perplexity, size
+from kvviz.present import UNKNOWN, change, clock, counted, options_text, percent, perplexity, seconds, size
 
 # (key, title): the columns of a sweep's table, in order
 COLUMNS = (
@@ -27,6 +27,8 @@ COLUMNS = (
     ("top1", "top-1"),
     ("measured", "measured at end"),
     ("target", "at target"),
+    ("peak", "serving peak at target"),
+    ("ttft", "TTFT at target (s)"),
     ("fit", "sequences in budget"),
     ("longest", "longest context in budget"),
     ("decode", "decode tok/s"),
@@ -54,6 +56,17 @@ def longest_text(config: Configuration) -> str:
     return f"{target.longest_context:,}" + (" (all positions)" if target.longest_limit == "context" else "")
 
 
+def first_token_cells(config: Configuration) -> tuple[str, str]:
+    """One request served at the target up to its first token: the process's peak and the time, each marked
+    "(pred.)" where predicted from the measurement at the text's length."""
+    at = config.target.first_token if config.target else None
+    if at is None:
+        return UNKNOWN, UNKNOWN
+    mark = " (pred.)" if at.predicted else ""
+    peak = size(at.peak_bytes) + (mark if at.peak_bytes is not None else "")
+    return peak, seconds(at.ttft_ms) + (mark if at.ttft_ms is not None else "")
+
+
 def cells(sweep: Sweep, config: Configuration) -> dict[str, str]:
     """A configuration's row, written (the command line's, the report's and the window's): unknown values as
     UNKNOWN, never 0."""
@@ -63,6 +76,7 @@ def cells(sweep: Sweep, config: Configuration) -> dict[str, str]:
     checked = target.predicted_at_measured if target else None
     if s["final_cache_bytes"] is not None and checked is not None and checked != s["final_cache_bytes"]:
         measured += f" (size rule {checked - s['final_cache_bytes']:+,} B)"
+    peak, ttft = first_token_cells(config)
     return {
         "configuration": config.label,
         "perplexity": perplexity(s["perplexity"]),
@@ -72,6 +86,8 @@ def cells(sweep: Sweep, config: Configuration) -> dict[str, str]:
         "top1": percent(s["top1"], 1),
         "measured": measured,
         "target": size(memory(config)),
+        "peak": peak,
+        "ttft": ttft,
         "fit": UNKNOWN if target is None or target.sequences_in_budget is None else f"{target.sequences_in_budget:,}",
         "longest": longest_text(config),
         "decode": UNKNOWN if s["decode_tokens_per_s"] is None else f"{s['decode_tokens_per_s']:.1f}",
@@ -82,16 +98,18 @@ def cells(sweep: Sweep, config: Configuration) -> dict[str, str]:
 
 
 def by_memory(sweep: Sweep) -> list[int]:
-    """The configurations' indices by memory at the target, smallest first; those without one last, in the sweep's
-    order."""
+    """The configurations' indices by memory at the target (of what the budget covers), smallest first; those without
+    one last, in the sweep's order."""
     configs = sweep.configurations
-    known = sorted((i for i, c in enumerate(configs) if memory(c) is not None), key=lambda i: memory(configs[i]))
-    return known + [i for i, c in enumerate(configs) if memory(c) is None]
+    held = [memory(c, sweep.question.budget_covers) for c in configs]
+    known = sorted((i for i, m in enumerate(held) if m is not None), key=lambda i: held[i])
+    return known + [i for i, m in enumerate(held) if m is None]
 
 
 def question_text(sweep: Sweep) -> str:
     q = sweep.question
-    return (f"{counted(q.sequences, 'sequence')} of {q.context:,} tokens, a cache budget of {q.budget}, "
+    covered = "a cache budget" if q.budget_covers == "cache" else "a budget for the whole process"
+    return (f"{counted(q.sequences, 'sequence')} of {q.context:,} tokens, {covered} of {q.budget}, "
             f"{q.tolerance.describe()}")
 
 
@@ -112,6 +130,8 @@ def speed_text(sweep: Sweep) -> str:
                      f"row's cache read once per forward at {speed.bandwidth_bytes_per_s / 1e9:.1f} GB/s)")
     if speed.answering_s is not None:
         text += f"; the questions asked in {clock(speed.answering_s)}"
+    if speed.first_token_s is not None:
+        text += f"; a request served through each in {clock(speed.first_token_s)}"
     return text
 
 
@@ -124,7 +144,7 @@ def markdown(sweep: Sweep, figures: dict[str, Path] | None = None) -> str:
     best = frontier(sweep)
     if best:
         lines += ["## The frontier", "", "No other configuration is both smaller at the target and better:", ""]
-        lines += [f"- {c.label}: {size(memory(c))}, {loss_text(sweep, c)}" for c in best]
+        lines += [f"- {c.label}: {size(memory(c, sweep.question.budget_covers))}, {loss_text(sweep, c)}" for c in best]
         lines.append("")
     keys = [key for key, _ in columns(sweep)]
     titles = dict(columns(sweep))
@@ -141,7 +161,12 @@ def markdown(sweep: Sweep, figures: dict[str, Path] | None = None) -> str:
               "cache's: perplexity, KL(exact || configuration) and whether the most likely tokens agree. Memory at the "
               "target is each cache's own size rule replayed to the target, checked against the cache measured at the "
               "end of the text (where the rule differs, by how many bytes is shown beside the measurement); decode "
-              "tok/s is a step with the configuration's cache alone after the text.", ""]
+              "tok/s is a step with the configuration's cache alone after the text. The serving peak and TTFT are one "
+              "request of the text's length served through a fresh cache up to its first token, as a user's code "
+              "would (the prompt's prefill, the cache's own work after it, the last position's logits): the process's "
+              "peak is the model's weights and buffers and the most the request allocated at once, every tensor "
+              "allocation counted by torch's profiler; at the target both are predicted (pred.) from that measurement, "
+              "the cache's size rule and the shapes of the model's widest forward.", ""]
     return "\n".join(lines)
 
 
@@ -150,14 +175,21 @@ def markdown(sweep: Sweep, figures: dict[str, Path] | None = None) -> str:
 CSV_COLUMNS = (
     "strategy", "options", "status", "tokens", "perplexity", "second_half_perplexity", "perplexity_change",
     "mean_kl", "top1_agreement", "final_cache_bytes", "final_policy_bytes", "target_context", "target_sequences",
-    "target_bytes", "sequences_in_budget", "longest_context", "decode_tokens_per_s", "sweep_tokens_per_s",
+    "target_bytes", "peak_bytes_at_target", "ttft_ms_at_target", "at_target_predicted", "process_bytes",
+    "measured_tokens", "peak_bytes_measured", "ttft_ms_measured", "sequences_in_budget", "longest_context",
+    "decode_tokens_per_s", "sweep_tokens_per_s",
     "rows_per_forward", *(f"accuracy_{regime.replace('-', '_')}" for regime in REGIMES), "error",
 )
 
 
+# the columns that are times, which differ from one run of the same sweep to the next
+TIMED_COLUMNS = ("ttft_ms_at_target", "ttft_ms_measured", "decode_tokens_per_s", "sweep_tokens_per_s")
+
+
 def csv_row(sweep: Sweep, config: Configuration) -> dict[str, Any]:
     s = config.summary()
-    target = config.target
+    target, first = config.target, config.first_token
+    at = target.first_token if target else None
     return {
         "strategy": config.run.strategy.get("name", ""),
         "options": options_text(config.run.strategy.get("options"), " "),
@@ -173,6 +205,13 @@ def csv_row(sweep: Sweep, config: Configuration) -> dict[str, Any]:
         "target_context": sweep.question.context,
         "target_sequences": sweep.question.sequences,
         "target_bytes": target.total_bytes if target else None,
+        "peak_bytes_at_target": at.peak_bytes if at else None,
+        "ttft_ms_at_target": at.ttft_ms if at else None,
+        "at_target_predicted": at.predicted if at else None,
+        "process_bytes": target.process_bytes if target else None,
+        "measured_tokens": first.tokens if first else None,
+        "peak_bytes_measured": first.peak_bytes if first else None,
+        "ttft_ms_measured": first.ttft_ms if first else None,
         "sequences_in_budget": target.sequences_in_budget if target else None,
         "longest_context": target.longest_context if target else None,
         "decode_tokens_per_s": s["decode_tokens_per_s"],

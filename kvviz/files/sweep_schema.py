@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from kvviz.files import evaluation
 from kvviz.files.file_format import FileFormat
+from kvviz.files.first_token import FIRST_TOKEN, FIRST_TOKEN_AT, build, build_at
 from kvviz.files.qa import ANSWER_RECORD, ITEM_RECORD, REGIMES, AnswerRecord, build_item
 from kvviz.files.schema import MAX_BYTES, Either, Flag, Int, ListOf, Number, Record, Refusal, Text, at, optional
 from kvviz.files.sweep import (
+    BUDGET_COVERS,
     FORMAT,
     LONGEST_LIMITS,
     QUALITY_KINDS,
@@ -74,7 +76,8 @@ _RESUME = Record(
      "questions": Record({"source": Text(), "raw": Flag(), "seed": Int(0, null=True),
                           "length": Int(1, MAX_POSITIONS, null=True), "items_sha256": Text(nonempty=True)},
                          null=True, what="the questions asked (an object)"),
-     "regimes": ListOf(Text(REGIMES), null=True)},
+     "regimes": ListOf(Text(REGIMES), null=True),
+     "budget_covers": optional(Text(BUDGET_COVERS), "cache"), "first_tokens": optional(Flag(), False)},
     what="what a resume checks (an object)",
 )
 # a journal's own header fields (`SweepJournal`); absent from a sweep file
@@ -83,7 +86,8 @@ _JOURNAL = Record({"strategies": ListOf(STRATEGY), "resume": _RESUME}, null=True
 _TARGET = Record(
     {"cache_bytes": _BYTES, "policy_bytes": Int(0, MAX_BYTES, what="a byte count"), "per_sequence_bytes": _BYTES,
      "sequences_in_budget": Int(0, null=True), "longest_context": Int(0, null=True),
-     "longest_limit": Text(LONGEST_LIMITS), "predicted_at_measured": _BYTES},
+     "longest_limit": Text(LONGEST_LIMITS), "predicted_at_measured": _BYTES,
+     "first_token": optional(FIRST_TOKEN_AT), "process_bytes": optional(_BYTES)},
     null=True, what="a configuration's memory at the target (an object)",
 )
 _CONFIGURATION = Record(
@@ -93,13 +97,14 @@ _CONFIGURATION = Record(
      "decode_ms": Number(0, null=True, what="a time in ms"),
      "measured_rows": Int(1),
      "target": _TARGET,
-     "answers": optional(ListOf(ANSWER_RECORD), [])},
+     "answers": optional(ListOf(ANSWER_RECORD), []),
+     "first_token": optional(FIRST_TOKEN)},
     rules=(_fidelity_agrees,),
     what="a configuration (an object with its evaluation)",
 )
 _SPEED = Record({**{name: Number(0, null=True) for name in SpeedRecord().to_dict()},
                  "floor_s": optional(Number(0, null=True)), "floor_rows": optional(Int(1, null=True)),  # absent before
-                 "answering_s": optional(Number(0, null=True))},
+                 "answering_s": optional(Number(0, null=True)), "first_token_s": optional(Number(0, null=True))},
                 what="the sweep's speed")
 _SWEEP = Record(
     {
@@ -108,7 +113,8 @@ _SWEEP = Record(
         "question": Record(
             {"context": Int(1, MAX_POSITIONS), "sequences": Int(1), "budget_bytes": _BYTES, "budget": Text(),
              "tolerance": _TOLERANCE,
-             "accuracy_tolerance": optional(Number(0, 1, what="a share of the exact cache's accuracy"), 0.05)},
+             "accuracy_tolerance": optional(Number(0, 1, what="a share of the exact cache's accuracy"), 0.05),
+             "budget_covers": optional(Text(BUDGET_COVERS), "cache")},
             what="the question (an object)",
         ),
         "speed": optional(_SPEED, {}),
@@ -127,13 +133,15 @@ _SWEEP = Record(
 def _build(data: dict) -> Sweep:
     q = data["question"]
     question = Question(q["context"], q["sequences"], q["budget_bytes"], q["budget"],
-                        Tolerance(q["tolerance"]["kind"], q["tolerance"]["value"]), q["accuracy_tolerance"])
+                        Tolerance(q["tolerance"]["kind"], q["tolerance"]["value"]), q["accuracy_tolerance"],
+                        q["budget_covers"])
     configurations = []
     for c in data["configurations"]:
-        target = TargetMemory(**c["target"]) if c["target"] else None
+        target = TargetMemory(**{**c["target"], "first_token": build_at(c["target"]["first_token"])}) \
+            if c["target"] else None
         configurations.append(Configuration(evaluation.build_run(c["evaluation"]), c["kl"], c["top1"],
                                             c["decode_ms"], c["measured_rows"], target,
-                                            [AnswerRecord(**a) for a in c["answers"]]))
+                                            [AnswerRecord(**a) for a in c["answers"]], build(c["first_token"])))
     speed = SpeedRecord(**{k: v for k, v in (data["speed"] or {}).items() if k in SpeedRecord().to_dict()})
     a = data["asked"]
     asked = Asked(a["source"], a["regimes"], a["raw"], [build_item(i) for i in a["items"]], a["seed"], a["length"]) \

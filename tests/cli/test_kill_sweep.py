@@ -8,19 +8,19 @@ import json
 import random
 
 from kvviz.files import sweep
+from kvviz.files.sweep_report import TIMED_COLUMNS
 from tests.cli.test_kill import KILLED, SEED, in_child, preloaded, readable  # noqa: F401 - preloaded: a fixture
 from tests.commands import kvviz
 
 CHOOSE = ["choose", "--model", "tiny", "--tokens", "40", "--context", "512", "--budget", "1GiB", "--rows", "2",
           "--configs", "sliding:window=12,sink:sink_tokens=2:window=10,h2o:budget=12,tova:budget=12"]
 WRITES = 5  # the journal's writes: one per configuration (dynamic; sliding and sinks alone, in chunks; a batch of two)
-TIMED = ("decode_tokens_per_s", "sweep_tokens_per_s")  # what differs from one run to the next
 
 
 def table(folder) -> list[dict]:
     """sweep.csv, less its timings."""
     with (folder / "sweep.csv").open() as f:
-        return [{k: v for k, v in row.items() if k not in TIMED} for row in csv.DictReader(f)]
+        return [{k: v for k, v in row.items() if k not in TIMED_COLUMNS} for row in csv.DictReader(f)]
 
 
 def test_a_sweep_killed_anywhere_and_resumed_ends_as_an_uninterrupted_one(tmp_path, preloaded):  # noqa: F811

@@ -189,13 +189,16 @@ def test_the_question_is_checked(tiny_model):
 
 def test_the_default_grid_covers_every_strategy_family_at_three_budgets(tiny_model):
     choices, skipped = sweep.default_grid(tiny_model.model, 2000)
-    names = [c.name for c in choices]
+    names = [c.name for c in choices if not c.options.get("prefill_chunk")]
     assert names[0] == "dynamic"
     for name in ("sliding", "sink", "h2o", "tova", "knorm"):
         assert names.count(name) == 3, name
     assert {(c.options["backend"], c.options["nbits"]) for c in choices if c.name == "quantized"} >= {
         ("quanto", 4), ("quanto", 2), ("hqq", 8), ("hqq", 4), ("hqq", 2)}
-    assert [c.options["budget"] for c in choices if c.name == "snapkv"] == [250, 500]  # 1,000 would keep its prompt
+    # 1,000 would keep its prompt
+    assert [c.options["budget"] for c in choices if c.name == "snapkv"] == [250, 250, 500]
+    twins = [(c.name, c.options["prefill_chunk"]) for c in choices if c.options.get("prefill_chunk")]
+    assert twins == [("sink", 256), ("h2o", 256), ("snapkv", 256)]  # the most compressed, their prompts in chunks
     assert len(skipped) == 1 and "would never evict" in skipped[0]
     leaders = [(c.name, c.options["budget"], c.options.get("adaptive")) for c in choices
                if c.name in ("expected_attention", "kvzip", "random")]  # kvpress's leaders and baseline, at a quarter

@@ -100,5 +100,7 @@ def test_a_cache_beyond_the_perplexity_tolerance_that_answers_is_said_to(swept):
 
 def test_a_sweep_without_questions_is_answered_as_before(swept):
     plain = dataclasses.replace(swept, asked=None)
-    assert frontier.disagreements(plain) == [] and len(frontier.answer(plain).sentences) == 2
+    said = frontier.answer(plain).sentences
+    # the two answers, and where serving a request outweighs the caches, what its prefill needs: no disagreement
+    assert frontier.disagreements(plain) == [] and all(s.startswith("For ") for s in said[2:])
     assert [key for key, _ in sweep_report.columns(plain)] == [key for key, _ in sweep_report.COLUMNS]

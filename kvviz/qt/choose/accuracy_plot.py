@@ -26,7 +26,7 @@ MARGIN = 8.0  # accuracy points above 100 % and below 0 %: a point on the edge s
 
 
 class AccuracyPlot(ConfigurationsPlot):
-    title = "Answers right against cache memory"
+    title = "Answers right against memory at your target"
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -41,8 +41,14 @@ class AccuracyPlot(ConfigurationsPlot):
             self.plot.addItem(self.series[regime])
         self.plot.addItem(self.tolerance_line, ignoreBounds=True)
         self._placed: list[tuple[int, str, float, float]] = []  # (index, regime, log10 bytes, accuracy %) drawn
-        self.set_labels("answers right (%)", "cache memory at the target (bytes, log)")
+        self.set_labels("answers right (%)", self.memory_axis())
         self.plot.setLimits(yMin=-MARGIN, yMax=100 + MARGIN)
+
+    def set_covers(self, covers: str) -> None:
+        """Stand the points at their caches' memory ("cache") or at the process's peak ("process"), and draw again."""
+        self.covers = covers
+        self.set_axis_label("bottom", self.memory_axis())
+        self.show_sweep(self.sweep)
 
     def show_sweep(self, sweep: Sweep | None) -> None:
         """Draw each finished configuration's accuracy in each regime the sweep asked (nothing without questions)."""
@@ -55,11 +61,11 @@ class AccuracyPlot(ConfigurationsPlot):
         for regime in REGIME_STYLES:
             points = []
             if regime in regimes:
-                for c in frontier.placed(sweep):
+                for c in frontier.placed(sweep, self.covers):
                     accuracy = c.accuracy(regime)
                     if accuracy is not None:
                         i = sweep.configurations.index(c)
-                        points.append((i, regime, math.log10(max(1, frontier.memory(c))), 100.0 * accuracy))
+                        points.append((i, regime, math.log10(max(1, self.memory(c))), 100.0 * accuracy))
             self._placed += points
             self.series[regime].setData([{"pos": (x, y), "data": i} for i, _, x, y in points])
             exact = reference.accuracy(regime) if reference is not None and regime in regimes else None

@@ -1,7 +1,8 @@
-"""The Choose mode's frontier plot: each finished configuration's quality loss against its cache memory at the
-user's target (log axis), coloured by its decode speed, with the frontier (`kvviz.files.frontier.frontier`) drawn
-through the configurations no other beats on both, the tolerance as a horizontal line and the budget as a
-vertical one. Hover names the configuration under the mouse; a click picks it (`sigPicked`).
+"""The Choose mode's frontier plot: each finished configuration's quality loss against its memory at the user's target
+(log axis: its caches', or, chosen in the title row, the process's peak serving them), coloured by its decode speed,
+with the frontier (`kvviz.files.frontier.frontier`) drawn through the configurations no other beats on both, the
+tolerance as a horizontal line and the budget, where it bounds that memory, as a vertical one. Hover names the
+configuration under the mouse; a click picks it (`sigPicked`).
 
 The x axis holds log10(bytes) and labels its ticks in bytes ("48.0 MiB"), so that every item (points, frontier,
 budget line) is placed in the same plain coordinates. The y axis shows the range where the choice is made: up to
@@ -16,14 +17,16 @@ import math
 
 import pyqtgraph as pg
 from PySide6.QtCore import QPointF, QRectF, Qt, Signal
+from PySide6.QtWidgets import QComboBox
 
 from kvviz.files import frontier
 from kvviz.files.sweep import Configuration, Sweep
-from kvviz.present import UNKNOWN, counted, number, size, strategy_label
+from kvviz.present import UNKNOWN, counted, number, seconds, size, strategy_label
 from kvviz.qt import theme
 from kvviz.qt.plots.base import PlotPanel
 from kvviz.qt.plots.legend import Entry
 
+MEMORY_CHOICES = (("cache", "cache memory"), ("process", "process peak"))  # what the points stand at
 SLOW, FAST = "#d1495b", "#2fb380"  # decode speed's colour ramp: the slowest configuration to the fastest
 UNMEASURED = "#8a919c"  # a configuration whose decode speed is not known
 POINT_SIZE = 11  # px
@@ -70,6 +73,15 @@ class ConfigurationsPlot(PlotPanel):
         self.plot.setAxisItems({"bottom": self.bytes_axis})
         self.plot.getAxis("bottom").enableAutoSIPrefix(False)
         self.sweep: Sweep | None = None
+        self.covers = "cache"  # the memory each point stands at: its caches' or the process's (`frontier.memory`)
+
+    def memory(self, config: Configuration) -> int | None:
+        return frontier.memory(config, self.covers)
+
+    def memory_axis(self) -> str:
+        """The memory axis's label."""
+        what = "cache memory" if self.covers == "cache" else "the process's peak"
+        return f"{what} at the target (bytes, log scale)"
 
     def placed_points(self) -> list[tuple[int, float, float]]:
         """(configuration index, x, y) of every point drawn, in view coordinates."""
@@ -96,10 +108,19 @@ class ConfigurationsPlot(PlotPanel):
 
 
 class FrontierPlot(ConfigurationsPlot):
-    title = "Quality lost against cache memory at your target: one point per configuration"
+    title = "Quality lost against memory at your target: one point per configuration"
+    sigCovers = Signal(str)  # the user chose what memory the points stand at: "cache" or "process"
 
     def __init__(self, parent=None):
         super().__init__(parent)
+        self.chooser = QComboBox()  # in the title row: the memory the points stand at
+        for key, text in MEMORY_CHOICES:
+            self.chooser.addItem(text, key)
+        self.chooser.setToolTip("Each configuration at its caches' memory at the target, or at the process's peak "
+                                "serving them (the weights, one request's prefill at its peak and the other caches)")
+        self.chooser.currentIndexChanged.connect(lambda *_: self.sigCovers.emit(self.chooser.currentData()))
+        self.chooser.setMaximumHeight(self.title_label.sizeHint().height())  # the title row keeps its height
+        self.head.addWidget(self.chooser)
         self.selected: int | None = None
         self.points = pg.ScatterPlotItem(size=POINT_SIZE, pxMode=True)
         self.ring = pg.ScatterPlotItem(size=POINT_SIZE + 10, pxMode=True, brush=None)
@@ -114,7 +135,7 @@ class FrontierPlot(ConfigurationsPlot):
         self._placed: list[tuple[int, float, float]] = []  # (index, log10 bytes, loss) of each point drawn
         self.names: list[tuple[pg.TextItem, float, float]] = []  # beside the frontier's points, at (x, y)
         self.defaults: dict | None = None  # the strategies' option defaults: names leave them out (None: not known)
-        self.set_labels("perplexity change (%)", "cache memory at the target (bytes, log scale)")
+        self.set_labels("perplexity change (%)", self.memory_axis())
         self.plot.vb.sigRangeChanged.connect(self._place_names)  # zoomed, panned, resized: placed again
         self.plot.vb.sigResized.connect(self._place_names)
 
@@ -126,6 +147,15 @@ class FrontierPlot(ConfigurationsPlot):
         if loss is None:
             return None
         return 100.0 * loss if sweep.question.tolerance.kind == "perplexity" else loss
+
+    def set_covers(self, covers: str) -> None:
+        """Stand the points at their caches' memory ("cache") or at the process's peak ("process"), and draw again."""
+        self.covers = covers
+        self.chooser.blockSignals(True)
+        self.chooser.setCurrentIndex(self.chooser.findData(covers))
+        self.chooser.blockSignals(False)
+        self.set_axis_label("bottom", self.memory_axis())
+        self.show_sweep(self.sweep, self.selected)
 
     def show_sweep(self, sweep: Sweep | None, selected: int | None = None) -> None:
         """Draw `sweep`'s finished configurations (None: nothing), `selected` ringed."""
@@ -148,24 +178,25 @@ class FrontierPlot(ConfigurationsPlot):
                             "perplexity change (%)")
         index = {id(c): i for i, c in enumerate(sweep.configurations)}
         tolerance = sweep.question.tolerance.value * (1.0 if kl else 100.0)
-        line = frontier.frontier(sweep)
+        line = frontier.frontier(sweep, self.covers)
         top = max([OFF_SCALE * tolerance] + [self.loss_in_units(sweep, c) for c in line])
-        self._placed = [(index[id(c)], math.log10(max(1, frontier.memory(c))),
-                         min(self.loss_in_units(sweep, c), top)) for c in frontier.placed(sweep)]
-        above = {index[id(c)] for c in frontier.placed(sweep) if self.loss_in_units(sweep, c) > top}
+        placed = frontier.placed(sweep, self.covers)
+        self._placed = [(index[id(c)], math.log10(max(1, self.memory(c))), min(self.loss_in_units(sweep, c), top))
+                        for c in placed]
+        above = {index[id(c)] for c in placed if self.loss_in_units(sweep, c) > top}
         speeds = self._speeds()
         spots = [{"pos": (x, y), "data": i, "brush": pg.mkBrush(self._speed_colour(speeds, i)),
                   "symbol": "t1" if i in above else "o",
                   "pen": pg.mkPen(self.palette_.background, width=1)} for i, x, y in self._placed]
         self.points.setData(spots)
-        self.frontier_line.setData([math.log10(max(1, frontier.memory(c))) for c in line],
+        self.frontier_line.setData([math.log10(max(1, self.memory(c))) for c in line],
                                    [self.loss_in_units(sweep, c) for c in line])
         self._name_frontier(sweep, line)
         ringed = [(x, y) for i, x, y in self._placed if i == selected]
         self.ring.setData([{"pos": p} for p in ringed])
         self.tolerance_line.setPos(tolerance)
         self.tolerance_line.setVisible(True)
-        budget = sweep.question.budget_bytes
+        budget = self.budget()
         self.budget_line.setVisible(budget is not None)
         if budget is not None:
             self.budget_line.setPos(math.log10(budget))
@@ -180,7 +211,7 @@ class FrontierPlot(ConfigurationsPlot):
         self.names = []
         for config in line:
             label = pg.TextItem(strategy_label(config.run.strategy, self.defaults), color=self.palette_.foreground)
-            x, y = math.log10(max(1, frontier.memory(config))), self.loss_in_units(sweep, config)
+            x, y = math.log10(max(1, self.memory(config))), self.loss_in_units(sweep, config)
             label.setPos(x, y)
             self.plot.addItem(label, ignoreBounds=True)
             self.names.append((label, x, y))
@@ -223,6 +254,12 @@ class FrontierPlot(ConfigurationsPlot):
             rect = best[1]
             label.setAnchor(((point.x() - rect.left()) / width, (point.y() - rect.top()) / height))
             taken.append(rect)
+
+    def budget(self) -> int | None:
+        """The budget's bytes where it bounds the memory the points stand at (None: no budget, or it bounds the
+        other)."""
+        question = self.sweep.question
+        return question.budget_bytes if question.budget_covers == self.covers else None
 
     def _fit(self) -> None:
         """The points, the tolerance and (when near them) the budget in view, with a margin."""
@@ -275,8 +312,8 @@ class FrontierPlot(ConfigurationsPlot):
                                                          "quality")]
         entries.append(Entry(f"tolerance ({sweep.question.tolerance.describe()})", foreground,
                              style=Qt.PenStyle.DashLine, width=1.0))
-        if sweep.question.budget_bytes is not None:
-            entries.append(Entry(f"budget ({size(sweep.question.budget_bytes)})", foreground,
+        if self.budget() is not None:
+            entries.append(Entry(f"budget ({size(self.budget())})", foreground,
                                  style=Qt.PenStyle.DashDotLine, width=1.0, tooltip=sweep.question.budget))
         speeds = self._speeds()
         if speeds:
@@ -294,6 +331,8 @@ class FrontierPlot(ConfigurationsPlot):
         return self._placed
 
     def fill_export_copy(self, copy: FrontierPlot) -> None:
+        copy.covers = self.covers
+        copy.set_axis_label("bottom", self.memory_axis())
         copy.show_sweep(self.sweep, self.selected)
 
 
@@ -323,8 +362,15 @@ def card(sweep: Sweep, index: int) -> str:
     target = config.target
     question = sweep.question
     lines = [f"<b>{config.label}</b>", frontier.loss_text(sweep, config),
-             f"{size(frontier.memory(config))} for {counted(question.sequences, 'sequence')} of "
+             f"{size(frontier.memory(config))} of cache for {counted(question.sequences, 'sequence')} of "
              f"{question.context:,} tokens"]
+    at = target.first_token if target is not None else None
+    if at is not None:
+        mark = " (predicted)" if at.predicted else ""
+        lines.append(f"serving one such request: peak {size(at.peak_bytes)}, first token in "
+                     f"{seconds(at.ttft_ms)} s{mark}")
+    if target is not None and target.process_bytes is not None and question.sequences > 1:
+        lines.append(f"the process serving them all: {size(target.process_bytes)}")
     if target is not None and target.sequences_in_budget is not None:
         lines.append(f"{counted(target.sequences_in_budget, 'such sequence')} fit in the budget")
     if target is not None and target.longest_context is not None:

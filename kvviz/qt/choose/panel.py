@@ -12,6 +12,7 @@ from typing import Any
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
+    QComboBox,
     QFormLayout,
     QGroupBox,
     QLabel,
@@ -29,6 +30,7 @@ from kvviz.files.frontier import BUDGET_FORMS, TOLERANCE_FORMS, parse_budget, pa
 from kvviz.present import strategy_label
 
 DEFAULT_TOKENS = 2000
+COVERS = (("cache", "the caches"), ("process", "the whole process"))  # what a budget bounds, as the panel says it
 MAX_CONTEXT = 10**8
 LIST_ROWS = 10
 
@@ -52,13 +54,19 @@ class QuestionPanel(QGroupBox):
         self.sequences.setAlignment(Qt.AlignmentFlag.AlignRight)
         self.sequences.setToolTip("How many sequences of that length are served at once")
         self.budget = QLineEdit("free")
-        self.budget.setToolTip(f"The memory the cache may take: {BUDGET_FORMS}")
+        self.budget.setToolTip(f"The memory the caches (or the whole process) may take: {BUDGET_FORMS}")
+        self.covers = QComboBox()
+        for key, text in COVERS:
+            self.covers.addItem(text, key)
+        self.covers.setToolTip("What the budget bounds: the sequences' caches, or the whole process serving them (the "
+                               "weights, one request's prefill at its peak and the other sequences' caches)")
         self.tolerance = QLineEdit("5%")
         self.tolerance.setToolTip(f"The quality you accept losing: {TOLERANCE_FORMS}")
         form = QFormLayout(self)
         form.addRow("target context", self.context)
         form.addRow("sequences", self.sequences)
         form.addRow("budget", self.budget)
+        form.addRow("budget covers", self.covers)
         form.addRow("tolerance", self.tolerance)
 
     def problem(self) -> str | None:
@@ -72,9 +80,11 @@ class QuestionPanel(QGroupBox):
         return None
 
     def question(self) -> dict[str, Any]:
-        """The runner's request fields: context (None: the model's maximum), sequences, budget, tolerance."""
+        """The runner's request fields: context (None: the model's maximum), sequences, budget, what it covers,
+        tolerance."""
         return {"context": self.context.value() or None, "sequences": self.sequences.value(),
-                "budget": self.budget.text().strip(), "tolerance": self.tolerance.text().strip()}
+                "budget": self.budget.text().strip(), "budget_covers": self.covers.currentData(),
+                "tolerance": self.tolerance.text().strip()}
 
 
 class ConfigurationsPanel(QGroupBox):

@@ -54,7 +54,8 @@ class SweepRunner(WorkerJob):
     @Slot(int, object)
     def choose(self, sweep_id: int, request: dict[str, Any]) -> None:
         """request: "document" (kvviz.files.documents.Document), "tokens", "context" (None: the model's maximum),
-        "sequences", "budget" and "tolerance" (the user's words), "configurations" ([(name, options)]), "asked" (the
+        "sequences", "budget" and "tolerance" (the user's words), "budget_covers" ("cache" or "process"),
+        "configurations" ([(name, options)]), "asked" (the
         questions to ask too: `kvviz.engine.qa_prompt.asked`'s arguments, or None); or, to continue a sweep's
         journal, "document", "tokens" and "journal" (its path)."""
         try:
@@ -76,7 +77,7 @@ class SweepRunner(WorkerJob):
             run, notice, journal = self._continued(loaded, request, cancel)
         else:
             question = sweep.ask(loaded.model, request["context"], request["sequences"], request["budget"],
-                                 request["tolerance"])
+                                 request["tolerance"], budget_covers=request.get("budget_covers", "cache"))
             choices = [strategies.choose(name, dict(options)) for name, options in request["configurations"]]
             questions = asked(loaded.tokenizer, **request["asked"]) if request.get("asked") else None
             ids, record, notice = evaluate.prepare(loaded, request["document"], choices, request["tokens"])
@@ -114,7 +115,8 @@ class SweepRunner(WorkerJob):
         rows = found.resume.get("rows")
         run = sweep.SweepRun(loaded, choices, ids, record, sweep_resume.asked_again(loaded.model, found), cancel=cancel,
                              rows=rows if isinstance(rows, int) else sweep.ROWS,
-                             quantized_alone=found.resume.get("quantized_alone") is True, asked=found.sweep.asked)
+                             quantized_alone=found.resume.get("quantized_alone") is True, asked=found.sweep.asked,
+                             first_tokens=found.resume.get("first_tokens") is not False)
         key = sweep_resume.resume_key(run, "free" if found.resume.get("budget") == "free" else "")
         found, _ = sweep_resume.take_up(run, request["journal"], key)
         journal = SweepJournal(str(request["journal"]).removesuffix(".journal"), run.sweep, key)

@@ -9,7 +9,7 @@ from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QTableWidget, QTab
 
 from kvviz.files import sweep_report
 from kvviz.files.sweep import Sweep
-from kvviz.present import options_text
+from kvviz.present import named_options, options_text
 
 # (title, right-aligned, tooltip)
 COLUMNS = (
@@ -20,6 +20,11 @@ COLUMNS = (
     ("KL", True, "Mean KL divergence from the exact cache's next-token distribution (nats)"),
     ("top-1", True, "Share of predictions whose most likely token is the exact cache's"),
     ("at target", True, "Cache and policy bytes at the target context and number of sequences"),
+    ("serving peak", True, "The process's peak serving one request of the target context up to its first token: the "
+                           "weights and the most its prefill allocated at once, its cache included (pred.: predicted "
+                           "from a request of the text's length)"),
+    ("TTFT (s)", True, "The time to first token of one request of the target context (pred.: predicted from a "
+                       "request of the text's length)"),
     ("in budget", True, "Sequences of the target length that fit in the budget"),
     ("longest context", True, "The longest context one sequence reaches within the budget"),
     ("decode tok/s", True, "One decode step with this cache alone, after the text (median of a few)"),
@@ -35,10 +40,9 @@ def cells(sweep: Sweep, index: int, state: str) -> list[str]:
     `state` for one not finished."""
     config = sweep.configurations[index]
     written = sweep_report.cells(sweep, config)
-    options = config.run.strategy.get("options") or {}
     status = f"{config.status}: {config.run.error}" if config.run.error else state
-    shared = ("perplexity", "change", "kl", "top1", "target", "fit", "longest", "decode")
-    return [str(config.run.strategy.get("name", "")), options_text(options),
+    shared = ("perplexity", "change", "kl", "top1", "target", "peak", "ttft", "fit", "longest", "decode")
+    return [str(config.run.strategy.get("name", "")), options_text(named_options(config.run.strategy)),
             *(written[key] for key in shared), status]
 
 

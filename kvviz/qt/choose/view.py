@@ -50,6 +50,8 @@ class ChooseView(QWidget):
         self.frontier_plot = FrontierPlot()
         self.accuracy_plot = AccuracyPlot()  # where the sweep asked questions
         self.accuracy_plot.plot.setXLink(self.frontier_plot.plot)  # one memory axis: a point's place matches
+        self.frontier_plot.sigCovers.connect(self.set_covers)
+        self._drawn: Sweep | None = None  # the sweep last drawn: a new one is first shown at what its budget covers
         self.curve_plots = [RunningPerplexityPlot(), RunningDivergencePlot(), MeasuredCachePlot()]
         self.plots = [self.frontier_plot, self.accuracy_plot, *self.curve_plots]
         curves = QSplitter(Qt.Orientation.Vertical)
@@ -90,8 +92,16 @@ class ChooseView(QWidget):
         self.table.horizontalScrollBar().rangeChanged.connect(lambda *_: QTimer.singleShot(0, self._fit_table))
         self.redraw(None, [], None, "", None)  # no sweep yet: no accuracy plot, no Answers tab, no curves
 
+    def set_covers(self, covers: str) -> None:
+        """Both plots' points at their caches' memory ("cache") or at the process's peak ("process")."""
+        self.frontier_plot.set_covers(covers)
+        self.accuracy_plot.set_covers(covers)
+
     def redraw(self, sweep: Sweep | None, states: list[str], selected: int | None, header: str,
                answered: Sweep | None) -> None:
+        if sweep is not None and sweep is not self._drawn:
+            self.set_covers(sweep.question.budget_covers)
+        self._drawn = sweep
         if answered is None:
             self.answer.setText(FIRST_WORDS + (f"<br><i>{header}</i>" if header else ""))
         else:
