@@ -190,6 +190,7 @@ def run_row(label: str, trace, status: str | None = None) -> dict[str, Any]:
         "prompt_tokens": trace.prompt_tokens,
         "new_tokens": s["new_tokens"],
         "prefill_ms": s["prefill_ms"],
+        "prefill_peak_mib": in_mib(s["prefill_peak_bytes"]),
         "decode_ms_mean": s["decode_ms_mean"],
         "decode_ms_p95": s["decode_ms_p95"],
         "scoring_ms_mean": scoring_ms_mean(trace),
@@ -251,6 +252,7 @@ RUN_TABLE: list[tuple[str, Callable[[Mapping[str, Any]], str], bool]] = [
     ("of mem. limit", lambda r: percent(r["share_of_memory_bound"]), True),
     ("decode ms (p95)", lambda r: number(r["decode_ms_p95"], 2), True),
     ("prefill ms", lambda r: number(r["prefill_ms"]), True),
+    ("prefill peak MiB", lambda r: number(r["prefill_peak_mib"], 1), True),
     ("one-time s", one_time, True),
     ("policy state MiB", lambda r: number(r["peak_policy_mib"], 3), True),
     ("peak RSS MiB", lambda r: number(r["peak_rss_mib"], 0), True),
@@ -276,6 +278,8 @@ RUN_TABLE_HELP = {
     "needle held": "the pinned span (a task item's needle, words pinned): in how many layer-heads (layers x KV heads) "
     "the cache still holds every one of its tokens, at the run's last step; - when nothing is pinned",
     "tokens/s": "decode steps per second (the prefill, a warm-up and a compile are not counted)",
+    "prefill peak MiB": "the most the prefill allocated at once beside the weights and what was there before it: its "
+    "activations, the last position's logits and the cache it built, every allocation counted",
     "of mem. limit": "the share of the memory-bound speed the decode steps reached: the time to read the weights "
     "and the KV cache once at this machine's memory bandwidth, over the steps' real time",
 }

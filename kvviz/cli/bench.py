@@ -14,6 +14,8 @@ from kvviz.errors import UsageError
 
 DECODE_STRATEGIES = "dynamic,static,quantized,sliding,sink,none"
 EVAL_STRATEGIES = "dynamic,sliding:window=256,sink:sink_tokens=4:window=252,h2o:budget=256"
+FIRST_TOKEN_STRATEGIES = ("dynamic,dynamic:prefill_chunk=256,sink:sink_tokens=4:window=252,"
+                          "sink:sink_tokens=4:window=252:prefill_chunk=256,snapkv:budget=250,kvzip:budget=500")
 READ_TOKENS = 2000
 FLOOR_FORWARDS = 32
 REPEATS = 3
@@ -39,12 +41,20 @@ def add_parser(subparsers) -> None:
     mode.add_argument("--sweep", action="store_true", help="time kvviz choose's reading of a text through the "
                       "strategies (the exact cache added) against its compute-bound floor")
     mode.add_argument("--eval", action="store_true", help="time kvviz eval's reading of a text through the strategies")
+    mode.add_argument("--first-token", action="store_true",
+                      help="serve one request of the text's first --tokens tokens up to its first token through each "
+                      "strategy: the peak memory and time kvviz measures against plain model.generate's in fresh "
+                      "processes (every allocation counted), and kvviz's prediction at --second tokens beside a "
+                      f"measurement there (default strategies: {FIRST_TOKEN_STRATEGIES})")
     text = bench.add_mutually_exclusive_group()
-    text.add_argument("--text", type=Path, metavar="FILE", help="with --sweep or --eval: a .txt or .md file to read")
-    text.add_argument("--builtin", metavar="NAME", help="with --sweep or --eval: a text shipped with kvviz (default: "
-                      "alice)")
+    text.add_argument("--text", type=Path, metavar="FILE", help="with --sweep, --eval or --first-token: a .txt or .md "
+                      "file to read")
+    text.add_argument("--builtin", metavar="NAME", help="with --sweep, --eval or --first-token: a text shipped with "
+                      "kvviz (default: alice)")
     bench.add_argument("--tokens", type=int, default=READ_TOKENS, metavar="N",
-                       help=f"with --sweep or --eval: tokens of the text read (default {READ_TOKENS:,})")
+                       help=f"with --sweep, --eval or --first-token: tokens of the text read (default {READ_TOKENS:,})")
+    bench.add_argument("--second", type=int, metavar="N",
+                       help="with --first-token: the second length, predicted and measured (default half of --tokens)")
     bench.add_argument("--rows", type=int, metavar="N", help="with --sweep: configurations per batched forward "
                        "answering questions, as kvviz choose's")
     bench.add_argument("--floor-forwards", type=int, default=FLOOR_FORWARDS, metavar="N",
@@ -72,6 +82,9 @@ def command(args) -> int:
     elif args.sweep or args.eval:
         figures = _reading(args)
         print_reading(figures)
+    elif args.first_token:
+        figures = _first_token(args)
+        print_first_token(figures)
     else:
         from kvviz.engine.bench import run_bench
 
@@ -100,6 +113,51 @@ def _reading(args) -> dict:
     choices = common.strategy_list(listed) if listed else None
     return reading_bench(args.model, document, args.tokens, choices, args.sweep, args.rows, args.floor_forwards,
                          args.repeats, args.new_tokens, dtype=args.dtype, device=args.device, log=common.progress)
+
+
+def _first_token(args) -> dict:
+    from kvviz.engine.bench import first_token_bench
+    from kvviz.files.evaluation import token_count_problem
+
+    second = args.second if args.second is not None else args.tokens // 2
+    problem = token_count_problem(args.tokens) or ("" if 1 <= second else f"--second must be at least 1, not {second}")
+    if problem:
+        raise UsageError(problem if problem.startswith("--") else f"--tokens: {problem}")
+    if args.text is None and args.builtin is None:
+        args.builtin = "alice"
+    document = common.document(args)
+    choices = common.strategy_list(args.strategies or FIRST_TOKEN_STRATEGIES)
+    text = document.text[: (args.tokens + 1) * 32]  # more characters than the tokens can span (evaluate.tokenize)
+    return first_token_bench(args.model, choices, text, args.tokens, second, args.repeats, dtype=args.dtype,
+                             device=args.device, log=common.progress)
+
+
+def print_first_token(figures: dict) -> None:
+    from kvviz.present import UNKNOWN, seconds, size
+
+    def share(ours, theirs) -> str:
+        return UNKNOWN if ours is None or not theirs else f"{ours / theirs:.3f}"
+
+    print(f"one request served up to its first token on {figures['model']}, {figures['tokens']:,} tokens, median of "
+          f"{figures['repeats']} interleaved runs; reference: {figures['reference']}")
+    rows = [("strategy", "peak kvviz", "generate", "ratio", "TTFT kvviz (s)", "generate", "ratio",
+             f"peak at {figures['second']:,}: predicted", "measured", "TTFT predicted", "measured")]
+    for label, r in figures["strategies"].items():
+        if "skipped" in r:
+            rows.append((label, f"skipped: {r['skipped']}", *[""] * 9))
+            continue
+        there = r["second"]
+        peak_off = there["predicted_peak_bytes"] / there["peak_bytes"] - 1
+        ttft_off = there["predicted_ttft_ms"] / there["ttft_ms"] - 1
+        rows.append((label, size(r["kvviz_peak_bytes"]), size(r["generate_peak_bytes"]),
+                     share(r["kvviz_peak_bytes"], r["generate_peak_bytes"]), seconds(r["kvviz_ttft_ms"]),
+                     seconds(r["generate_ttft_ms"]), share(r["kvviz_ttft_ms"], r["generate_ttft_ms"]),
+                     f"{size(there['predicted_peak_bytes'])} ({peak_off:+.1%})", size(there["peak_bytes"]),
+                     f"{seconds(there['predicted_ttft_ms'])} ({ttft_off:+.1%})", seconds(there["ttft_ms"])))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) if i == 0 else cell.rjust(width)
+                        for i, (cell, width) in enumerate(zip(row, widths, strict=True))))
 
 
 def print_reading(figures: dict) -> None:

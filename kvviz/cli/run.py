@@ -118,7 +118,8 @@ def print_summary(trace, summary, trace_path) -> None:
         ("model", str((trace.model or {}).get("name", "?"))),
         ("strategy", strategy_label(trace.strategy)),
         ("tokens", f"{trace.prompt_tokens} prompt + {summary['new_tokens']} new" + (" (cancelled)" * trace.cancelled)),
-        ("prefill", ms(summary["prefill_ms"])),
+        ("prefill", ms(summary["prefill_ms"]) + (f", {mib(summary['prefill_peak_bytes'])} allocated at its peak"
+                                                 if summary["prefill_peak_bytes"] is not None else "")),
         ("decode", f"{ms(summary['decode_ms_mean'])} mean, {ms(summary['decode_ms_p95'])} p95"),
         ("speed", f"{number(summary['decode_tokens_per_s'])} tokens/s"),
         ("limit", _memory_bound(summary)),

@@ -36,7 +36,7 @@ class Allocations:
 
     peak_bytes: int = 0  # the most allocated at once
     end_bytes: int = 0  # still allocated at the end
-    # (ms since the count began, bytes allocated then) at each change, thinned to TIMELINE_POINTS keeping the peak
+    # (ms since the count began, bytes allocated then), thinned to TIMELINE_POINTS keeping the peak (`thinned`)
     timeline: list[tuple[float, int]] = field(default_factory=list)
 
 
@@ -67,23 +67,17 @@ def counting(device: torch.device) -> Iterator[Allocations]:
 
 
 def thinned(timeline: list[tuple[float, int]], points: int) -> list[tuple[float, int]]:
-    """At most about `points` of `timeline`: the first and last, and in each of `points` equal stretches of time its
-    highest point and its lowest (a peak or a trough between two kept points is never lost)."""
+    """At most `points` of `timeline`: the first and the last, and the highest of each of `points` - 2 equal
+    stretches of time between them (what was allocated at most then: the peak is always kept; the troughs between two
+    layers' activations are not)."""
     if len(timeline) <= points:
         return list(timeline)
     first, last = timeline[0][0], timeline[-1][0]
     span = (last - first) or 1.0
-    buckets: dict[int, list[tuple[float, int]]] = {}
+    stretches = points - 2
+    highest: dict[int, tuple[float, int]] = {}
     for point in timeline[1:-1]:
-        buckets.setdefault(min(int((point[0] - first) / span * (points // 2)), points // 2 - 1), []).append(point)
-    kept = [timeline[0]]
-    for bucket in buckets.values():
-        high = max(bucket, key=lambda p: p[1])
-        low = min(bucket, key=lambda p: p[1])
-        kept += sorted({high, low}, key=lambda p: p[0])
-    kept.append(timeline[-1])
-    return kept
-
-
-with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True):
-    pass  # kineto's first profile, on this thread (see the module docstring)
+        k = min(int((point[0] - first) / span * stretches), stretches - 1)
+        if k not in highest or point[1] > highest[k][1]:
+            highest[k] = point
+    return [timeline[0], *(highest[k] for k in sorted(highest)), timeline[-1]]

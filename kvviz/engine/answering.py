@@ -3,11 +3,12 @@ its answers are written greedily and scored (`kvviz.files.scoring`).
 
 The regimes (`qa.REGIMES`):
 
-- query-agnostic, kvpress's default: the context is prefilled in one forward and compressed before any question is
-  seen. The policy then stops (`CacheRun.stop_evicting`): a cache that evicts becomes a plain dynamic cache of what
-  it kept, at the positions it kept them, so the question is not compressed; the question with its answer
-  prefix, then the answer, are fed on it, positions continuing. Each question of an item is asked on its own copy
-  of the compressed context, as kvpress asks several questions of one context.
+- query-agnostic, kvpress's default: the context is prefilled in one forward (a chunk per forward where the
+  configuration says prefill_chunk, each chunk compressed) and compressed before any question is seen. The policy
+  then stops (`CacheRun.stop_evicting`): a cache that evicts becomes a plain dynamic cache of what it kept, at the
+  positions it kept them, so the question is not compressed; the question with its answer prefix, then the answer,
+  are fed on it, positions continuing. Each question of an item is asked on its own copy of the compressed context,
+  as kvpress asks several questions of one context.
 - query-aware, kvpress's `compress_questions`: the context and the question (to the end of its answer prefix) are
   prefilled together and compressed; the policy then stops, as above.
 - decode-time, `kvviz eval`'s reading: the context and the question are fed one token at a time, the policy acting
@@ -260,7 +261,7 @@ class Asking:
                     runs[i] = self._run(runs[i].choice, runs[i].capacity)
         for i in [i for i in runs if i not in logits]:
             try:
-                logits[i] = runs[i].forward(tensor)[0, -1]
+                logits[i] = runs[i].prefill(tensor)[0, -1]
                 self.forwards += 1
             except Exception as exc:  # noqa: BLE001 - this configuration's own failure
                 self._drop(runs, i, exc)
@@ -292,7 +293,7 @@ class Asking:
             first = len(ids) if whole else prompt if run.strategy.compresses_prompt else 0
             if first:
                 try:
-                    logits[i] = run.forward(tensor[:, :first])[0, -1]
+                    logits[i] = run.prefill(tensor[:, :first])[0, -1]
                     self.forwards += 1
                 except Exception as exc:  # noqa: BLE001 - this configuration's own failure
                     self._drop(runs, i, exc)

@@ -35,10 +35,11 @@ PROGRESS_S = 30.0  # a reading says how far it is this often
 
 
 def timed_run(side: str, model: str, strategy: str, options: dict, new_tokens: int, dtype: str = "auto",
-              device: str = "auto", prompt: str = PROMPT) -> dict:
-    """One decode in a fresh process (side "generate" or "kvviz"); returns its figures."""
+              device: str = "auto", prompt: str = PROMPT, **more) -> dict:
+    """One decode in a fresh process (side "generate" or "kvviz"; with `more`, the first-token sides' text, tokens
+    and second length); returns its figures."""
     request = {"side": side, "model": model, "dtype": dtype, "device": device, "strategy": strategy,
-               "options": options, "prompt": prompt, "new_tokens": new_tokens}
+               "options": options, "prompt": prompt, "new_tokens": new_tokens, **more}
     result = subprocess.run([sys.executable, "-m", "kvviz.engine.timed_run", json.dumps(request)],
                             capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, env=dict(os.environ))
     if result.returncode != 0:
@@ -165,3 +166,50 @@ def reading_bench(model_spec: str, document, tokens: int, choices: list | None, 
                          "method": r.method} for r in results],
     )
     return figures
+
+
+def first_token_bench(model_spec: str, choices: list, text: str, tokens: int, second: int, repeats: int,
+                      dtype: str = "auto", device: str = "auto",
+                      log: Callable[[str, float | None], None] = lambda message, fraction: None) -> dict:
+    """One request of `text`'s first `tokens` tokens served up to its first token, per configuration: plain
+    `model.generate` in fresh processes, interleaved with kvviz's own measurement in fresh processes (each with its
+    prediction at `second` tokens beside a measurement there). A cache with work of its own after the prefill (KVzip's
+    reading again) has no generate side: generate does not run it. Returns the figures."""
+    from kvviz.engine import strategies
+    from kvviz.engine.strategies import Strategy
+
+    results = {}
+    for choice in choices:
+        strategy = strategies.get(choice.name)
+        ok, reason = strategy.available()
+        if not ok:
+            results[choice.label()] = {"skipped": reason}
+            continue
+        plain = type(strategy).after_forward is Strategy.after_forward  # generate runs all the cache does
+        runs: dict[str, list[dict]] = {"generate-first": [], "kvviz-first": []}
+        sides = (["generate-first", "kvviz-first"] if plain else ["kvviz-first"]) * repeats
+        for side in sides + (["generate-first"] if plain else []):
+            log(f"{choice.label()}: {side} {len(runs[side]) + 1}", None)
+            runs[side].append(timed_run(side, model_spec, choice.name, choice.options, 1, dtype, device,
+                                        text=text, tokens=tokens, second=second))
+        ours, theirs = runs["kvviz-first"], runs["generate-first"]
+        second_runs = [r["second"] for r in ours]
+        results[choice.label()] = {
+            "tokens": ours[0]["tokens"],
+            "kvviz_peak_bytes": ours[0]["peak_bytes"],  # counted: the same in every run
+            "generate_peak_bytes": theirs[0]["peak_bytes"] if theirs else None,
+            "weight_bytes": ours[0]["weight_bytes"],
+            "cache_bytes": ours[0]["cache_bytes"],
+            "kvviz_ttft_ms": statistics.median(r["ttft_ms"] for r in ours),
+            "generate_ttft_ms": statistics.median(r["ttft_ms"] for r in theirs) if theirs else None,
+            "same_first_token": all(r["token_id"] == ours[0]["token_id"] for r in ours + theirs),
+            "kvviz_ttft_runs": [r["ttft_ms"] for r in ours],
+            "generate_ttft_runs": [r["ttft_ms"] for r in theirs],
+            "second": {"tokens": second, "peak_bytes": second_runs[0]["peak_bytes"],
+                       "predicted_peak_bytes": second_runs[0]["predicted_peak_bytes"],
+                       "ttft_ms": statistics.median(r["ttft_ms"] for r in second_runs),
+                       "predicted_ttft_ms": statistics.median(r["predicted_ttft_ms"] for r in second_runs)},
+        }
+    return {"model": model_spec, "tokens": tokens, "second": second, "repeats": repeats,
+            "reference": "model.generate(max_new_tokens=1) in a fresh process with the user's environment, every "
+                         "allocation counted by torch's profiler", "strategies": results}

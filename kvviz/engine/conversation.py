@@ -254,7 +254,7 @@ class Conversation:
         run = self._new_run(self.run.choice)
         started = time.perf_counter()
         with torch.inference_mode():
-            run.forward(torch.tensor([ids], device=self.model.device))
+            run.prefill(torch.tensor([ids], device=self.model.device))
         prefill_ms = (time.perf_counter() - started) * 1000.0
         cache_bytes = sum(layer.total_bytes for layer in run.measure(slots=False))
         record = PrefixRecord(tokens=len(ids), cache_bytes=cache_bytes, prefill_ms=prefill_ms)

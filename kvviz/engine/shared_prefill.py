@@ -26,6 +26,8 @@ def unshared(run: CacheRun) -> str | None:
         return "its cache holds tokens already"
     if run.strategy.preallocates:
         return "a preallocated cache returns its empty slots to attention too"
+    if run.choice.options.get("prefill_chunk"):
+        return "it reads its prompt a chunk per forward (prefill_chunk)"
     return cache_rows.unsupported(run.model)
 
 

@@ -20,6 +20,7 @@ COLUMNS = [
     ("prompt_tokens", "prompt tokens"),
     ("new_tokens", "new tokens"),
     ("prefill_ms", "prefill ms"),
+    ("prefill_peak_mib", "prefill peak MiB"),
     ("decode_ms_mean", "decode ms mean"),
     ("decode_ms_p95", "decode ms p95"),
     ("scoring_ms_mean", "scoring ms mean"),

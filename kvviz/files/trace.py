@@ -303,6 +303,8 @@ def summarize(steps: list[StepRecord]) -> dict[str, Any]:
     summary = {
         "new_tokens": len(steps),
         "prefill_ms": prefill[0] if prefill else None,
+        # the most the prefill allocated at once beside what was there before it (None: not counted)
+        "prefill_peak_bytes": next((s.peak_allocated_bytes for s in steps if s.phase == "prefill"), None),
         "decode_ms_mean": mean,
         "decode_ms_p95": float(np.percentile(decode_ms, 95)) if decode_ms.size else None,
         "decode_tokens_per_s": 1000.0 / mean if mean else None,

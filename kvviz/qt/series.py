@@ -90,6 +90,9 @@ class RunSeries:
         self.switches: list[tuple[float, str]] = []  # (x, strategy switched to) of trace.switches drawn
         self.compressions: list[Compression] = []  # each compression while decoding, in step order
         self.prefill_scoring_ms: float | None = None  # the prefill's time spent choosing (KVzip: its reading again)
+        # what the prefill allocated over its time ([ms, bytes], thinned) and the most at once (None: not counted)
+        self.prefill_allocations: list[list[float]] | None = None
+        self.prefill_peak_bytes: int | None = None
         self.attention_step: StepRecord | None = None  # the newest step drawn that carries its attention matrix
         self.has_reference = False
         self.fixed_kind: str | None = None  # FIXED_STATE or FIXED_CROSS once a step held a part that does not grow
@@ -145,6 +148,7 @@ class RunSeries:
                 self.prefill_ms = step.wall_ms
                 self.prefill_x = x
                 self.prefill_scoring_ms = step.scoring_ms
+                self.prefill_allocations, self.prefill_peak_bytes = step.allocations, step.peak_allocated_bytes
             else:
                 if previous is not None and step.index not in switched:
                     before, after = tokens_held(previous), tokens_held(step)
@@ -184,6 +188,18 @@ class RunSeries:
         if self.attention_step is not None:
             self.attention_step.attention = None
         self.attention_step = step
+
+    def prefill_curve(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The prefill's allocations as the memory plot draws them: x the tokens in context, its time spread across
+        the prompt (the start of the prefill at 0, its end at the prompt's last token), y MiB allocated then; None
+        where they were not counted."""
+        points = self.prefill_allocations
+        if not points or self.prefill_x is None:
+            return None
+        ms = np.array([p[0] for p in points], dtype=np.float64)
+        mib = np.array([p[1] for p in points], dtype=np.float64) / MIB
+        end = max(float(ms[-1]), self.prefill_ms or 0.0) or 1.0
+        return ms / end * self.prefill_x, mib
 
     # -- columns ------------------------------------------------------------------------------------
 

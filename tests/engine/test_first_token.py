@@ -50,11 +50,11 @@ def test_the_count_is_of_this_thread_every_allocation_and_free():
     del kept, also
 
 
-def test_a_thinned_timeline_keeps_its_ends_and_its_peak():
+def test_a_thinned_timeline_keeps_its_ends_and_its_peak_in_order():
     timeline = [(float(i), (i * 7919) % 1000) for i in range(10_000)] + [(10_000.0, 5)]
     timeline[6_543] = (6_543.0, 5_000)
     kept = allocations.thinned(timeline, 64)
-    assert len(kept) <= 66 and kept[0] == timeline[0] and kept[-1] == timeline[-1]
+    assert len(kept) <= 64 and kept[0] == timeline[0] and kept[-1] == timeline[-1]
     assert (6_543.0, 5_000) in kept and [t for t, _ in kept] == sorted(t for t, _ in kept)
 
 

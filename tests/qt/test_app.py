@@ -122,7 +122,7 @@ def test_open_trace_file_adds_a_run(qtbot, window, tmp_path):
     run_id = window.show_kept(load_trace(path))
     window.redraw()
     assert window.runs_table.cell(run_id, "tokens") == "3"
-    (x, _), _ = window.modes["local"].view.memory_plot.curve_data(run_id)
+    (x, _), *_ = window.modes["local"].view.memory_plot.curve_data(run_id)
     assert list(x) == [4, 5, 6]
 
 

@@ -34,7 +34,7 @@ def test_default_model_sink_run(qtbot, drive, window):
     assert window.store.status(run_id) in {"finished"}
     assert 1 <= len(steps) <= 20
     base = series.trace.prompt_tokens
-    (mx, my), _ = window.modes["local"].view.memory_plot.curve_data(run_id)
+    (mx, my), *_ = window.modes["local"].view.memory_plot.curve_data(run_id)
     np.testing.assert_allclose(mx, [base + s.index for s in steps])
     np.testing.assert_allclose(my, [s.cache_bytes / MIB for s in steps])
     # sink + window: 4 + 12 slots kept, the rest of the prompt evicted, in every one of 30 layers

@@ -80,10 +80,14 @@ def test_hover_readout_clears_on_leave_and_when_another_run_starts(qtbot, drive,
     drive.run(window, "dynamic", tokens=10)
     window.redraw()
     plot = window.modes["local"].view.memory_plot
-    assert plot.legend_bar.texts() == ["measured", "predicted"]
-    centre = plot.plot.vb.sceneBoundingRect().center()
-    plot.hover_at(centre)
+    assert plot.legend_bar.texts() == ["measured", "predicted", "prefill's allocations, ★ their peak"]
+    area = plot.plot.vb.sceneBoundingRect()
+    plot.hover_at(QPointF(area.left() + 0.97 * area.width(), area.center().y()))  # past the prefill's allocations
     assert "tokens" in plot.readout_text() and "MiB (pred." in plot.readout_text()
+    plot.hover_at(QPointF(area.left() + 0.2 * area.width(), area.center().y()))  # over them
+    assert "prefill:" in plot.readout_text() and "MiB allocated" in plot.readout_text()
+    centre = area.center()
+    plot.hover_at(centre)
     assert plot.crosshair.isVisible()
     assert plot.title_label.shown_text() not in ("", plot.readout_text())  # the readout is not in the title
 
@@ -154,7 +158,7 @@ def test_exports_have_the_width_asked_a_title_and_no_empty_plot(qtbot, drive, wi
             width, height = (float(v) for v in re.search(r'width="([\d.]+)mm" height="([\d.]+)mm"', svg).groups())
             assert width > 100 and height > 50, path  # never a 0 mm page
     memory = (tmp_path / "plots" / "memory_plot.svg").read_text(encoding="utf-8")
-    assert "<title>Cache memory: measured (solid) and predicted (dashed)</title>" in memory
+    assert "<title>Cache memory: measured (solid) and predicted (dashed); the prefill" in memory
     assert "cache memory (MiB)" in memory and "predicted" in memory  # axis label and legend are drawn
     message = window.statusBar().currentMessage()
     assert message.startswith(f"saved {(tmp_path / 'plots').resolve()}") and "1280 px" in message

@@ -17,11 +17,13 @@ def assert_plots_match(win, run_id):
     steps = series.trace.steps
     base = series.trace.prompt_tokens
     x = np.array([base + s.index for s in steps], dtype=float)
-    (mx, my), (px, py) = win.modes["local"].view.memory_plot.curve_data(run_id)
+    (mx, my), (px, py), (ax, ay) = win.modes["local"].view.memory_plot.curve_data(run_id)
     np.testing.assert_allclose(mx, x)
     np.testing.assert_allclose(my, [s.cache_bytes / MIB for s in steps])
     np.testing.assert_allclose(px, x)
     np.testing.assert_allclose(py, [s.predicted_cache_bytes / MIB for s in steps])
+    # the prefill's allocations, from its start at 0 to its end at the prompt, at their peak once
+    assert ax[0] == 0 and ax[-1] <= base and max(ay) == steps[0].peak_allocated_bytes / MIB
     (lx, ly) = win.modes["local"].view.latency_plot.curve_data(run_id)[0]
     decode = [s for s in steps if s.phase == "decode"]
     np.testing.assert_allclose(lx, [base + s.index for s in decode])

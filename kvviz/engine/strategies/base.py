@@ -320,9 +320,12 @@ class Strategy:
         whole), said before a run in the window and on the command line."""
         if not self.prompt_overflows(options, tokens):
             return None
+        chunk = options.get(PREFILL_CHUNK.name)
+        read = (f"the prefill reads it {chunk:,} tokens at a time, the cache keeping after each chunk"
+                if chunk and chunk < tokens else "the prefill reads all of it, then the cache keeps")
         return (f"The prompt is {tokens:,} tokens, more than this cache keeps ({self.prompt_capacity(options):,}): "
-                f"the prefill reads all of it, then the cache keeps {self.prompt_kept(options)}. The first new "
-                "token attends to those alone; the rest of the prompt reaches it only through them.")
+                f"{read} {self.prompt_kept(options)}. The first new token attends to those alone; the rest of the "
+                "prompt reaches it only through them.")
 
     def to_dict(self) -> dict[str, Any]:
         ok, reason = self.available()

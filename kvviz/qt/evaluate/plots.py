@@ -123,6 +123,9 @@ class EvalMemoryPlot(DocumentSpan, MemoryPlot):
     def after_redraw(self, runs, primary):
         pass  # an evaluation has no prompt: no prefill line
 
+    def prefill_curve(self, series):
+        return None  # nor a prefill's allocations
+
     def hover_text(self, x, y):
         parts = [f"position {x:,.0f}"]
         for series in self._runs:

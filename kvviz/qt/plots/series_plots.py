@@ -7,6 +7,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
 
+from kvviz.present import MIB
 from kvviz.qt import theme
 from kvviz.qt.plots.base import PlotPanel, marker_line
 from kvviz.qt.plots.legend import Entry
@@ -60,6 +61,11 @@ class SeriesPlot(PlotPanel):
             partner._follow_x = False
             partner.plot.setXRange(*x_range, padding=0)
 
+    def x_span(self, series: RunSeries) -> tuple[float, float]:
+        """The first and last x a run draws at."""
+        x = series.column(X)
+        return float(x[0]), float(x[-1])
+
     def reset_view(self) -> None:
         for plot in (self, *self.x_partners):
             plot.follow()
@@ -101,7 +107,7 @@ class SeriesPlot(PlotPanel):
             self.follow()
         if not self._follow_x:
             return
-        spans = [(r.column(X)[0], r.column(X)[-1]) for r in runs if r.n]
+        spans = [self.x_span(r) for r in runs if r.n]
         if not spans:
             return
         lo = min(a for a, _ in spans)
@@ -200,8 +206,11 @@ MEASURED_WIDTH = 3.0  # px: the measured memory line, wide enough to show the pr
 PREDICTED_WIDTH = 1.2
 
 
+PREFILL_ALPHA = 60  # of 255: the prefill's allocations, shaded under their line
+
+
 class MemoryPlot(SeriesPlot):
-    title = "Cache memory: measured (solid) and predicted (dashed)"
+    title = "Cache memory: measured (solid) and predicted (dashed); the prefill's allocations (shaded)"
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -209,6 +218,15 @@ class MemoryPlot(SeriesPlot):
         self.prefill_line = marker_line("#999999", Qt.PenStyle.DotLine, "prefill", 0.5)
         self.prefill_line.setVisible(False)
         self.plot.addItem(self.prefill_line, ignoreBounds=True)
+
+    def prefill_curve(self, series) -> tuple[np.ndarray, np.ndarray] | None:
+        """The run's prefill's allocations as drawn (`RunSeries.prefill_curve`), None where it has none."""
+        return series.prefill_curve()
+
+    def x_span(self, series):
+        # a run whose prefill's allocations are drawn starts where its prefill started, at 0
+        first, last = super().x_span(series)
+        return (0.0 if self.prefill_curve(series) is not None else first), last
 
     def y_bounds(self):
         # with a fixed part drawn, from 0: the dotted line is then a floor with the growing part over it, not a
@@ -224,6 +242,12 @@ class MemoryPlot(SeriesPlot):
             Entry("measured", colour, width=MEASURED_WIDTH),
             Entry("predicted", colour, style=Qt.PenStyle.DashLine, width=PREDICTED_WIDTH),
         ]
+        if any(self.prefill_curve(series) is not None for series in self._runs):
+            entries.append(Entry("prefill's allocations, ★ their peak", colour, style=Qt.PenStyle.DashDotLine,
+                                 width=PREDICTED_WIDTH, tooltip="what the prefill had allocated beside the weights "
+                                 "and what was there before it (its activations, the logits, the cache it built), "
+                                 "every allocation counted, over the prefill's time drawn across the prompt's "
+                                 "tokens; it ends where the cache it left begins"))
         kinds = {series.fixed_kind for series in self._runs} - {None}
         if kinds:
             entries.append(Entry("of it " + " or ".join(sorted(kinds)), colour, style=Qt.PenStyle.DotLine,
@@ -242,8 +266,14 @@ class MemoryPlot(SeriesPlot):
         predicted = pg.PlotDataItem(pen=pg.mkPen(dashed, width=PREDICTED_WIDTH, style=Qt.PenStyle.DashLine))
         predicted.setZValue(measured.zValue() + 1)
         fixed = pg.PlotDataItem(pen=pg.mkPen(colour, width=PREDICTED_WIDTH, style=Qt.PenStyle.DotLine))
+        shade = pg.mkColor(colour)
+        shade.setAlpha(PREFILL_ALPHA)
+        prefill = pg.PlotDataItem(pen=pg.mkPen(colour, width=PREDICTED_WIDTH, style=Qt.PenStyle.DashDotLine),
+                                  fillLevel=0.0, brush=pg.mkBrush(shade))
+        peak = pg.ScatterPlotItem(symbol="star", size=14, pen=pg.mkPen(self.palette_.foreground),
+                                  brush=pg.mkBrush(colour))
         curves = Curves()
-        curves.items = [measured, predicted, fixed]
+        curves.items = [measured, predicted, fixed, prefill, peak]
         for item in curves.items:
             self.plot.addItem(item)
         return curves
@@ -254,6 +284,11 @@ class MemoryPlot(SeriesPlot):
         curves.items[1].setData(x, series.column(PREDICTED_MIB))
         if series.fixed_kind:
             curves.items[2].setData(x, series.column(FIXED_MIB))
+        curve = self.prefill_curve(series)
+        if curve is not None:
+            curves.items[3].setData(*curve)
+            top = int(np.argmax(curve[1]))
+            curves.items[4].setData([curve[0][top]], [curve[1][top]])
 
     def after_redraw(self, runs, primary):
         if primary is not None and primary.prefill_x is not None:
@@ -265,6 +300,12 @@ class MemoryPlot(SeriesPlot):
     def hover_text(self, x, y):
         parts = [f"{x:.0f} tokens"]
         for series in self._runs:
+            curve = self.prefill_curve(series)
+            if curve is not None and x < series.prefill_x:
+                j = nearest_index(curve[0], x)
+                parts.append(self.swatch(theme.run_colour(series.run_id), f"prefill: {curve[1][j]:.1f} MiB allocated "
+                                         f"(its peak {series.prefill_peak_bytes / MIB:.1f} MiB)"))
+                continue
             i = self.nearest(series, x)
             if i is not None:
                 measured = series.column(CACHE_MIB)[i]
