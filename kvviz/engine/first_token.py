@@ -44,16 +44,15 @@ class Served:
     speed: machine.ArithmeticSpeed
 
 
-def measure_first_token(loaded: LoadedModel, choice: StrategyChoice, ids: list[int], timeline: bool = False,
-                        notify=None) -> FirstToken:
+def measure_first_token(loaded: LoadedModel, choice: StrategyChoice, ids: list[int]) -> FirstToken:
     """Serve one request of prompt `ids` through a fresh cache of `choice` up to its first token (see the module
-    docstring); the strategy's one-time preparation (kernel builds) first, apart. `timeline`: keep the allocations over
-    time too. Raises OptionError where the configuration cannot run here."""
+    docstring); the strategy's one-time preparation (kernel builds) first, apart. Raises OptionError where the
+    configuration cannot run here."""
     model = loaded.model
     prompt = torch.tensor([ids], device=model.device)
     weights = measure.model_bytes(model)
     run = CacheRun(model, choice, capacity_for(choice, len(ids) + 1), tokenizer=loaded.tokenizer)
-    run.warm_up(notify or (lambda message: None))
+    run.warm_up(lambda message: None)
     del run  # built to warm up: the counted request builds its own, as the user's code would
     with torch.inference_mode(), allocations.counting(model.device) as counted:
         started = time.perf_counter()
@@ -65,8 +64,7 @@ def measure_first_token(loaded: LoadedModel, choice: StrategyChoice, ids: list[i
         ttft_ms = (time.perf_counter() - started) * 1000.0
     cache = sum(layer.total_bytes for layer in run.measure(slots=False)) + run.policy_bytes()
     return FirstToken(tokens=len(ids), token_id=token, peak_bytes=weights + counted.peak_bytes, weight_bytes=weights,
-                      cache_bytes=cache, ttft_ms=ttft_ms, attention=attention_implementation(model),
-                      timeline=counted.timeline if timeline else [])
+                      cache_bytes=cache, ttft_ms=ttft_ms, attention=attention_implementation(model))
 
 
 def attention_implementation(model) -> str:

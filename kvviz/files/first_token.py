@@ -1,13 +1,13 @@
 """What serving one request cost up to its first token (`kvviz.engine.first_token` measures it): the process's peak
-memory and the time to first token, at the prompt length measured and at another, predicted from it; and how both are
-kept in files. Plain data."""
+memory and the time to first token, at the prompt length measured and at another, predicted from it; and how a sweep
+keeps both. Plain data."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from kvviz.files.schema import MAX_BYTES, Flag, Int, ListOf, Number, Pair, Record, Text, optional
+from kvviz.files.schema import MAX_BYTES, Flag, Int, Number, Record, Text
 from kvviz.files.trace_schema import MAX_POSITIONS
 
 
@@ -24,23 +24,11 @@ class FirstToken:
     cache_bytes: int | None  # the cache and its policy's state after the prefill
     ttft_ms: float
     attention: str  # the model's attention implementation (eager's grows with the square of the prompt)
-    # (ms since the prefill began, bytes it had allocated then), thinned; kept by a run's trace, not by a sweep
-    timeline: list[tuple[float, int]] = field(default_factory=list)
 
-    @property
-    def beside_cache_bytes(self) -> int | None:
-        """What the prefill held at its peak beside the weights and the cache it left: activations, logits, scores."""
-        if self.peak_bytes is None or self.cache_bytes is None:
-            return None
-        return max(0, self.peak_bytes - self.weight_bytes - self.cache_bytes)
-
-    def to_dict(self, timeline: bool = True) -> dict[str, Any]:
-        data = {"tokens": self.tokens, "token_id": self.token_id, "peak_bytes": self.peak_bytes,
+    def to_dict(self) -> dict[str, Any]:
+        return {"tokens": self.tokens, "token_id": self.token_id, "peak_bytes": self.peak_bytes,
                 "weight_bytes": self.weight_bytes, "cache_bytes": self.cache_bytes, "ttft_ms": self.ttft_ms,
                 "attention": self.attention}
-        if timeline:
-            data["timeline"] = [list(point) for point in self.timeline]
-        return data
 
 
 @dataclass(frozen=True)
@@ -63,8 +51,7 @@ _MS = Number(0, what="a time in ms")
 FIRST_TOKEN = Record(
     {"tokens": Int(1, MAX_POSITIONS), "token_id": Int(0), "peak_bytes": _BYTES,
      "weight_bytes": Int(0, MAX_BYTES, what="a byte count"), "cache_bytes": _BYTES, "ttft_ms": _MS,
-     "attention": Text(nonempty=True),
-     "timeline": optional(ListOf(Pair(_MS, Int(0, MAX_BYTES), what="point [ms, bytes allocated]")), [])},
+     "attention": Text(nonempty=True)},
     null=True, what="a request's prefill, measured (an object)",
 )
 FIRST_TOKEN_AT = Record({"tokens": Int(1, MAX_POSITIONS), "peak_bytes": _BYTES, "ttft_ms": Number(0, null=True),
@@ -74,10 +61,7 @@ FIRST_TOKEN_AT = Record({"tokens": Int(1, MAX_POSITIONS), "peak_bytes": _BYTES, 
 
 def build(data: dict | None) -> FirstToken | None:
     """A checked FIRST_TOKEN record as a `FirstToken` (None for null)."""
-    if data is None:
-        return None
-    return FirstToken(**{k: v for k, v in data.items() if k != "timeline"},
-                      timeline=[(float(ms), int(b)) for ms, b in data["timeline"]])
+    return None if data is None else FirstToken(**data)
 
 
 def build_at(data: dict | None) -> FirstTokenAt | None:

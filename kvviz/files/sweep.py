@@ -190,7 +190,7 @@ class Configuration:
         return {"evaluation": run, "kl": list(self.kl), "top1": list(self.top1), "decode_ms": self.decode_ms,
                 "measured_rows": self.measured_rows, "target": self.target.to_dict() if self.target else None,
                 "answers": [a.to_dict() for a in self.answers],
-                "first_token": self.first_token.to_dict(timeline=False) if self.first_token else None}
+                "first_token": self.first_token.to_dict() if self.first_token else None}
 
 
 @dataclass
