@@ -40,7 +40,7 @@ def timed_run(side: str, model: str, strategy: str, options: dict, new_tokens: i
     and second length); returns its figures."""
     request = {"side": side, "model": model, "dtype": dtype, "device": device, "strategy": strategy,
                "options": options, "prompt": prompt, "new_tokens": new_tokens, **more}
-    result = subprocess.run([sys.executable, "-m", "kvviz.engine.timed_run", json.dumps(request)],
+    result = subprocess.run([sys.executable, "-m", "kvviz.engine.timed_run"], input=json.dumps(request),
                             capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, env=dict(os.environ))
     if result.returncode != 0:
         last = (result.stderr.strip().splitlines() or ["no output"])[-1]

@@ -73,16 +73,20 @@ def attention_implementation(model) -> str:
 
 def prefill_shape(model, choice: StrategyChoice, tokens: int) -> list[Forward]:
     """The forwards that serve a prompt of `tokens` tokens through `choice`'s cache: the prefill's (what the cache holds
-    before a chunk is at most what it keeps of a prompt, `Strategy.prompt_capacity`; every key's score materialized
-    where the attention implementation does so), then those the cache runs of its own after it
-    (`Strategy.after_prefill_forwards`: KVzip's reading again)."""
+    before a chunk is at most what it keeps of a prompt, `Strategy.prompt_capacity`; every key's score held where the
+    attention implementation materializes them; every pair scored again where the policy scores every query,
+    `Strategy.scores_every_query`), then those the cache runs of its own after it (`Strategy.after_prefill_forwards`:
+    KVzip's reading again)."""
     strategy = get(choice.name)
     capacity = strategy.prompt_capacity(choice.options)
     quadratic = attention_implementation(model) in QUADRATIC_ATTENTION
+    scoring = strategy.scores_every_query(choice.options)
     shape, fed = [], 0
     for size in strategy.prompt_forwards(choice.options, tokens):
         past = fed if capacity is None else min(fed, capacity)
-        shape.append(Forward(size, past, past + size if quadratic else 0))
+        pairs = size * (past + (size + 1) // 2)  # causal: each token reads what is held and its own chunk up to it
+        shape.append(Forward(size, past, held_scores=past + size if quadratic else 0,
+                             extra_pairs=pairs if scoring else 0))
         fed += size
     return shape + strategy.after_prefill_forwards(choice.options, tokens)
 
@@ -108,7 +112,7 @@ def activation_bytes(model, forward: Forward) -> int:
     per_token = element * (3 * wide + 4 * hidden)
     per_past_key = 2 * geometry.num_attention_heads * geometry.head_dim * element
     per_score = 2 * geometry.num_attention_heads * element
-    return (forward.fed * per_token + forward.past * per_past_key + forward.fed * forward.scored * per_score
+    return (forward.fed * per_token + forward.past * per_past_key + forward.fed * forward.held_scores * per_score
             + forward.unkept * geometry.kv_bytes_per_token)
 
 
@@ -123,11 +127,13 @@ def arithmetic(model, tokens: int) -> machine.ArithmeticSpeed:
 def prefill_seconds(model, choice: StrategyChoice, tokens: int, speed: machine.ArithmeticSpeed) -> float:
     """The arithmetic of the forwards serving a prompt of `tokens` tokens (`prefill_shape`), in seconds at `speed`:
     every weight but the input embedding's (a lookup) twice per token fed (a multiply and an add), and per query-key
-    pair read, four per head dimension of every attention layer (scores, then values)."""
+    pair read, four per head dimension of every attention layer (scores, then values), as much again per pair a
+    policy scores beside the attention (H2O's sums, KVzip's reading again)."""
     geometry = Geometry.of(model.config, model.dtype)
     weights = sum(p.numel() for p in model.parameters()) - model.get_input_embeddings().weight.numel()
     pair = 4 * geometry.num_attention_heads * geometry.head_dim * geometry.num_layers
-    return sum(2.0 * weights * f.fed * speed.linear_s + pair * f.fed * (f.past + (f.fed + 1) / 2) * speed.attention_s
+    return sum(2.0 * weights * f.fed * speed.linear_s
+               + pair * (f.fed * (f.past + (f.fed + 1) / 2) + f.extra_pairs) * speed.attention_s
                for f in prefill_shape(model, choice, tokens))
 
 

@@ -1,8 +1,8 @@
 """One timed decode (or one request served up to its first token) in a fresh Python process: the two sides of
 `kvviz bench` (and of `kvviz bench --first-token`).
 
-    python -m kvviz.engine.timed_run '{"side": "generate" | "kvviz", "model": ..., "dtype": ..., "device": ...,
-                                       "strategy": ..., "options": {...}, "prompt": ..., "new_tokens": N}'
+    echo '{"side": "generate" | "kvviz", "model": ..., "dtype": ..., "device": ..., "strategy": ...,
+           "options": {...}, "prompt": ..., "new_tokens": N}' | python -m kvviz.engine.timed_run
 
 prints one JSON line: the decode rate (tokens/s between the first and the last new token, so the
 prefill is left out), the torch thread count and the environment's OMP settings. Side "generate" is
@@ -154,4 +154,4 @@ def main(request: dict) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(json.loads(sys.argv[1]))))
+    print(json.dumps(main(json.loads(sys.stdin.read()))))  # on stdin: a text is longer than an argument may be

@@ -105,7 +105,8 @@ class Forward:
 
     fed: int  # tokens fed
     past: int  # tokens the cache held before it
-    scored: int = 0  # keys each fed token's attention scores and probabilities are materialized over (0: none)
+    held_scores: int = 0  # keys each fed token's attention scores and probabilities are held at once over (0: none)
+    extra_pairs: int = 0  # query-key pairs scored beside the attention (a policy's scorer), in all
     unkept: int = 0  # tokens every layer holds during it that it drops once the prompt is served (KVzip's)
 
 
@@ -166,6 +167,11 @@ class Strategy:
     def prompt_continues(self, cache) -> None:
         """The next forward feeds `cache` more of the prompt it is reading in chunks (`CacheRun.prefill`): a policy that
         compresses its prompt compresses that chunk too."""
+
+    def scores_every_query(self, options: dict) -> bool:
+        """Whether the cache's policy scores every query of a prefill against every key it reads, beside the
+        attention (H2O's sums), for `first_token`'s predictions: no."""
+        return False
 
     def after_prefill_forwards(self, options: dict, tokens: int) -> list[Forward]:
         """The forwards the cache runs of its own after a prefill of `tokens` tokens (KVzip's reading again), for

@@ -168,6 +168,9 @@ class EvictionStrategy(Strategy):
             return min(chunk, capacity - seen)
         return 1
 
+    def scores_every_query(self, options):
+        return self.scorer.every_feed
+
     def prompt_continues(self, cache) -> None:
         from kvviz.engine.eviction_layers import EvictionLayer
 

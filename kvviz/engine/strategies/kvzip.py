@@ -98,8 +98,10 @@ class KVzip(EvictionStrategy):
         forwards = []
         for start in range(0, tokens, options["repeat_chunk"]):
             fed = min(options["repeat_chunk"], tokens - start) + REPEAT_EXTRA
-            # scored over the sinks, the chunk repeated and the repetition; the whole prompt held until the choice
-            forwards.append(Forward(fed, tokens, options["sink_tokens"] + 2 * fed, tokens - options["budget"]))
+            scored = options["sink_tokens"] + 2 * fed  # the sinks, the chunk repeated and the repetition
+            # those scores held at once; the whole prompt held until the choice
+            forwards.append(Forward(fed, tokens, held_scores=scored, extra_pairs=fed * scored,
+                                    unkept=tokens - options["budget"]))
         return forwards
 
     def schedule(self, options, geometry):

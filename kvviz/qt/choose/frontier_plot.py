@@ -119,7 +119,6 @@ class FrontierPlot(ConfigurationsPlot):
         self.chooser.setToolTip("Each configuration at its caches' memory at the target, or at the process's peak "
                                 "serving them (the weights, one request's prefill at its peak and the other caches)")
         self.chooser.currentIndexChanged.connect(lambda *_: self.sigCovers.emit(self.chooser.currentData()))
-        self.chooser.setMaximumHeight(self.title_label.sizeHint().height())  # the title row keeps its height
         self.head.addWidget(self.chooser)
         self.selected: int | None = None
         self.points = pg.ScatterPlotItem(size=POINT_SIZE, pxMode=True)
