@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from kvviz.engine import allocations, machine, measure
+from kvviz.engine.attention_scores import QUERY_CHUNK
 from kvviz.engine.cache_run import CacheRun
 from kvviz.engine.geometry import Geometry, text_config
 from kvviz.engine.models import LoadedModel
@@ -73,10 +74,10 @@ def attention_implementation(model) -> str:
 
 def prefill_shape(model, choice: StrategyChoice, tokens: int) -> list[Forward]:
     """The forwards that serve a prompt of `tokens` tokens through `choice`'s cache: the prefill's (what the cache holds
-    before a chunk is at most what it keeps of a prompt, `Strategy.prompt_capacity`; every key's score held where the
-    attention implementation materializes them; every pair scored again where the policy scores every query,
-    `Strategy.scores_every_query`), then those the cache runs of its own after it (`Strategy.after_prefill_forwards`:
-    KVzip's reading again)."""
+    before a chunk is at most what it keeps of a prompt, `Strategy.prompt_capacity`; every query's scores held where
+    the attention implementation materializes them; where the policy scores every query, `Strategy.scores_every_query`,
+    every pair scored again, `attention_scores.QUERY_CHUNK` queries' held at a time), then those the cache runs of its
+    own after it (`Strategy.after_prefill_forwards`: KVzip's reading again)."""
     strategy = get(choice.name)
     capacity = strategy.prompt_capacity(choice.options)
     quadratic = attention_implementation(model) in QUADRATIC_ATTENTION
@@ -85,8 +86,9 @@ def prefill_shape(model, choice: StrategyChoice, tokens: int) -> list[Forward]:
     for size in strategy.prompt_forwards(choice.options, tokens):
         past = fed if capacity is None else min(fed, capacity)
         pairs = size * (past + (size + 1) // 2)  # causal: each token reads what is held and its own chunk up to it
-        shape.append(Forward(size, past, held_scores=past + size if quadratic else 0,
-                             extra_pairs=pairs if scoring else 0))
+        # eager attention holds every query's scores; a policy scoring every query holds a chunk of queries' at once
+        rows = size if quadratic else min(size, QUERY_CHUNK) if scoring else 0
+        shape.append(Forward(size, past, score_rows=rows, score_keys=past + size, extra_pairs=pairs if scoring else 0))
         fed += size
     return shape + strategy.after_prefill_forwards(choice.options, tokens)
 
@@ -112,7 +114,7 @@ def activation_bytes(model, forward: Forward) -> int:
     per_token = element * (3 * wide + 4 * hidden)
     per_past_key = 2 * geometry.num_attention_heads * geometry.head_dim * element
     per_score = 2 * geometry.num_attention_heads * element
-    return (forward.fed * per_token + forward.past * per_past_key + forward.fed * forward.held_scores * per_score
+    return (forward.fed * per_token + forward.past * per_past_key + forward.score_rows * forward.score_keys * per_score
             + forward.unkept * geometry.kv_bytes_per_token)
 
 

@@ -105,3 +105,28 @@ def test_a_kept_conversation_is_read_as_its_messages(tmp_path):
     assert json.loads(ran.stdout)["document"] == "chat.json"
     refused = kvviz(*BASE, "--conversation", script)
     assert refused.returncode == 2 and "chat.txt" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_each_configuration_serves_a_request_and_the_budget_may_cover_the_process(tmp_path):
+    """Every configuration's serving peak and time to first token at the target, predicted from a request of the text's
+    length (measured, beside it); with --budget-covers process the budget bounds the weights, one request's prefill
+    and the other caches, so fewer sequences fit in it than in a budget for the caches alone."""
+    configs = ["--configs", "sink:sink_tokens=4:window=16,sink:sink_tokens=4:window=16:prefill_chunk=16"]
+    for_caches = json.loads(kvviz(*BASE, *configs, "--budget", "64MiB", "--json").stdout)
+    for_process = json.loads(kvviz(*BASE, *configs, "--budget", "64MiB", "--budget-covers", "process",
+                                   "--json").stdout)
+    for rows in (for_caches["configurations"], for_process["configurations"]):
+        for row in rows:
+            assert row["measured_tokens"] == 64 and row["at_target_predicted"] is True
+            assert row["peak_bytes_at_target"] >= row["peak_bytes_measured"] > row["final_cache_bytes"]
+            assert row["ttft_ms_at_target"] > 0 and row["process_bytes"] >= row["peak_bytes_at_target"]
+    whole, chunked = for_process["configurations"][1:]
+    assert chunked["peak_bytes_at_target"] < whole["peak_bytes_at_target"]  # its prompt read 16 tokens at a time
+    assert for_process["question"]["budget_covers"] == "process"
+    fits = [(c["sequences_in_budget"], p["sequences_in_budget"])
+            for c, p in zip(for_caches["configurations"], for_process["configurations"], strict=True)]
+    assert all(process < caches for caches, process in fits), fits
+    skipped = json.loads(kvviz(*BASE, "--configs", "sink:sink_tokens=4:window=16", "--no-first-token",
+                               "--json").stdout)
+    assert all(row["peak_bytes_at_target"] is None and row["ttft_ms_at_target"] is None
+               for row in skipped["configurations"])

@@ -199,3 +199,24 @@ def test_every_kind_of_cache_answers_in_every_regime(tiny_model):
         assert len(answers) == len(REGIMES), choice.label()
         assert all(a.error is None and a.score is not None for a in answers), [a.error for a in answers]
         assert all((regime, i) in evicted for regime in REGIMES), choice.label()
+
+
+def test_a_configuration_that_reads_its_prompt_in_chunks_prefills_its_context_alone_a_chunk_at_a_time(tiny_model,
+                                                                                                      items):
+    """prefill_chunk: the context is read a chunk per forward (no shared prefill), each chunk compressed, so the cache
+    holds its budget after the context, as the same prefill by hand leaves it."""
+    item = items[0]
+    chunked = choose("snapkv", {"budget": 40, "window": 8, "prefill_chunk": 64})
+    run = CacheRun(tiny_model.model, chunked, 400, tiny_model.tokenizer)
+    assert "prefill_chunk" in unshared(run)
+    seen = {}
+
+    def look(regime, index, turn, runs):
+        seen[turn] = [layer.seq_len for layer in runs[0].measure(slots=False)]
+
+    asking = Asking(tiny_model, [choose("dynamic"), chunked], [item], ["query-agnostic"], raw=True)
+    asking.on_answering = lambda regime, index, turn, runs: look(regime, index, turn, {0: runs[1]})
+    list(asking)
+    question = [len(asking.rendering.question(item, t)) for t in range(2)]
+    assert all(seen[turn] == [40 + question[turn]] * len(seen[turn]) for turn in range(2))
+    assert all(a.error is None for a in asking.answers[1])

@@ -22,11 +22,6 @@ def text_ids(default_model):
     return default_model.tokenizer(documents.builtin("alice").text)["input_ids"]
 
 
-@pytest.fixture(scope="module")
-def speed(default_model):
-    return first_token.arithmetic(default_model.model, LENGTHS[0])
-
-
 def test_the_count_is_of_this_thread_every_allocation_and_free():
     stop = threading.Event()
 
@@ -73,19 +68,28 @@ def test_the_exact_caches_peak_holds_weights_cache_and_its_widest_layer_and_its_
     assert served.token_id == int(generated[0, -1])
 
 
-@pytest.mark.parametrize("spec", ["dynamic", "dynamic:prefill_chunk=128", "sink:window=60:prefill_chunk=128",
-                                  "snapkv:budget=64", "kvzip:budget=64:repeat_chunk=128"])
-def test_a_peak_predicted_at_a_second_length_is_within_5_percent_of_its_measurement(default_model, text_ids,
-                                                                                     speed, spec):
+@pytest.mark.parametrize(("model", "spec", "lengths"), [
+    ("tiny_model", "dynamic", (512, 1024)),
+    ("tiny_model", "dynamic:prefill_chunk=128", (512, 1024)),
+    ("tiny_model", "sink:window=60:prefill_chunk=128", (512, 1024)),
+    ("tiny_model", "snapkv:budget=64", (512, 1024)),
+    ("tiny_model", "h2o:budget=64", (512, 1024)),  # below a few hundred tokens its scores take a larger share
+    ("default_model", "kvzip:budget=64:repeat_chunk=128", LENGTHS),  # its reading again, quadratic, dominates
+])
+def test_a_peak_predicted_at_a_second_length_is_within_5_percent_of_its_measurement(request, model, spec, lengths):
+    """Mostly on the tiny model, whose weights are small beside what a prefill allocates: a stricter test than the
+    default model's (there predictions came within 0.2 %, KVzip's within 2 %)."""
     from kvviz.engine.strategies import parse_spec
 
-    choice = parse_spec(spec)
-    short, long = (first_token.measure_first_token(default_model, choice, text_ids[:n]) for n in LENGTHS)
+    loaded, choice = request.getfixturevalue(model), parse_spec(spec)
+    ids = torch.randint(5, 1000, (lengths[1],), generator=torch.Generator().manual_seed(0)).tolist()
+    short, long = (first_token.measure_first_token(loaded, choice, ids[:n]) for n in lengths)
+    speed = first_token.arithmetic(loaded.model, lengths[0])
     for measured, other in ((short, long), (long, short)):
-        predicted = first_token.predict(default_model.model, choice, measured, other.tokens, speed)
+        predicted = first_token.predict(loaded.model, choice, measured, other.tokens, speed)
         assert predicted.predicted and predicted.tokens == other.tokens
         assert abs(predicted.peak_bytes / other.peak_bytes - 1) < 0.05, (spec, predicted.peak_bytes, other.peak_bytes)
-    same = first_token.predict(default_model.model, choice, long, long.tokens, speed)
+    same = first_token.predict(loaded.model, choice, long, long.tokens, speed)
     assert not same.predicted and (same.peak_bytes, same.ttft_ms) == (long.peak_bytes, long.ttft_ms)
 
 

@@ -105,7 +105,8 @@ class Forward:
 
     fed: int  # tokens fed
     past: int  # tokens the cache held before it
-    held_scores: int = 0  # keys each fed token's attention scores and probabilities are held at once over (0: none)
+    score_rows: int = 0  # queries whose attention scores and probabilities are held at once (0: none)...
+    score_keys: int = 0  # ... over this many keys each
     extra_pairs: int = 0  # query-key pairs scored beside the attention (a policy's scorer), in all
     unkept: int = 0  # tokens every layer holds during it that it drops once the prompt is served (KVzip's)
 

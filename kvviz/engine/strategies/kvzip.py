@@ -100,7 +100,7 @@ class KVzip(EvictionStrategy):
             fed = min(options["repeat_chunk"], tokens - start) + REPEAT_EXTRA
             scored = options["sink_tokens"] + 2 * fed  # the sinks, the chunk repeated and the repetition
             # those scores held at once; the whole prompt held until the choice
-            forwards.append(Forward(fed, tokens, held_scores=scored, extra_pairs=fed * scored,
+            forwards.append(Forward(fed, tokens, score_rows=fed, score_keys=scored, extra_pairs=fed * scored,
                                     unkept=tokens - options["budget"]))
         return forwards
 
