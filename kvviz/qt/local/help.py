@@ -12,7 +12,12 @@ HELP = (
         "The dotted line marks the end of the prompt (prefill); a dash-dotted line marks a switch of strategy. "
         "A thin dotted line in the run's colour is the part that does not grow with the tokens generated: the "
         "fixed-size states of linear-attention and state-space layers, or an encoder-decoder's cross-attention keys "
-        "and values of the prompt (the plot then starts at 0).",
+        "and values of the prompt (the plot then starts at 0). Before the prompt's end, shaded under a dash-dotted "
+        "line: the prefill's allocations, what it held beside the weights and what was there before it (activations, "
+        "the logits, the cache it built), every tensor allocation counted by torch's profiler, over the prefill's "
+        "time drawn across the prompt's tokens; the star is their peak, the Runs table's prefill peak MiB. A long "
+        "prompt through a small cache shows the prefill, not the cache, setting the peak; the strategy's prefill "
+        "chunk option reads the prompt a chunk at a time and lowers it.",
     ),
     (
         "Step latency",
