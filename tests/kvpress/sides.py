@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,7 @@ REFERENCE = Path(__file__).resolve().parents[2] / "packaging" / "kvpress" / "ref
 _PYTHON = os.environ.get("KVVIZ_KVPRESS_PYTHON")
 KVPRESS_PYTHON = _PYTHON if _PYTHON and Path(_PYTHON).is_file() else None  # the kvpress venv's python
 NEW_TOKENS = 12  # the answer after RULER's prefix: ": 1234567." and a little more
+TIE = 1e-4  # relative: scores nearer than this are a tie in float32 (`rounding_tie`)
 
 
 def cases() -> list[Case]:
@@ -40,6 +42,7 @@ class Answer:
     tokens: list[int]
     channels: list[list[list[int]]] | None = None
     decoded: list[list[list[int]]] | None = None  # what is kept after decoding (a press that compresses then)
+    scores: dict | None = None  # kvviz's side: {layer: [per KV head {position: score}]} its prefill ranked by
 
 
 def kvpress_answers(python: str, folder: Path, prompts: list[tuple[str, list[int], list[str]]], work: Path) -> dict:
@@ -69,8 +72,9 @@ def kvviz_answer(loaded, ids: list[int], spec: str) -> Answer:
 
 
 def greedy(run, ids: list[int], kv_heads: int) -> Answer:
-    """`ids` prefilled through `run`, what each layer kept of them, the greedy tokens, what each layer holds then."""
-    with torch.inference_mode():
+    """`ids` prefilled through `run`, what each layer kept of them (and the scores it ranked them by), the greedy
+    tokens, what each layer holds then."""
+    with torch.inference_mode(), prefill_scores() as scores:
         logits = run.forward(torch.tensor([ids]))
         kept = [held_by_head(layer, len(ids), kv_heads) for layer in run.cache.layers]
         channels = [getattr(layer, "zeroed_channels", lambda: None)() for layer in run.cache.layers]
@@ -80,7 +84,29 @@ def greedy(run, ids: list[int], kv_heads: int) -> Answer:
         decoded = [held_by_head(layer, run.seen, kv_heads) for layer in run.cache.layers]
     if all(c is not None for c in channels):
         return Answer(None, tokens, channels)
-    return Answer(kept, tokens, decoded=decoded)
+    return Answer(kept, tokens, decoded=decoded, scores=scores)
+
+
+@contextmanager
+def prefill_scores():
+    """{layer: [per KV head {position: score}]}: the scores each eviction layer ranked its tokens by at its first
+    compression (the prefill's), filled while the block runs."""
+    from kvviz.engine.eviction_layers import EvictionLayer
+
+    scores, keep_top = {}, EvictionLayer.keep_top
+
+    def recorded(layer, ranked):
+        if layer.index not in scores:
+            heads = ranked.float().expand(layer.positions.shape)[0]
+            scores[layer.index] = [dict(zip(p.tolist(), s.tolist(), strict=True))
+                                   for p, s in zip(layer.positions[0], heads, strict=True)]
+        keep_top(layer, ranked)
+
+    EvictionLayer.keep_top = recorded
+    try:
+        yield scores
+    finally:
+        EvictionLayer.keep_top = keep_top
 
 
 def held_by_head(layer, seen: int, kv_heads: int) -> list[list[int]]:
@@ -98,6 +124,19 @@ def differences(kvviz: list[list[list[int]]], kvpress: list[list[list[int]]]) ->
     return [(layer, head, set(mine) - set(theirs), set(theirs) - set(mine))
             for layer, (heads_mine, heads_theirs) in enumerate(zip(kvviz, kvpress, strict=True))
             for head, (mine, theirs) in enumerate(zip(heads_mine, heads_theirs, strict=True)) if mine != theirs]
+
+
+def rounding_tie(scores: dict | None, difference: tuple[int, int, set, set]) -> bool:
+    """Whether a difference after the prefill is a tie at the cut within float32 rounding: as many positions kept by
+    each side alone, all of which kvviz scored within `TIE` of one another. Both sides rank sums of about a thousand
+    float32 terms (attention weights, norms), computed in another order by kvpress's eager attention than by kvviz's
+    own kernels, and each order's rounding, which also depends on the CPU's vector width, moves a sum by up to about
+    n * 2**-24 of it (6e-5 at n = 1,000): two scores nearer than that rank either way."""
+    layer, head, mine, theirs = difference
+    if scores is None or layer not in scores or len(mine) != len(theirs):
+        return False
+    ranked = [scores[layer][head][p] for p in mine | theirs]
+    return max(ranked) - min(ranked) <= TIE * max(abs(r) for r in ranked)
 
 
 def explained(case: Case, fed: list[int], difference: tuple[int, int, set, set], parted: int | None = None) -> bool:
