@@ -27,6 +27,7 @@ from kvviz.cli import (
     demo,
     model,
     run,
+    serve,
     strategies,
     trace,
 )
@@ -39,6 +40,7 @@ COMMANDS = {
     "chat": chat,
     "compare": compare,
     "attach": attach,
+    "serve": serve,
     "eval": evaluate,
     "choose": choose,
     "demo": demo,

@@ -1,0 +1,95 @@
+"""Many requests through transformers' continuous batching (kvviz.engine.serve), on the default model: every answer is
+greedy `generate`'s of its prompt alone, preempted or not; the pool's bytes are exact; a shared prefix is reused."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from kvviz.engine import paged_pool
+from kvviz.engine.decode import encode_prompt
+from kvviz.engine.serve import ServeSettings, serve
+from kvviz.errors import OptionError
+
+QUESTIONS = ["What is the capital of France?", "Name three colours.", "Count to five.", "Say hello in Spanish."]
+NEW_TOKENS = 16
+# a prefix of several blocks, which requests after the first find in the pool
+PREFIX = ("You answer questions about a small library. It opens at nine and closes at five, lends up to six books for "
+          "three weeks, charges nothing for late returns, keeps a reading room on the first floor, holds story hours "
+          "for children on Saturdays, and asks for quiet in every room but the hall.")
+
+
+def prompts_of(loaded, texts):
+    return [(text, encode_prompt(loaded.tokenizer, text, raw=False)) for text in texts]
+
+
+def alone(loaded, ids):
+    """Greedy `generate` of one prompt alone, as a user's code would call it."""
+    with torch.inference_mode():
+        out = loaded.model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=NEW_TOKENS)
+    return out[0, len(ids):].tolist()
+
+
+@pytest.fixture(scope="module")
+def preempted(default_model):
+    """Four requests at once through a pool of 6 blocks of 16 tokens: too small for all of them, so some are
+    preempted and served again."""
+    prompts = prompts_of(default_model, QUESTIONS)
+    settings = ServeSettings(max_new_tokens=NEW_TOKENS, page_size=16, blocks=6, max_batch_tokens=64)
+    return prompts, serve(default_model.model, default_model.tokenizer, prompts, settings)
+
+
+def test_every_answer_is_generate_s_alone_though_the_pool_preempts(default_model, preempted):
+    prompts, run = preempted
+    assert run.preemptions > 0
+    assert all(r.finished for r in run.requests)
+    for (_, ids), request in zip(prompts, run.requests, strict=True):
+        assert request.tokens == alone(default_model, ids), request.id
+        assert len(request.token_times) == len(request.tokens)  # a token time each, across its preemptions
+        assert request.ttft_ms > 0 and (request.tpot_ms is None or request.tpot_ms > 0)
+    assert default_model.model.config._attn_implementation == "sdpa"  # the manager's switch undone
+
+
+def test_the_pool_s_bytes_are_exact(default_model, preempted):
+    _, run = preempted
+    config = default_model.model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    per_block = 16 * config.num_hidden_layers * 2 * config.num_key_value_heads * head_dim * 4  # float32
+    assert [g.bytes_per_block for g in run.groups] == [per_block]
+    assert run.pool_bytes == (run.blocks + 2) * per_block  # transformers keeps two sectors for padding
+    assert 0 < run.peak_blocks <= run.blocks
+    assert run.peak_bytes == run.peak_blocks * per_block
+    assert max(r.peak_blocks for r in run.requests) <= run.peak_blocks
+
+
+def test_a_shared_prefix_is_reused_and_lowers_the_peak(default_model):
+    """Prefills split over steps of 32 tokens: the first request's prefix is complete in the pool before the next is
+    scheduled, whatever the machine's speed."""
+    prompts = prompts_of(default_model, [PREFIX + "\n\n" + q for q in QUESTIONS[:3]])
+    runs = {sharing: serve(default_model.model, default_model.tokenizer, prompts,
+                           ServeSettings(max_new_tokens=4, page_size=16, blocks=64, max_batch_tokens=32,
+                                         prefix_sharing=sharing))
+            for sharing in (True, False)}
+    assert runs[True].reused_blocks > 0 and runs[False].reused_blocks == 0
+    assert runs[True].peak_blocks < runs[False].peak_blocks
+    assert [r.tokens for r in runs[True].requests] == [r.tokens for r in runs[False].requests]
+
+
+def test_arrivals_are_poisson_spaced_at_the_rate():
+    times = ServeSettings(rate=4.0, seed=1).arrivals(400)
+    assert times[0] == 0 and times == sorted(times)
+    assert 80 < times[-1] < 120  # 399 gaps of 1/4 s on average
+    assert ServeSettings().arrivals(3) == [0.0, 0.0, 0.0]
+
+
+def test_a_request_longer_than_the_pool_is_refused_before_it_runs(default_model):
+    prompts = prompts_of(default_model, QUESTIONS[:1])
+    with pytest.raises(OptionError, match=r"needs \d+ blocks of 16 tokens, and the pool has 2"):
+        serve(default_model.model, default_model.tokenizer, prompts,
+              ServeSettings(max_new_tokens=NEW_TOKENS, page_size=16, blocks=2))
+
+
+def test_a_transformers_without_what_kvviz_reads_is_refused_by_version():
+    manager = SimpleNamespace(batch_processor=None)
+    with pytest.raises(OptionError, match=rf"as transformers {paged_pool.TESTED} lays it out.*lacks manager\.warmup"):
+        paged_pool.probe(manager)
