@@ -20,6 +20,9 @@ READ_TOKENS = 2000
 FLOOR_FORWARDS = 32
 REPEATS = 3
 GUI_REPEATS = 5  # the window's ratio is read against 0.95: more pairs of runs than the headless bench's
+SERVE_REQUESTS = 8
+SERVE_LEVELS = "1,2,4,8"
+SERVE_POOL = {"page_size": 16, "blocks": 256, "max_batch_tokens": 256}  # 8 requests never wait for a block
 COMPARISONS = {">=": operator.ge, "<": operator.lt, "<=": operator.le}  # of the targets the benches print
 
 
@@ -46,6 +49,10 @@ def add_parser(subparsers) -> None:
                       "strategy: the peak memory and time kvviz measures against plain model.generate's in fresh "
                       "processes (every allocation counted), and kvviz's prediction at --second tokens beside a "
                       f"measurement there (default strategies: {FIRST_TOKEN_STRATEGIES})")
+    mode.add_argument("--serve", action="store_true",
+                      help="serve --requests requests of the built-in text through kvviz serve, against "
+                      "transformers' own generate_batch of the same requests (kvviz's overhead), then at each "
+                      "--concurrency against plain generate of one request after another; fresh processes")
     text = bench.add_mutually_exclusive_group()
     text.add_argument("--text", type=Path, metavar="FILE", help="with --sweep, --eval or --first-token: a .txt or .md "
                       "file to read")
@@ -57,6 +64,10 @@ def add_parser(subparsers) -> None:
                        help="with --first-token: the second length, predicted and measured (default half of --tokens)")
     bench.add_argument("--rows", type=int, metavar="N", help="with --sweep: configurations per batched forward "
                        "answering questions, as kvviz choose's")
+    bench.add_argument("--requests", type=int, default=SERVE_REQUESTS, metavar="N",
+                       help=f"with --serve: requests served (default {SERVE_REQUESTS})")
+    bench.add_argument("--concurrency", default=SERVE_LEVELS, metavar="LIST",
+                       help=f"with --serve: the requests per batch compared, comma-separated (default {SERVE_LEVELS})")
     bench.add_argument("--floor-forwards", type=int, default=FLOOR_FORWARDS, metavar="N",
                        help=f"with --sweep: forwards of the floor timed, the median kept (default {FLOOR_FORWARDS})")
 
@@ -85,6 +96,9 @@ def command(args) -> int:
     elif args.first_token:
         figures = _first_token(args)
         print_first_token(figures)
+    elif args.serve:
+        figures = _serve(args)
+        print_serve(figures)
     else:
         from kvviz.engine.bench import run_bench
 
@@ -130,6 +144,38 @@ def _first_token(args) -> dict:
     text = document.text[: (args.tokens + 1) * 32]  # more characters than the tokens can span (evaluate.tokenize)
     return first_token_bench(args.model, choices, text, args.tokens, second, args.repeats, dtype=args.dtype,
                              device=args.device, log=common.progress)
+
+
+def _serve(args) -> dict:
+    from kvviz.engine.bench import serve_bench
+
+    try:
+        levels = [int(level) for level in args.concurrency.split(",") if level.strip()]
+    except ValueError:
+        levels = []
+    if not levels or min(levels) < 1 or args.requests < 1:
+        raise UsageError(f"--serve needs --requests of at least 1 and --concurrency as numbers of at least 1 "
+                         f"separated by commas (such as {SERVE_LEVELS}), got {args.requests} and "
+                         f"{args.concurrency!r}")
+    return serve_bench(args.model, args.requests, args.new_tokens, args.repeats, levels, **SERVE_POOL,
+                       dtype=args.dtype, device=args.device, log=common.progress)
+
+
+def print_serve(figures: dict) -> None:
+    import statistics
+
+    print(f"{figures['requests']} requests of {figures['new_tokens']} new tokens at most on {figures['model']}, a pool "
+          f"of {figures['blocks']} blocks of {figures['page_size']} tokens; reference: {figures['reference']}")
+    print(f"kvviz serve against generate_batch: {figures['ratio']:.3f} of its throughput (median of "
+          f"{figures['repeats']} interleaved runs; kvviz "
+          + ", ".join(f"{r:.1f}" for r in figures["kvviz_tokens_per_s"]) + " tokens/s, generate_batch "
+          + ", ".join(f"{r:.1f}" for r in figures["generate_batch_tokens_per_s"]) + ")")
+    each = statistics.mean(figures["generate_each_tokens_per_s"])
+    print(f"plain generate, one request after another: {each:.1f} tokens/s (before and after: "
+          + ", ".join(f"{r:.1f}" for r in figures["generate_each_tokens_per_s"]) + ")")
+    for level, rate in figures["concurrency"].items():
+        print(f"  concurrency {level:>3}: {rate:.1f} tokens/s, {rate / each:.2f}x one after another")
+    print("answers: " + ("the same on every side" if figures["same_answers"] else "NOT the same on every side"))
 
 
 def print_first_token(figures: dict) -> None:

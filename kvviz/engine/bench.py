@@ -40,11 +40,17 @@ def timed_run(side: str, model: str, strategy: str, options: dict, new_tokens: i
     and second length); returns its figures."""
     request = {"side": side, "model": model, "dtype": dtype, "device": device, "strategy": strategy,
                "options": options, "prompt": prompt, "new_tokens": new_tokens, **more}
-    result = subprocess.run([sys.executable, "-m", "kvviz.engine.timed_run"], input=json.dumps(request),
+    return fresh_process("kvviz.engine.timed_run", request, f"the {side} process for {strategy!r}")
+
+
+def fresh_process(module: str, request: dict, what: str) -> dict:
+    """`python -m module` in a fresh interpreter with the user's environment, `request` on its stdin (a text is
+    longer than an argument may be); the JSON of its last line."""
+    result = subprocess.run([sys.executable, "-m", module], input=json.dumps(request),
                             capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, env=dict(os.environ))
     if result.returncode != 0:
         last = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        raise ModelError(f"the {side} process for {strategy!r} failed: {last}")
+        raise ModelError(f"{what} failed: {last}")
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
@@ -213,3 +219,42 @@ def first_token_bench(model_spec: str, choices: list, text: str, tokens: int, se
     return {"model": model_spec, "tokens": tokens, "second": second, "repeats": repeats,
             "reference": "model.generate(max_new_tokens=1) in a fresh process with the user's environment, every "
                          "allocation counted by torch's profiler", "strategies": results}
+
+
+def serve_bench(model_spec: str, requests: int, new_tokens: int, repeats: int, levels: list[int], page_size: int,
+                blocks: int, max_batch_tokens: int, dtype: str = "auto", device: str = "auto",
+                log: Callable[[str, float | None], None] = lambda message, fraction: None) -> dict:
+    """`requests` requests drawn from the built-in text, served in fresh processes (`kvviz.engine.timed_serve`):
+    kvviz serve's interleaved with transformers' own generate_batch of the same requests and pool (kvviz's overhead:
+    the median over the repeats of each kvviz run's throughput over its two neighbours'), then kvviz serve at each
+    concurrency of `levels` between plain generate of one request after another, before and after. Returns the
+    figures."""
+    request = {"model": model_spec, "dtype": dtype, "device": device, "requests": requests, "new_tokens": new_tokens,
+               "page_size": page_size, "blocks": blocks, "max_batch_tokens": max_batch_tokens}
+
+    def served(side: str, concurrency: int | None = None) -> dict:
+        log(f"{side}" + ("" if concurrency is None else f", concurrency {concurrency}"), None)
+        return fresh_process("kvviz.engine.timed_serve", request | {"side": side, "concurrency": concurrency},
+                             f"the {side} serving process")
+
+    runs: dict[str, list[dict]] = {"generate-batch": [], "kvviz": []}
+    for side in ["generate-batch", "kvviz"] * repeats + ["generate-batch"]:
+        runs[side].append(served(side))
+    each = [served("generate-each")]
+    levels_runs = {level: served("kvviz", level) for level in levels}
+    each.append(served("generate-each"))
+    answers = [r["answers"] for group in (*runs.values(), each, levels_runs.values()) for r in group]
+    return {
+        "model": model_spec, "requests": requests, "new_tokens": new_tokens, "repeats": repeats,
+        "page_size": page_size, "blocks": blocks, "max_batch_tokens": max_batch_tokens,
+        "reference": "model.generate_batch (transformers' continuous batching) and model.generate, each in a fresh "
+                     "process with the user's environment",
+        "generate_batch_tokens_per_s": [r["tokens_per_s"] for r in runs["generate-batch"]],
+        "kvviz_tokens_per_s": [r["tokens_per_s"] for r in runs["kvviz"]],
+        "ratio": bracketed_ratio([r["tokens_per_s"] for r in runs["kvviz"]],
+                                 [r["tokens_per_s"] for r in runs["generate-batch"]]),
+        "generate_each_tokens_per_s": [r["tokens_per_s"] for r in each],
+        "concurrency": {str(level): r["tokens_per_s"] for level, r in levels_runs.items()},
+        "same_answers": all(a == answers[0] for a in answers),
+        "threads": sorted({r["threads"] for group in (*runs.values(), each) for r in group}),
+    }

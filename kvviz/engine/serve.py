@@ -170,20 +170,8 @@ def serve(model, tokenizer, prompts: list[tuple[str, list[int]]], settings: Serv
           on_step=None, stop: threading.Event | None = None) -> ServeRun:
     """Serve `prompts` ((text, token ids) each) through the model's continuous batching; `on_step(run)` after each
     step (on the manager's thread); `stop` set ends the run early, what was measured kept."""
-    from transformers import ContinuousBatchingConfig, GenerationConfig
-
     settings.check()
-    eos = model.generation_config.eos_token_id
-    generation = GenerationConfig(do_sample=False, max_new_tokens=settings.max_new_tokens, eos_token_id=eos,
-                                  pad_token_id=model.generation_config.pad_token_id or (
-                                      eos[0] if isinstance(eos, list) else eos))
-    given = {"page_size": settings.page_size, "num_blocks": settings.blocks,
-             "max_batch_tokens": settings.max_batch_tokens, "max_requests_per_batch": settings.concurrency}
-    # sdpa kept (no switch to flash attention); no CPU swap space: a preempted request is soft-reset, computed again
-    batching = ContinuousBatchingConfig(
-        **{name: value for name, value in given.items() if value is not None}, scheduler_type=settings.scheduler,
-        allow_block_sharing=settings.prefix_sharing, auto_switch_to_flash=False, cpu_offload_space=0.0,
-    )
+    generation, batching = serving_configs(model, settings)
     manager = model.init_continuous_batching(generation_config=generation, continuous_batching_config=batching)
     run = None
     try:
@@ -208,6 +196,25 @@ def serve(model, tokenizer, prompts: list[tuple[str, list[int]]], settings: Serv
         # the requests still open are failed at once rather than served to their end
         manager.stop(block=True, hard_stop=run is None or any(not r.finished for r in run.requests))
     return run
+
+
+def serving_configs(model, settings: ServeSettings):
+    """transformers' GenerationConfig and ContinuousBatchingConfig for `settings`: greedy, ending at the model's
+    end-of-sequence token; sdpa kept (no switch to flash attention); no CPU swap space, so that a preempted request is
+    soft-reset (computed again), as on any machine without pinned memory."""
+    from transformers import ContinuousBatchingConfig, GenerationConfig
+
+    eos = model.generation_config.eos_token_id
+    pad = model.generation_config.pad_token_id
+    generation = GenerationConfig(do_sample=False, max_new_tokens=settings.max_new_tokens, eos_token_id=eos,
+                                  pad_token_id=pad if pad is not None else eos[0] if isinstance(eos, list) else eos)
+    given = {"page_size": settings.page_size, "num_blocks": settings.blocks,
+             "max_batch_tokens": settings.max_batch_tokens, "max_requests_per_batch": settings.concurrency}
+    batching = ContinuousBatchingConfig(
+        **{name: value for name, value in given.items() if value is not None}, scheduler_type=settings.scheduler,
+        allow_block_sharing=settings.prefix_sharing, auto_switch_to_flash=False, cpu_offload_space=0.0,
+    )
+    return generation, batching
 
 
 def _check_fits(run: ServeRun, prompts, max_new_tokens: int) -> None:

@@ -81,3 +81,22 @@ def test_the_gui_bench_says_on_which_side_of_its_target_a_figure_lies(value, tar
     from kvviz.cli.bench import verdict
 
     assert verdict(value, target) == word  # 0.9498 prints as 0.950 at three places: the word is what a reader trusts
+
+
+def test_the_serving_sides_answer_alike(monkeypatch, tiny_model):
+    """kvviz serve, transformers' generate_batch and generate one request after another: the same answers to the same
+    requests (the sides of `kvviz bench --serve`, here in this process)."""
+    from kvviz.engine import timed_serve
+
+    monkeypatch.setattr(timed_serve.models, "load_model", lambda *args, **kwargs: tiny_model)
+    request = {"model": "tiny", "dtype": "auto", "device": "auto", "requests": 3, "new_tokens": 5, "page_size": 16,
+               "blocks": 32, "max_batch_tokens": 64}
+    sides = {side: timed_serve.main(request | {"side": side}) for side in timed_serve.SIDES}
+    assert sides["kvviz"]["answers"] == sides["generate-batch"]["answers"] == sides["generate-each"]["answers"]
+    assert all(s["tokens"] == sum(map(len, s["answers"])) > 0 and s["wall_s"] > 0 for s in sides.values())
+
+
+@pytest.mark.parametrize("args", [["--concurrency", "1,x"], ["--concurrency", "0"], ["--requests", "0"]])
+def test_bench_serve_refuses_what_it_cannot_serve(tmp_path, args):
+    result = kvviz("bench", "--serve", "--model", "tiny", *args, "--out", tmp_path / "bench.json")
+    assert result.returncode == 2 and "--serve needs --requests of at least 1" in result.stderr
