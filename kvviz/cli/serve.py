@@ -4,6 +4,7 @@ a row per request and the pool's figures."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from kvviz.cli import common
@@ -11,6 +12,7 @@ from kvviz.errors import UsageError
 
 DEFAULT_REQUESTS = 8
 PROMPT_COLUMN = 36  # characters of a prompt shown in the table
+JOURNAL_S = 1.0  # the most a killed serve loses of what it measured
 
 
 def add_parser(subparsers) -> None:
@@ -43,13 +45,17 @@ def add_parser(subparsers) -> None:
     serve.add_argument("--no-prefix-sharing", action="store_true", help="never share blocks between requests "
                        "that begin alike")
     serve.add_argument("--json", action="store_true", help="print the figures as JSON instead of a table")
+    serve.add_argument("--trace", type=Path, metavar="FILE", help="keep the run here (a kvviz-serve file: every "
+                       "request and step, the pool's blocks at each step), journaled while it serves; `kvviz trace` "
+                       "and the window open it")
 
 
 def command(args) -> int:
     from kvviz import interrupts
     from kvviz.engine import models
     from kvviz.engine.decode import encode_prompt
-    from kvviz.engine.serve import ServeSettings, builtin_prompts, serve
+    from kvviz.engine.serve import builtin_prompts, serve
+    from kvviz.files.serve_trace import ServeSettings
 
     settings = ServeSettings(max_new_tokens=args.max_new_tokens, page_size=args.page_size, blocks=args.blocks,
                              max_batch_tokens=args.max_batch_tokens, concurrency=args.concurrency,
@@ -58,6 +64,8 @@ def command(args) -> int:
     settings.check()
     if args.requests is not None and args.requests < 1:
         raise UsageError(f"--requests must be at least 1, got {args.requests}")
+    if args.trace is not None:
+        common.check_writable(args.trace, "--trace")
     texts = _lines(args.prompts) if args.prompts is not None else builtin_prompts(args.requests or DEFAULT_REQUESTS)
     prefix = _read(args.shared_prefix, "--shared-prefix") if args.shared_prefix is not None else ""
     loaded = models.load_model(args.model, dtype=args.dtype, device=args.device, progress=common.progress)
@@ -66,9 +74,51 @@ def command(args) -> int:
                                     args.raw)) for text in texts]
     if not args.json:
         common.log(f"serving {len(prompts)} requests through transformers' continuous batching")
-    run = serve(loaded.model, loaded.tokenizer, prompts, settings)
+    kept = Kept(args.trace)
+    try:
+        run = serve(loaded, prompts, settings, on_start=kept.start, on_step=kept.step)
+    except KeyboardInterrupt as interrupt:  # what was measured is kept and shown
+        if kept.run is None:
+            raise
+        kept.save()
+        print("\n".join(table(kept.run)))
+        return interrupts.said(interrupt)
+    except Exception:
+        kept.save()
+        raise
+    kept.save()
     print(json.dumps(figures(run) | {"shared_prefix": prefix}, indent=2) if args.json else "\n".join(table(run)))
-    return 0 if run.interrupted is None else interrupts.said(run.interrupted)
+    return 0
+
+
+class Kept:
+    """`--trace`: the run journaled while it serves (at most every JOURNAL_S, on the manager's thread), then saved."""
+
+    def __init__(self, path: Path | None):
+        self.path = path
+        self.run = None
+        self.journal = None
+        self.journaled = 0.0
+
+    def start(self, run) -> None:
+        from kvviz.files.serve_trace import ServeJournal
+
+        self.run = run
+        if self.path is not None:
+            self.journal = ServeJournal(self.path, run)
+            self.journal.update()
+
+    def step(self, run) -> None:
+        if self.journal is not None and time.monotonic() - self.journaled >= JOURNAL_S:
+            self.journaled = time.monotonic()
+            self.journal.update()
+
+    def save(self) -> None:
+        if self.journal is None:
+            return
+        self.run.save(self.path)
+        self.journal.remove()
+        common.log(f"wrote {self.path}")
 
 
 def _read(path: Path, flag: str) -> str:
@@ -85,6 +135,17 @@ def _lines(path: Path) -> list[str]:
     if not lines:
         raise UsageError(f"--prompts {path} holds no prompt: give one prompt per line")
     return lines
+
+
+def show_serve_run(run, path: Path, as_json: bool) -> None:
+    """`kvviz trace` of a kvviz-serve file."""
+    if as_json:
+        print(json.dumps(figures(run), indent=2))
+        return
+    state = "cancelled" if run.cancelled else "finished"
+    print(f"{path}: kvviz serve on {run.model.get('name') or 'a model'}, {len(run.requests)} requests, {state}"
+          + (f" ({run.error})" if run.error else ""))
+    print("\n".join(table(run)))
 
 
 def figures(run) -> dict:

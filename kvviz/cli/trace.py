@@ -1,5 +1,5 @@
-"""`kvviz trace FILE`: check any kept file (a trace, a conversation, an evaluation, a sweep, a server session) and
-print its summary."""
+"""`kvviz trace FILE`: check any kept file (a trace, a conversation, an evaluation, a sweep, a serving run, a server
+session) and print its summary."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from kvviz.errors import UsageError
 
 
 def add_parser(subparsers) -> None:
-    trace = subparsers.add_parser("trace", help="check a kvviz file (trace, evaluation, sweep, session) and print its "
-                                  "summary")
+    trace = subparsers.add_parser("trace", help="check a kvviz file (trace, evaluation, sweep, serving run, "
+                                  "session) and print its summary")
     trace.add_argument("path", type=Path)
     trace.add_argument("--json", action="store_true", help="as JSON")
 
@@ -23,10 +23,12 @@ def command(args) -> int:
     from kvviz.cli.choose import show_kept_sweep
     from kvviz.cli.eval import show_eval_run
     from kvviz.cli.run import print_summary
+    from kvviz.cli.serve import show_serve_run
     from kvviz.files.conversation import ConversationTrace
     from kvviz.files.evaluation import EvalRun
     from kvviz.files.formats import read_kept
     from kvviz.files.jsonfile import KeptFileError
+    from kvviz.files.serve_trace import ServeRun
     from kvviz.files.sweep import Sweep
 
     try:
@@ -39,6 +41,8 @@ def command(args) -> int:
         show_conversation(kept, args.path, args.json)
     elif isinstance(kept, Sweep):
         show_kept_sweep(kept, args.path, args.json)
+    elif isinstance(kept, ServeRun):
+        show_serve_run(kept, args.path, args.json)
     elif isinstance(kept, Session):
         show_session(kept, kept.url, kept.model, args.json)
     elif args.json:

@@ -10,9 +10,8 @@ probed once (`probe`) against what this module reads, and a transformers that la
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from kvviz.errors import OptionError
+from kvviz.files.serve_trace import Group, PoolState
 
 TESTED = "5.24"  # the transformers whose layout this module reads
 
@@ -50,17 +49,6 @@ def probe(manager) -> None:
         )
 
 
-@dataclass(frozen=True)
-class Group:
-    """One allocator's layers: a block holds `page` tokens of each of its layers' keys and values."""
-
-    name: str  # "full_attention", "sliding_attention"
-    layers: int
-    page: int
-    bytes_per_block: int
-    blocks: int  # the pool's blocks for this group
-
-
 def groups(manager) -> list[Group]:
     """The pool's groups, their bytes per block read from the pool's own tensors: an allocator's typed view of the
     pool is [tokens, 2, KV heads, head dim] in the cache's dtype, one row per token and layer for keys and values, so
@@ -74,25 +62,13 @@ def groups(manager) -> list[Group]:
     return found
 
 
-@dataclass
-class PoolState:
-    """The pool at one step, after the scheduler allocated the step's blocks."""
-
-    tables: dict[str, dict[str, list[int]]]  # per group: request id -> the blocks it holds, in order
-    shared: dict[str, dict[int, int]]  # per group: block -> requests holding it (two or more)
-    cached: dict[str, list[int]]  # per group: complete blocks no request holds, kept for a later prefix
-
-    def held(self, group: str) -> int:
-        """Blocks of `group` some request holds (a shared block once)."""
-        return len({block for blocks in self.tables[group].values() for block in blocks})
-
-
 def pool_state(manager) -> PoolState:
     """Read on the manager's thread (its hooks), where the tables are consistent."""
     allocators = manager.batch_processor.cache.cache_allocators
     return PoolState(
         tables={name: {rid: list(blocks) for rid, blocks in a.block_table.items()} for name, a in allocators.items()},
-        shared={name: dict(a.ledger.shared_ref_counts) for name, a in allocators.items()},
+        shared={name: {str(block): n for block, n in a.ledger.shared_ref_counts.items()}
+                for name, a in allocators.items()},
         cached={name: sorted(a.ledger.cached_blocks) for name, a in allocators.items()},
     )
 

@@ -11,190 +11,54 @@ Greedy: each answer is `generate`'s of that prompt alone, ending at the end-of-s
 
 from __future__ import annotations
 
-import random
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
 from kvviz.engine import paged_pool
 from kvviz.errors import OptionError
-
-SCHEDULERS = ("fifo", "prefill_first")
-
-
-@dataclass
-class ServeSettings:
-    max_new_tokens: int = 64
-    page_size: int | None = None  # tokens per block; None: transformers' default
-    blocks: int | None = None  # the pool's blocks; None: sized from free memory, as transformers sizes it
-    max_batch_tokens: int | None = None  # query tokens per step; None: transformers' choice
-    concurrency: int | None = None  # requests per batch; None: transformers' choice
-    scheduler: str = "fifo"
-    prefix_sharing: bool = True
-    rate: float | None = None  # requests per second, Poisson-spaced; None: all at once
-    seed: int = 0
-
-    def check(self) -> None:
-        for name in ("max_new_tokens", "page_size", "blocks", "max_batch_tokens", "concurrency"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise OptionError(f"{name.replace('_', ' ')} must be at least 1, got {value}")
-        if self.page_size is not None and self.page_size < 4:
-            raise OptionError(f"the page size must be at least 4 tokens (transformers' least), got {self.page_size}")
-        if self.scheduler not in SCHEDULERS:
-            raise OptionError(f"unknown scheduler {self.scheduler!r}: give {' or '.join(SCHEDULERS)}")
-        if self.rate is not None and not self.rate > 0:
-            raise OptionError(f"the rate must be above 0 requests per second, got {self.rate}")
-
-    def arrivals(self, n: int) -> list[float]:
-        """Seconds after the start at which each of `n` requests arrives: at once, or with exponential gaps."""
-        if self.rate is None:
-            return [0.0] * n
-        draw, at, times = random.Random(self.seed), 0.0, []
-        for _ in range(n):
-            times.append(at)
-            at += draw.expovariate(self.rate)
-        return times
+from kvviz.files.serve_trace import ServedRequest, ServeRun, ServeSettings, ServeStep
 
 
-@dataclass
-class ServedRequest:
-    """One request as served; times in seconds from the run's start."""
-
-    id: str
-    prompt: str
-    prompt_tokens: int
-    arrival: float
-    submitted: float | None = None
-    token_times: list[float] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=list)
-    text: str = ""
-    preemptions: int = 0
-    peak_blocks: int = 0  # the most blocks it held at once, every group counted
-    prefix_tokens: int = 0  # of its prompt, found in blocks already in the pool (not computed again)
-    finished: bool = False
-
-    @property
-    def ttft_ms(self) -> float | None:
-        if self.submitted is None or not self.token_times:
-            return None
-        return (self.token_times[0] - self.submitted) * 1000.0
-
-    @property
-    def tpot_ms(self) -> float | None:
-        """Time per output token after the first; None for a single token."""
-        if len(self.token_times) < 2:
-            return None
-        return (self.token_times[-1] - self.token_times[0]) / (len(self.token_times) - 1) * 1000.0
-
-
-@dataclass
-class ServeStep:
-    """One forward of the batch."""
-
-    started: float
-    ended: float | None
-    batch: list[tuple[str, int, bool]]  # (request, query tokens, decoding)
-    pool: paged_pool.PoolState
-    waiting: list[str]
-
-    @property
-    def prefill_tokens(self) -> int:
-        return sum(tokens for _, tokens, decoding in self.batch if not decoding)
-
-    @property
-    def decode_tokens(self) -> int:
-        return sum(tokens for _, tokens, decoding in self.batch if decoding)
-
-
-@dataclass
-class ServeRun:
-    settings: ServeSettings
-    groups: list[paged_pool.Group]
-    pool_bytes: int
-    max_batch_tokens: int
-    requests: list[ServedRequest]
-    steps: list[ServeStep] = field(default_factory=list)
-    sized_from_memory: bool = False  # the pool's blocks were transformers' choice from free memory
-    interrupted: KeyboardInterrupt | None = None  # Ctrl-C or SIGTERM ended the run before every request finished
-
-    @property
-    def page_size(self) -> int:
-        return self.groups[0].page
-
-    @property
-    def blocks(self) -> int:
-        return self.groups[0].blocks
-
-    @property
-    def bytes_per_block(self) -> int:
-        """Every group's block together: what a request's block of positions costs across all layers."""
-        return sum(group.bytes_per_block for group in self.groups)
-
-    def step_bytes(self, step: ServeStep) -> int:
-        return sum(step.pool.held(group.name) * group.bytes_per_block for group in self.groups)
-
-    @property
-    def peak_blocks(self) -> int:
-        """The most blocks held at once (a block shared by several requests once), every group counted."""
-        return max((sum(step.pool.held(g.name) for g in self.groups) for step in self.steps), default=0)
-
-    @property
-    def peak_bytes(self) -> int:
-        return max((self.step_bytes(step) for step in self.steps), default=0)
-
-    @property
-    def reused_blocks(self) -> int:
-        """Blocks a request took from the pool by a prefix match instead of computing them again."""
-        return sum(r.prefix_tokens // g.page for r in self.requests for g in self.groups)
-
-    @property
-    def preemptions(self) -> int:
-        return sum(r.preemptions for r in self.requests)
-
-    @property
-    def output_tokens(self) -> int:
-        return sum(len(r.token_times) for r in self.requests)
-
-    @property
-    def tokens_per_s(self) -> float | None:
-        """Output tokens over the time from the first request's submission to the last token."""
-        times = [t for r in self.requests for t in r.token_times]
-        submitted = [r.submitted for r in self.requests if r.submitted is not None]
-        if not times or not submitted or max(times) <= min(submitted):
-            return None
-        return len(times) / (max(times) - min(submitted))
-
-
-def serve(model, tokenizer, prompts: list[tuple[str, list[int]]], settings: ServeSettings,
-          on_step=None, stop: threading.Event | None = None) -> ServeRun:
-    """Serve `prompts` ((text, token ids) each) through the model's continuous batching; `on_step(run)` after each
-    step (on the manager's thread); `stop` set ends the run early, what was measured kept."""
+def serve(loaded, prompts: list[tuple[str, list[int]]], settings: ServeSettings,
+          on_start: Callable[[ServeRun], None] | None = None, on_step: Callable[[ServeRun], None] | None = None,
+          stop: threading.Event | None = None) -> ServeRun:
+    """Serve `prompts` ((text, token ids) each) through `loaded`'s model's continuous batching. `on_start(run)` once
+    the pool is built (on this thread), `on_step(run)` after each step (on the manager's thread); `stop` set ends the
+    run early, the requests still open failed at once and the run said cancelled, what was measured kept. Ctrl-C
+    and SIGTERM do the same, then go on up."""
     settings.check()
+    model = loaded.model
     generation, batching = serving_configs(model, settings)
     manager = model.init_continuous_batching(generation_config=generation, continuous_batching_config=batching)
     run = None
     try:
         manager.warmup()  # builds the batch processor, its cache and scheduler, which the hooks go on
         paged_pool.probe(manager)
-        run = ServeRun(settings, paged_pool.groups(manager), paged_pool.pool_bytes(manager),
+        arrivals = settings.arrivals(len(prompts))
+        run = ServeRun(loaded.card, settings, paged_pool.groups(manager), paged_pool.pool_bytes(manager),
                        manager.batch_processor.cache.max_batch_tokens,
                        [ServedRequest(f"r{i}", text, len(ids), at)
-                        for i, ((text, ids), at) in enumerate(zip(prompts, settings.arrivals(len(prompts)),
-                                                                      strict=True))],
+                        for i, ((text, ids), at) in enumerate(zip(prompts, arrivals, strict=True))],
                        sized_from_memory=settings.blocks is None)
         _check_fits(run, prompts, settings.max_new_tokens)
+        if on_start is not None:
+            on_start(run)
         started = time.perf_counter()
         _hook(manager, run, started, on_step)
         manager.start()
-        _send_and_collect(manager, run, prompts, tokenizer, started, stop)
-    except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM: what was measured is kept
-        if run is None:
-            raise
-        run.interrupted = interrupt
+        _send_and_collect(manager, run, prompts, loaded.tokenizer, started, stop)
+    except BaseException as exc:
+        if run is not None:
+            run.cancelled = True
+            run.error = None if isinstance(exc, KeyboardInterrupt) else str(exc)
+        raise
     finally:
         # the requests still open are failed at once rather than served to their end
-        manager.stop(block=True, hard_stop=run is None or any(not r.finished for r in run.requests))
+        open_requests = run is None or any(not r.finished for r in run.requests)
+        manager.stop(block=True, hard_stop=open_requests)
+        if run is not None and open_requests:
+            run.cancelled = True
     return run
 
 

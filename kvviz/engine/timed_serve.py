@@ -21,13 +21,14 @@ import torch
 
 from kvviz.engine import models
 from kvviz.engine.decode import encode_prompt
-from kvviz.engine.serve import ServeSettings, builtin_prompts, serve, serving_configs
+from kvviz.engine.serve import builtin_prompts, serve, serving_configs
+from kvviz.files.serve_trace import ServeSettings
 
 WARM_UP_TOKENS = 4
 
 
 def kvviz_answers(loaded, prompts, settings: ServeSettings) -> list[list[int]]:
-    return [r.tokens for r in serve(loaded.model, loaded.tokenizer, prompts, settings).requests]
+    return [r.tokens for r in serve(loaded, prompts, settings).requests]
 
 
 def batch_answers(loaded, prompts, settings: ServeSettings) -> list[list[int]]:

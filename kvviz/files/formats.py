@@ -26,6 +26,7 @@ FORMATS = {
     "kvviz-eval": "kvviz.files.evaluation",
     "kvviz-conversation": "kvviz.files.conversation",
     "kvviz-sweep": "kvviz.files.sweep_schema",
+    "kvviz-serve": "kvviz.files.serve_trace",
 }
 
 

@@ -8,8 +8,9 @@ import torch
 
 from kvviz.engine import paged_pool
 from kvviz.engine.decode import encode_prompt
-from kvviz.engine.serve import ServeSettings, serve
+from kvviz.engine.serve import serve
 from kvviz.errors import OptionError
+from kvviz.files.serve_trace import ServeSettings
 
 QUESTIONS = ["What is the capital of France?", "Name three colours.", "Count to five.", "Say hello in Spanish."]
 NEW_TOKENS = 16
@@ -36,7 +37,7 @@ def preempted(default_model):
     preempted and served again."""
     prompts = prompts_of(default_model, QUESTIONS)
     settings = ServeSettings(max_new_tokens=NEW_TOKENS, page_size=16, blocks=6, max_batch_tokens=64)
-    return prompts, serve(default_model.model, default_model.tokenizer, prompts, settings)
+    return prompts, serve(default_model, prompts, settings)
 
 
 def test_every_answer_is_generate_s_alone_though_the_pool_preempts(default_model, preempted):
@@ -66,7 +67,7 @@ def test_a_shared_prefix_is_reused_and_lowers_the_peak(default_model):
     """Prefills split over steps of 32 tokens: the first request's prefix is complete in the pool before the next is
     scheduled, whatever the machine's speed."""
     prompts = prompts_of(default_model, [PREFIX + "\n\n" + q for q in QUESTIONS[:3]])
-    runs = {sharing: serve(default_model.model, default_model.tokenizer, prompts,
+    runs = {sharing: serve(default_model, prompts,
                            ServeSettings(max_new_tokens=4, page_size=16, blocks=64, max_batch_tokens=32,
                                          prefix_sharing=sharing))
             for sharing in (True, False)}
@@ -85,7 +86,7 @@ def test_arrivals_are_poisson_spaced_at_the_rate():
 def test_a_request_longer_than_the_pool_is_refused_before_it_runs(default_model):
     prompts = prompts_of(default_model, QUESTIONS[:1])
     with pytest.raises(OptionError, match=r"needs \d+ blocks of 16 tokens, and the pool has 2"):
-        serve(default_model.model, default_model.tokenizer, prompts,
+        serve(default_model, prompts,
               ServeSettings(max_new_tokens=NEW_TOKENS, page_size=16, blocks=2))
 
 
