@@ -53,8 +53,7 @@ def add_parser(subparsers) -> None:
 def command(args) -> int:
     from kvviz import interrupts
     from kvviz.engine import models
-    from kvviz.engine.decode import encode_prompt
-    from kvviz.engine.serve import builtin_prompts, serve
+    from kvviz.engine.serve import builtin_prompts, encoded, serve
     from kvviz.files.serve_trace import ServeSettings
 
     settings = ServeSettings(max_new_tokens=args.max_new_tokens, page_size=args.page_size, blocks=args.blocks,
@@ -69,9 +68,7 @@ def command(args) -> int:
     texts = _lines(args.prompts) if args.prompts is not None else builtin_prompts(args.requests or DEFAULT_REQUESTS)
     prefix = _read(args.shared_prefix, "--shared-prefix") if args.shared_prefix is not None else ""
     loaded = models.load_model(args.model, dtype=args.dtype, device=args.device, progress=common.progress)
-    # each row names its own prompt; the model reads it after the shared prefix
-    prompts = [(text, encode_prompt(loaded.tokenizer, prefix.rstrip() + "\n\n" + text if prefix.strip() else text,
-                                    args.raw)) for text in texts]
+    prompts = encoded(loaded.tokenizer, texts, prefix, args.raw)
     if not args.json:
         common.log(f"serving {len(prompts)} requests through transformers' continuous batching")
     kept = Kept(args.trace)

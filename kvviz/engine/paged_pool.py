@@ -21,7 +21,8 @@ NEEDED = {
     "batch processor": ("prepare_next_batch", "update_batch", "cache", "scheduler", "offloading_manager",
                         "inputs_and_outputs"),
     "cache": ("cache_tensor", "num_sectors", "cache_allocators", "pool", "search_prefix_match"),
-    "allocator": ("block_table", "tokens_per_page", "layer_indices", "ledger", "cache_tensor", "num_blocks"),
+    "allocator": ("block_table", "tokens_per_page", "layer_indices", "ledger", "cache_tensor", "num_blocks",
+                  "blocks_per_sector"),
     "ledger": ("shared_ref_counts", "cached_blocks"),
     "offloading manager": ("offload_requests",),
     "inputs and outputs": ("requests_in_batch",),
@@ -58,7 +59,8 @@ def groups(manager) -> list[Group]:
     for name, allocator in cache.cache_allocators.items():
         row_bytes = allocator.cache_tensor[0].nbytes
         found.append(Group(name, len(allocator.layer_indices), allocator.tokens_per_page,
-                           row_bytes * allocator.tokens_per_page * len(allocator.layer_indices), allocator.num_blocks))
+                           row_bytes * allocator.tokens_per_page * len(allocator.layer_indices), allocator.num_blocks,
+                           first_block=2 * allocator.blocks_per_sector))  # the pool's first two sectors: padding
     return found
 
 

@@ -129,9 +129,10 @@ def _hook(manager, run: ServeRun, started: float, on_step) -> None:
     def offloaded() -> bool:
         before = set(scheduler.active_requests)
         done = offload()
+        now = time.perf_counter() - started
         for request_id in before - set(scheduler.active_requests):
             if request_id in by_id:
-                by_id[request_id].preemptions += 1
+                by_id[request_id].preempted_at.append(now)
         return done
 
     def matched(request_id: str, prompt_ids: list[int]) -> int:
@@ -170,6 +171,17 @@ def _send_and_collect(manager, run: ServeRun, prompts, tokenizer, started: float
         request.text = tokenizer.decode(request.tokens, skip_special_tokens=True)
         request.finished = True
         del open_requests[request.id]
+
+
+def encoded(tokenizer, texts: list[str], prefix: str = "", raw: bool = False) -> list[tuple[str, list[int]]]:
+    """Each request as `serve` takes it: (its own text, the token ids the model reads: the shared prefix, then the
+    text, in the chat template's user turn unless `raw`)."""
+    from kvviz.engine.decode import encode_prompt
+
+    def read(text: str) -> str:
+        return f"{prefix.rstrip()}\n\n{text}" if prefix.strip() else text
+
+    return [(text, encode_prompt(tokenizer, read(text), raw)) for text in texts]
 
 
 BUILTIN_TEXT = "alice"  # the built-in text whose passages `--requests N` asks about

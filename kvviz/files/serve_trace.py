@@ -6,9 +6,9 @@ the window read them. A serve trace is JSON:
     {"format": "kvviz-serve", "version": 1, "model": {...}, "settings": {...},
      "pool": {"pool_bytes", "max_batch_tokens", "sized_from_memory", "groups": [{name, layers, page, bytes_per_block,
               blocks}]},
-     "requests": [{id, prompt, prompt_tokens, arrival, submitted, token_times, tokens, text, preemptions, peak_blocks,
-                   prefix_tokens, finished}],
-     "steps": [{started, ended, batch: [[request, query tokens, decoding]], tables: {group: {request: [blocks]}},
+     "requests": [{id, prompt, prompt_tokens, arrival, submitted, token_times, tokens, text, preempted_at,
+                   peak_blocks, prefix_tokens, finished}],
+     "steps": [{started, ended, batch: [{request, tokens, decoding}], tables: {group: {request: [blocks]}},
                 shared: {group: {block: requests}}, cached: {group: [blocks]}, waiting: [requests]}],
      "cancelled": bool, "error": str | null, "summary": {...}}
 
@@ -95,6 +95,7 @@ class Group:
     page: int
     bytes_per_block: int
     blocks: int  # the pool's blocks for this group
+    first_block: int = 0  # the id of its first block (transformers keeps the pool's first sectors for padding)
 
 
 @dataclass
@@ -122,10 +123,14 @@ class ServedRequest:
     token_times: list[float] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     text: str = ""
-    preemptions: int = 0
+    preempted_at: list[float] = field(default_factory=list)  # when the scheduler preempted it (soft reset or offload)
     peak_blocks: int = 0  # the most blocks it held at once, every group counted
     prefix_tokens: int = 0  # of its prompt, found in blocks already in the pool (not computed again)
     finished: bool = False
+
+    @property
+    def preemptions(self) -> int:
+        return len(self.preempted_at)
 
     @property
     def ttft_ms(self) -> float | None:
@@ -243,6 +248,46 @@ class ServeRun:
         return write_json(path, self.to_dict)
 
 
+PHASES = ("waiting", "prefill", "decode", "preempted")
+
+
+def phases(run: ServeRun) -> dict[str, list[tuple[str, float, float]]]:
+    """Each request's spans over the run, (phase, start s, end s), from the steps: waiting from its submission to its
+    first step; prefill and decode where a step fed it (a request the scheduler held back a step, its blocks kept,
+    stays in the phase it was in); preempted from a preemption, while it waits, to the step that feeds it again. A span
+    ends where the next step starts (the last, where it ended); a finished request has no span after its last token."""
+    steps = list(run.steps)
+    ends = [s.started for s in steps[1:]] + [steps[-1].ended or steps[-1].started] if steps else []
+    spans: dict[str, list[tuple[str, float, float]]] = {r.id: [] for r in run.requests}
+    for request in run.requests:
+        if request.submitted is None:
+            continue
+        done = request.token_times[-1] if request.finished and request.token_times else None
+        preemptions = sorted(request.preempted_at)
+        phase, since, preempted = "waiting", request.submitted, False
+        for step, end in zip(steps, ends, strict=True):
+            while preemptions and preemptions[0] <= step.started:
+                preemptions.pop(0)
+                preempted = True
+            if end <= request.submitted or (done is not None and step.started >= done):
+                continue
+            fed = next((decoding for rid, _, decoding in step.batch if rid == request.id), None)
+            if fed is not None:
+                now, preempted = ("decode" if fed else "prefill"), False
+            elif request.id in step.waiting:
+                now = "preempted" if preempted else "waiting"
+            else:
+                now = phase
+            if now != phase:
+                if step.started > since:
+                    spans[request.id].append((phase, since, step.started))
+                phase, since = now, max(step.started, since)
+        last = done if done is not None else (ends[-1] if ends else since)
+        if last > since:
+            spans[request.id].append((phase, since, last))
+    return spans
+
+
 def _step_dict(step: ServeStep) -> dict[str, Any]:
     return {"started": step.started, "ended": step.ended,
             "batch": [{"request": r, "tokens": tokens, "decoding": decoding} for r, tokens, decoding in step.batch],
@@ -309,7 +354,8 @@ _SETTINGS = Record({
 }, what="the serving settings (an object)")
 
 _GROUP = Record({"name": Text(nonempty=True), "layers": Int(1, MAX_POSITIONS), "page": Int(1, MAX_POSITIONS),
-                 "bytes_per_block": Int(1, MAX_BYTES), "blocks": _BLOCKS}, what="a group of layers (an object)")
+                 "bytes_per_block": Int(1, MAX_BYTES), "blocks": _BLOCKS, "first_block": optional(_BLOCKS, 0)},
+                what="a group of layers (an object)")
 
 _POOL = Record({"pool_bytes": Int(0, MAX_BYTES, what="a byte count"), "max_batch_tokens": Int(1, MAX_POSITIONS),
                 "sized_from_memory": Flag(), "groups": ListOf(_GROUP)}, what="the pool (an object)")
@@ -328,7 +374,7 @@ _REQUEST = Record({
     "id": Text(nonempty=True), "prompt": Text(), "prompt_tokens": _COUNT, "arrival": _SECONDS,
     "submitted": Number(0, MAX_S, null=True, what="seconds from the run's start (null: not sent)"),
     "token_times": ListOf(_SECONDS), "tokens": ListOf(Int(0, what="a token id")), "text": Text(),
-    "preemptions": _COUNT, "peak_blocks": _BLOCKS, "prefix_tokens": _COUNT, "finished": Flag(),
+    "preempted_at": ListOf(_SECONDS), "peak_blocks": _BLOCKS, "prefix_tokens": _COUNT, "finished": Flag(),
 }, rules=(_times_in_order,), what="a request (an object)")
 
 _BLOCK_LIST = ListOf(Int(0, MAX_BYTES, what="a block"))

@@ -9,6 +9,7 @@ from kvviz.qt.choose.mode import ChooseMode
 from kvviz.qt.evaluate.mode import EvaluateMode
 from kvviz.qt.local.mode import LocalMode
 from kvviz.qt.mode_api import Mode
+from kvviz.qt.serve.mode import ServeMode
 from kvviz.qt.server.mode import ServerMode
 
-MODES: list[type[Mode]] = [LocalMode, EvaluateMode, ServerMode, ChatMode, ChooseMode]
+MODES: list[type[Mode]] = [LocalMode, EvaluateMode, ServerMode, ChatMode, ChooseMode, ServeMode]
