@@ -94,3 +94,18 @@ def test_a_transformers_without_what_kvviz_reads_is_refused_by_version():
     manager = SimpleNamespace(batch_processor=None)
     with pytest.raises(OptionError, match=rf"as transformers {paged_pool.TESTED} lays it out.*lacks manager\.warmup"):
         paged_pool.probe(manager)
+
+
+def test_each_request_s_phases_follow_its_steps(preempted):
+    from kvviz.files.serve_trace import phases
+
+    _, run = preempted
+    spans = phases(run)
+    for request in run.requests:
+        mine = spans[request.id]
+        assert all(start < end for _, start, end in mine)
+        assert all(a[2] <= b[1] for a, b in zip(mine, mine[1:], strict=False))  # in order, never overlapping
+        assert mine[-1][2] == request.token_times[-1]  # none after its last token
+        assert "decode" in [phase for phase, _, _ in mine] or len(request.tokens) == 1
+        assert ("preempted" in [phase for phase, _, _ in mine]) == (request.preemptions > 0 and any(
+            request.id in step.waiting and step.started >= request.preempted_at[0] for step in run.steps))
