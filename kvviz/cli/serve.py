@@ -4,7 +4,6 @@ a row per request and the pool's figures."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 from kvviz.cli import common
@@ -12,7 +11,6 @@ from kvviz.errors import UsageError
 
 DEFAULT_REQUESTS = 8
 PROMPT_COLUMN = 36  # characters of a prompt shown in the table
-JOURNAL_S = 1.0  # the most a killed serve loses of what it measured
 
 
 def add_parser(subparsers) -> None:
@@ -89,13 +87,12 @@ def command(args) -> int:
 
 
 class Kept:
-    """`--trace`: the run journaled while it serves (at most every JOURNAL_S, on the manager's thread), then saved."""
+    """`--trace`: the run journaled while it serves (`ServeJournal`), then saved."""
 
     def __init__(self, path: Path | None):
         self.path = path
         self.run = None
         self.journal = None
-        self.journaled = 0.0
 
     def start(self, run) -> None:
         from kvviz.files.serve_trace import ServeJournal
@@ -106,9 +103,8 @@ class Kept:
             self.journal.update()
 
     def step(self, run) -> None:
-        if self.journal is not None and time.monotonic() - self.journaled >= JOURNAL_S:
-            self.journaled = time.monotonic()
-            self.journal.update()
+        if self.journal is not None:
+            self.journal.step()
 
     def save(self) -> None:
         if self.journal is None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,7 @@ FORMAT = "kvviz-serve"
 VERSION = 1
 SCHEDULERS = ("fifo", "prefill_first")
 MAX_S = 86_400.0 * 30  # a month: no serving run lasts longer
+JOURNAL_S = 1.0  # the longest a serving run's journal waits for a line (what a kill loses)
 
 
 @dataclass
@@ -295,17 +297,25 @@ def _step_dict(step: ServeStep) -> dict[str, Any]:
 
 
 class ServeJournal:
-    """A serving run kept as it goes (`kvviz.files.journal`), beside the file it becomes: `update()` now and then
-    while it serves, `remove()` once the file is written. The header is the run's model, settings and pool; each
-    line holds the steps since the last line (``{"from": steps before}``) and every request as it stands."""
+    """A serving run kept as it goes (`kvviz.files.journal`), beside the file it becomes: `update()` at its start
+    and end, `step()` after each step (a line at most every JOURNAL_S), `remove()` once the file is written. The header
+    is the run's model, settings and pool; each line holds the steps since the last line (``{"from": steps before}``)
+    and every request as it stands."""
 
     def __init__(self, path: str | os.PathLike, run: ServeRun):
         self.path = Path(path)
         self.run = run
         self.journal = Journal(journal_path(self.path), FORMAT)
         self._written = 0
+        self._updated = 0.0
+
+    def step(self, run: ServeRun | None = None) -> None:
+        """After a step (on the manager's thread): a line, unless one was written less than JOURNAL_S ago."""
+        if time.monotonic() - self._updated >= JOURNAL_S:
+            self.update()
 
     def update(self) -> None:
+        self._updated = time.monotonic()
         steps = list(self.run.steps)
         line = {"from": self._written, "steps": [_step_dict(s) for s in steps[self._written:]],
                 "requests": [asdict(r) for r in self.run.requests]}

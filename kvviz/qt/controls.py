@@ -2,10 +2,10 @@
 view.
 
 Each mode lists its Controls, top to bottom (`Mode.controls`): its own panels and the panels it shares with other
-modes (`SharedPanels`: the model chooser, the prompt, the generation settings, the strategy picker and the pinned
-spans). The column
-holds the current mode's, in its order; the rest are out of the layout and hidden. The tab bar and the buttons follow
-the mode (`set_mode`), driven by the same list of modes as the central tabs.
+modes (`kvviz.qt.shared_panels.SharedPanels`: the model chooser, the prompt, the generation settings, the strategy
+picker and the pinned spans). The column holds the current mode's, in its order; the rest are out of the layout and
+hidden. The tab bar and the buttons follow the mode (`set_mode`), driven by the same list of modes as the central
+tabs.
 """
 
 from __future__ import annotations
@@ -14,24 +14,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QScrollArea, QTabBar, QVBoxLayout, QWidget
 
 from kvviz.qt.mode_api import Mode
-from kvviz.qt.panels.generation import PromptPanel, SettingsPanel
-from kvviz.qt.panels.model import ModelPanel
-from kvviz.qt.panels.pins import PinPanel
-from kvviz.qt.panels.strategy import StrategyPanel
-
-
-class SharedPanels:
-    """The panels several modes show in their Controls: made once, so that a model, a prompt, the settings and a
-    strategy chosen in one mode are the ones the next mode uses."""
-
-    def __init__(self):
-        self.model_panel = ModelPanel()
-        self.prompt_panel = PromptPanel()
-        self.settings_panel = SettingsPanel()
-        self.strategy_panel = StrategyPanel()
-        self.pin_panel = PinPanel()  # the spans of the prompt a local run watches (the Tokens panel pins there too)
-        for group in (self.model_panel, self.prompt_panel, self.settings_panel, self.strategy_panel, self.pin_panel):
-            group.layout().setContentsMargins(8, 4, 8, 6)  # the groups' frames take what the fields need
+from kvviz.qt.shared_panels import SharedPanels
 
 
 class PageSwap(QWidget):

@@ -19,9 +19,8 @@ from typing import Any
 from PySide6.QtCore import QEvent, QSettings, Qt, Signal
 from PySide6.QtWidgets import QMainWindow, QVBoxLayout, QWidget
 
-from kvviz.present import counted
 from kvviz.qt import modes, unsaved, wheel_guard, window_settings
-from kvviz.qt.controls import Controls, SharedPanels
+from kvviz.qt.controls import Controls
 from kvviz.qt.docks_aside import DocksAside
 from kvviz.qt.file_actions import FileActions
 from kvviz.qt.help import HelpMenu
@@ -33,6 +32,7 @@ from kvviz.qt.panels.tokens import TokenView
 from kvviz.qt.redraw import PaintClock, RedrawScheduler
 from kvviz.qt.run_store import RunStore
 from kvviz.qt.runs_height import RunsHeightKeeper
+from kvviz.qt.shared_panels import SharedPanels
 from kvviz.qt.status import ErrorBar, StatusLine, state_words, window_figures
 from kvviz.qt.view_tabs import ViewTabs
 from kvviz.qt.window_host import WindowHost
@@ -268,15 +268,7 @@ class MainWindow(QMainWindow):
             return super().event(event)
 
     def say_left_behind(self) -> list:
-        """Say where the runs, evaluations, chats and sweeps of a window that ended without closing are kept; returns
-        them."""
-        left = unsaved.left_behind()
-        if left:
-            # what to do first, the folder last: a narrow window cuts the end
-            self.statusBar().showMessage(
-                f"{counted(len(left), 'unsaved journal')} left by a window that ended without closing: File ▸ Open "
-                f"shows {'it' if len(left) == 1 else 'them'}, in {unsaved.folder()}", 60_000)
-        return left
+        return unsaved.say_left_behind(self.statusBar())
 
     def shutdown(self) -> None:
         """Stop every mode, join the worker thread (every way out of the window comes here: a QThread destroyed while

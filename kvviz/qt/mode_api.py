@@ -24,10 +24,10 @@ from PySide6.QtGui import QKeySequence
 from PySide6.QtWidgets import QWidget
 
 if TYPE_CHECKING:
-    from kvviz.qt.controls import SharedPanels
     from kvviz.qt.file_dialogs import FileDialogs
     from kvviz.qt.model_host import ModelHost
     from kvviz.qt.run_store import RunStore
+    from kvviz.qt.shared_panels import SharedPanels
     from kvviz.qt.theme import Palette
 
 Part = Callable[[], None]  # one piece of a redraw: the scheduler gives each its own turn of the event loop

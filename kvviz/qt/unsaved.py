@@ -28,8 +28,10 @@ from kvviz.files.conversation import ConversationJournal, ConversationTrace
 from kvviz.files.evaluation import EvalJournal, EvalRun
 from kvviz.files.journal import SUFFIX
 from kvviz.files.jsonfile import process_alive
+from kvviz.files.serve_trace import ServeJournal, ServeRun
 from kvviz.files.sweep import Sweep, SweepJournal
 from kvviz.files.trace import Trace, TraceJournal
+from kvviz.present import counted
 
 log = logging.getLogger(__name__)
 KEEP_NEWEST = 20  # files left by windows that ended, kept at most
@@ -37,7 +39,8 @@ KEEP_DAYS = 14  # and for at most this long
 RULE = (f"kvviz keeps the newest {KEEP_NEWEST} of them for {KEEP_DAYS} days and removes the rest when a window "
         "starts: save what you want to keep")
 _KEPT_AT_CLOSE = re.compile(r"^conversation-.*\.json$")  # `ChatMode.keep_at_close`'s files
-_OWNED = re.compile(r"^(?:run|eval|chat|sweep)-(\d+)-.*\.json" + re.escape(SUFFIX) + "$")  # the owner's process id
+# the owner's process id
+_OWNED = re.compile(r"^(?:run|eval|chat|sweep|serve)-(\d+)-.*\.json" + re.escape(SUFFIX) + "$")
 
 
 def folder() -> Path:
@@ -67,6 +70,23 @@ def sweep_journal(sweep_id: int, sweep: Sweep, resume: dict) -> SweepJournal | N
     `resume` is what a continuation checks (`kvviz.engine.sweep_resume.resume_key`)."""
     path = _file(f"sweep-{os.getpid()}-{sweep_id}.json")
     return SweepJournal(path, sweep, resume) if path else None
+
+
+def serve_journal(job_id: int, run: ServeRun) -> ServeJournal | None:
+    """Likewise for a run of the Serve tab: its steps and requests as it serves."""
+    path = _file(f"serve-{os.getpid()}-{job_id}.json")
+    return ServeJournal(path, run) if path else None
+
+
+def say_left_behind(status_bar) -> list[Path]:
+    """Say in `status_bar` where the runs, evaluations, chats, sweeps and serving runs of a window that ended without
+    closing are kept; returns them."""
+    left = left_behind()
+    if left:
+        # what to do first, the folder last: a narrow window cuts the end
+        status_bar.showMessage(f"{counted(len(left), 'unsaved journal')} left by a window that ended without closing: "
+                               f"File ▸ Open shows {'it' if len(left) == 1 else 'them'}, in {folder()}", 60_000)
+    return left
 
 
 def holds(path: str | os.PathLike) -> bool:

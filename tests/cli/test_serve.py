@@ -75,9 +75,9 @@ def shape(run) -> list[tuple]:
 
 
 def test_a_serve_killed_mid_run_keeps_the_steps_it_journaled(tmp_path, preloaded, monkeypatch):  # noqa: F811
-    from kvviz.cli import serve as command
+    from kvviz.files import serve_trace
 
-    monkeypatch.setattr(command, "JOURNAL_S", 0.0)  # a journal line at every step (the child is forked from here)
+    monkeypatch.setattr(serve_trace, "JOURNAL_S", 0.0)  # a journal line at every step (the child is forked from here)
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("Hello there.\nWhat is a cache?\nTell me a story.\n")
     assert in_child([*SERVED, "--prompts", prompts, "--trace", tmp_path / "whole.json"]) == 0

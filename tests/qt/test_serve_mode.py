@@ -8,6 +8,7 @@ import os
 
 from kvviz.files.formats import read_kept
 from kvviz.files.serve_trace import ServeRun
+from kvviz.qt import unsaved
 from tests.qt.conftest import load, tab
 
 PROMPTS = "What is the capital of France?\nName three colours.\nCount to five.\nSay hello in Spanish."
@@ -53,6 +54,9 @@ def test_a_run_fills_the_block_map_live_and_a_second_overlays_it(window, qtbot, 
     xs, _ = mode.view.pool_plot.before.getData()
     assert xs is not None and len(xs) == len(small.steps) + 1  # the run before, overlaid
     assert [r.tokens for r in large.requests] == [r.tokens for r in small.requests]
+    # each run journaled in the folder of unsaved work, as it served
+    journals = sorted(unsaved.folder().glob(f"serve-{os.getpid()}-*.json.journal"))
+    assert len(journals) >= 2 and len(read_kept(journals[-1]).steps) == len(large.steps)
     if SHOTS:
         for size in ((1280, 720), (1920, 1080)):
             for theme_name in ("dark", "light"):

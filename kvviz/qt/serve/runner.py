@@ -5,7 +5,8 @@
 serves, no other mode feeds the shared model. It sends the `ServeRun` once the pool is built; the window reads its
 steps and requests as the manager's thread adds them. `cancel()` (Stop, the window closing) ends the run at once:
 the requests still open are failed, the manager's thread is stopped and joined, and the model's attention
-implementation restored by transformers.
+implementation restored by transformers. Every run is journaled as it serves, so that a window killed mid-run keeps
+what was measured.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 from PySide6.QtCore import Signal, Slot
 
 from kvviz.errors import OptionError, failure
+from kvviz.qt import unsaved
 from kvviz.qt.jobs import WorkerJob
 
 
@@ -34,8 +36,25 @@ class ServeRunner(WorkerJob):
                 from kvviz.engine.serve import encoded, serve
 
                 prompts = encoded(loaded.tokenizer, request["texts"], request["prefix"])
-                serve(loaded, prompts, request["settings"], on_start=lambda run: self.sigStarted.emit(job_id, run),
-                      stop=cancel)
+                journal = None  # in the folder of unsaved work until the window closes (`kvviz.qt.unsaved`)
+
+                def started(run) -> None:
+                    nonlocal journal
+                    journal = unsaved.serve_journal(job_id, run)
+                    if journal is not None:
+                        journal.update()
+                    self.sigStarted.emit(job_id, run)
+
+                def stepped(run) -> None:
+                    if journal is not None:
+                        journal.step()
+
+                try:
+                    serve(loaded, prompts, request["settings"], on_start=started, on_step=stepped, stop=cancel)
+                finally:
+                    if journal is not None:
+                        journal.update()
+                        journal.journal.close()
         except Exception as exc:  # noqa: BLE001 - the run as a whole cannot go on; the window says why
             self.sigFailed.emit(job_id, failure(f"serve {job_id}", exc))
         finally:
