@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 
 from kvviz.engine import paged_pool
 from kvviz.errors import OptionError
@@ -28,6 +29,28 @@ def serve(loaded, prompts: list[tuple[str, list[int]]], settings: ServeSettings,
     run early, the requests still open failed at once and the run said cancelled, what was measured kept. Ctrl-C
     and SIGTERM do the same, then go on up."""
     settings.check()
+    with sdpa_for_the_run(loaded.model):
+        return _serve(loaded, prompts, settings, on_start, on_step, stop)
+
+
+@contextmanager
+def sdpa_for_the_run(model):
+    """kvviz's `kvviz_sdpa` (left on the model by a cache that scores attention: transformers' sdpa with kvviz's
+    hook) is not an attention continuous batching takes: plain sdpa for the run, kvviz's again after it (transformers
+    itself restores, at the manager's stop, the implementation it found)."""
+    from kvviz.engine import attention_scores
+
+    own = model.config._attn_implementation == attention_scores.NAME
+    if own:
+        model.set_attn_implementation("sdpa")
+    try:
+        yield
+    finally:
+        if own:
+            model.set_attn_implementation(attention_scores.NAME)
+
+
+def _serve(loaded, prompts, settings: ServeSettings, on_start, on_step, stop) -> ServeRun:
     model = loaded.model
     generation, batching = serving_configs(model, settings)
     manager = model.init_continuous_batching(generation_config=generation, continuous_batching_config=batching)

@@ -109,3 +109,18 @@ def test_each_request_s_phases_follow_its_steps(preempted):
         assert "decode" in [phase for phase, _, _ in mine] or len(request.tokens) == 1
         assert ("preempted" in [phase for phase, _, _ in mine]) == (request.preemptions > 0 and any(
             request.id in step.waiting and step.started >= request.preempted_at[0] for step in run.steps))
+
+
+def test_kvviz_s_own_attention_gives_way_to_sdpa_for_the_run_and_comes_back(default_model):
+    """A cache that scores attention leaves kvviz_sdpa on the model, which continuous batching refuses."""
+    from kvviz.engine import attention_scores
+
+    model = default_model.model
+    attention_scores.install(model)
+    try:
+        run = serve(default_model, prompts_of(default_model, QUESTIONS[:1]),
+                    ServeSettings(max_new_tokens=2, page_size=16, blocks=8))
+        assert run.requests[0].finished
+        assert model.config._attn_implementation == attention_scores.NAME
+    finally:
+        model.set_attn_implementation("sdpa")

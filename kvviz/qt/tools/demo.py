@@ -4,9 +4,10 @@ One prompt through dynamic, static, quantized int4 (hqq) and sink caches, then o
 quantized int4 mid-run, then a quantized int2 run compared with the exact cache (its KL divergence per step and
 top-1 agreement), then a needle: a RULER-style item (kvviz.engine.tasks) whose 7-digit number is pinned, read by TOVA
 at a small budget, the cache map outlining the needle in each layer as it is held or evicted, then a four-turn
-conversation through attention sinks in the Chat tab. Each scene is captioned in a band of its own above the
-window's views, which covers no plot; with `record` the whole tour is written to MP4 (or GIF without imageio-ffmpeg)
-by kvviz.qt.recorder.
+conversation through attention sinks in the Chat tab, then twelve requests served at once through transformers'
+continuous batching in the Serve tab (a pool too small for them all: blocks shared by prefix, requests preempted).
+Each scene is captioned in a band of its own above the window's views, which covers no plot; with `record` the whole
+tour is written to MP4 (or GIF without imageio-ffmpeg) by kvviz.qt.recorder.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 from kvviz.present import FAILED, strategy_label
 from kvviz.qt.tools import drive
 from kvviz.qt.tools.chat_screenshot import MESSAGES, SYSTEM, play_chat
+from kvviz.qt.tools.serve_screenshot import serve
 
 DEMO_PROMPT = "Explain in a few sentences what the key-value cache of a transformer does."
 SIZE = (1920, 1080)
@@ -35,21 +37,24 @@ class Scene:
 
 
 TOUR = [
-    Scene("1 / 8  DynamicCache: grows by one token per step", "dynamic", {}),
-    Scene("2 / 8  StaticCache: every slot preallocated, written in place", "static", {}),
-    Scene("3 / 8  QuantizedCache int4 (hqq): old tokens in 4 bits, a full-precision residual", "quantized", HQQ_INT4),
-    Scene("4 / 8  Attention sinks: the first 4 tokens plus a sliding window of 24", "sink",
+    Scene("1 / 9  DynamicCache: grows by one token per step", "dynamic", {}),
+    Scene("2 / 9  StaticCache: every slot preallocated, written in place", "static", {}),
+    Scene("3 / 9  QuantizedCache int4 (hqq): old tokens in 4 bits, a full-precision residual", "quantized", HQQ_INT4),
+    Scene("4 / 9  Attention sinks: the first 4 tokens plus a sliding window of 24", "sink",
           {"sink_tokens": 4, "window": 24}),
-    Scene("5 / 8  Live switch: dynamic, then quantized int4 from token 24", "dynamic", {},
+    Scene("5 / 9  Live switch: dynamic, then quantized int4 from token 24", "dynamic", {},
           switch=(24, "quantized", HQQ_INT4)),
-    Scene("6 / 8  Fidelity: quantized int2 against the exact cache, KL per step and top-1 agreement", "quantized",
+    Scene("6 / 9  Fidelity: quantized int2 against the exact cache, KL per step and top-1 agreement", "quantized",
           {**HQQ_INT4, "nbits": 2}, reference=True),
 ]
 # the caption fits a 1920-pixel window whole (a longer one widens the window past the recording)
-NEEDLE = Scene("7 / 8  A needle in {tokens:,} tokens, pinned; TOVA keeps {budget}: {held}", "tova", {"budget": 96})
+NEEDLE = Scene("7 / 9  A needle in {tokens:,} tokens, pinned; TOVA keeps {budget}: {held}", "tova", {"budget": 96})
 NEEDLE_TASK, NEEDLE_TOKENS = "niah_single_1", 600
-CHAT = Scene("8 / 8  A conversation through attention sinks (4 + 60): the cache map shows which turns survive",
+CHAT = Scene("8 / 9  A conversation through attention sinks (4 + 60): the cache map shows which turns survive",
              "sink", {"sink_tokens": 4, "window": 60})
+SERVE = ("9 / 9  Twelve requests through transformers' continuous batching: {blocks} blocks of 16 tokens, a prefix "
+         "shared, requests preempted")
+SERVE_BLOCKS = 20
 FINALE = "All runs overlaid: memory, latency against its memory-bound floor, and the compared run's KL"
 
 
@@ -184,6 +189,11 @@ def _tour(window, caption: Caption, model: str, tokens: int, pause: float, recor
         if not play_chat(window, MESSAGES[:4], CHAT.strategy, CHAT.options, tokens, SYSTEM):
             failures += 1
             caption.show(CHAT.caption + f"  (failed: {window.last_error})")
+        drive.pause(2 * pause)
+        caption.show(SERVE.format(blocks=SERVE_BLOCKS))
+        if not serve(window, SERVE_BLOCKS, tokens):
+            failures += 1
+            caption.show(SERVE.format(blocks=SERVE_BLOCKS) + f"  (failed: {window.last_error})")
         drive.pause(2 * pause)
         window.set_mode("local")
         window.runs_table.select_runs(list(window.store.runs))

@@ -34,9 +34,9 @@ def preempted_steps(run) -> int:
     return 0 if first is None else sum(1 for step in run.steps if step.started >= first)
 
 
-def serve(window, blocks: int, tokens: int, when, grab, timeout_s: float = 900) -> bool:
-    """Serve QUESTIONS after PREFIX through `blocks` blocks; `grab()` once, the first time `when(run)` holds while it
-    serves. True when every request was answered."""
+def serve(window, blocks: int, tokens: int, when=lambda run: False, grab=None, timeout_s: float = 900) -> bool:
+    """Serve QUESTIONS after PREFIX through `blocks` blocks in the Serve tab; `grab()` once, the first time `when(run)`
+    holds while it serves (the demo's scene grabs nothing). True when every request was answered."""
     mode = window.modes["serve"]
     window.set_mode(mode)
     load, pool = mode.panel.load, mode.panel.pool
