@@ -120,6 +120,9 @@ def test_a_sweep_draws_its_frontier_live_and_keeps_its_files(window, qtbot, tmp_
     assert window.mode.key == "choose" and mode.opened
     window.redraw()
     assert table.rows == by_memory(mode.sweep) and len(plot._placed) == 3 and "opened from a file" in mode.header()
+    # the Controls show what it asked: Choose asks it again
+    assert [n for n, _ in mode.config_panel.chosen()] == ["dynamic", "sliding", "sink"]
+    assert mode.question_panel.budget.text() == "1.00GiB" and not mode.asked_panel.isChecked()
 
     # a damaged sweep file: its field named, what is on screen stays
     data = json.loads((tmp_path / "kept" / "sweep.json").read_text(encoding="utf-8"))

@@ -57,6 +57,11 @@ def test_a_sweep_with_task_items_shows_accuracy_and_each_answer(window, qtbot, t
         want = sorted((math.log10(frontier.memory(c)), 100 * c.accuracy(regime)) for c in frontier.placed(sweep))
         assert sorted(zip(xs, ys, strict=True)) == want
     assert not plot.series["decode-time"].getData()[0].size
+    assert plot.names and all(label.toPlainText() for label, _, _ in plot.names)  # the best points carry names
+    titles = [mode.view.table.horizontalHeaderItem(c).text() for c in range(mode.view.table.columnCount())]
+    assert titles[titles.index("top-1") + 1:][:2] == ["query-agnostic answers", "query-aware answers"]
+    assert all(" of 1 needles" in mode.view.table.row_text(r)[titles.index("query-aware answers")]
+               for r in range(mode.view.table.rowCount()))  # "1 of 1 needles", as the command line's table writes it
 
     rows = mode.view.answers.rows()
     records = [(i, a) for i, c in enumerate(sweep.configurations) for a in c.answers]
@@ -68,6 +73,14 @@ def test_a_sweep_with_task_items_shows_accuracy_and_each_answer(window, qtbot, t
         assert row[4] == " ".join(record.answer.split())[:59] or row[4].endswith("…")
         assert row[6] == held_text(record)
     assert not mode.view.below.tabBar().isHidden()
+
+    # opened again, the Controls show what it asked
+    panel.setChecked(False)
+    panel.regimes["query-aware"].setChecked(False)
+    assert mode.open(sweep) is sweep
+    assert panel.isChecked() and panel.task_names() == ["niah_single_1"] and panel.raw.isChecked()
+    assert [name for name, box in panel.regimes.items() if box.isChecked()] == ["query-agnostic", "query-aware"]
+    assert (panel.items.value(), panel.length.value()) == (1, 160)
 
     # its journal (the folder of unsaved work) as a kill -9 after the answers and the exact cache's line leaves it:
     # continued with its own questions, its answers and its table are the whole sweep's

@@ -1,8 +1,9 @@
 """The Choose mode's accuracy plot, beside the frontier where the sweep asked questions: each finished configuration's
 accuracy (the share of its answers scored right, in %) against its cache memory at the user's target (the frontier's
 log axis of bytes, linked to it: the same range), one series of points per regime, the exact cache's accuracy as a
-dashed line per regime and the accuracy tolerance below the exact cache's worst regime as a dotted one. Hover names
-the configuration; a click picks it (`sigPicked`), as on the frontier.
+dashed line per regime and the accuracy tolerance below the exact cache's worst regime as a dotted one. The
+configurations no other beats on memory and accuracy in the first regime carry their names. Hover names any
+configuration; a click picks it (`sigPicked`), as on the frontier.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 
 from kvviz.files import frontier
-from kvviz.files.sweep import Sweep
+from kvviz.files.sweep import Configuration, Sweep
 from kvviz.qt import theme
 from kvviz.qt.choose.frontier_plot import ConfigurationsPlot
 from kvviz.qt.plots.legend import Entry
@@ -72,6 +73,7 @@ class AccuracyPlot(ConfigurationsPlot):
             self.exact_lines[regime].setVisible(exact is not None)
             if exact is not None:
                 self.exact_lines[regime].setPos(100.0 * exact)
+        self.name_points(self._best(sweep, regimes[0]) if regimes else [])
         worst = [reference.accuracy(r) for r in regimes] if reference is not None else []
         floor = (min(worst) - sweep.question.accuracy_tolerance) if worst and None not in worst else None
         self.tolerance_line.setVisible(floor is not None and floor > 0)
@@ -79,6 +81,19 @@ class AccuracyPlot(ConfigurationsPlot):
             self.tolerance_line.setPos(100.0 * floor)
         self.reset_view()
         self.update_legend()
+
+    def _best(self, sweep: Sweep, regime: str) -> list[tuple[Configuration, float, float]]:
+        """The configurations no other beats on both memory and accuracy in the first regime asked, named (a name
+        for every point would cover the plot); their points' places."""
+        placed = sorted(((c, math.log10(max(1, self.memory(c))), 100.0 * c.accuracy(regime)) for c in
+                         frontier.placed(sweep, self.covers) if c.accuracy(regime) is not None),
+                        key=lambda point: (point[1], -point[2]))
+        best, most = [], -1.0
+        for config, x, y in placed:
+            if y > most:
+                best.append((config, x, y))
+                most = y
+        return best
 
     def reset_view(self) -> None:
         """0 to 100 %, whatever the zoom was (the memory axis is the frontier's: kvviz.qt.choose.view links them)."""

@@ -74,6 +74,10 @@ class ConfigurationsPlot(PlotPanel):
         self.plot.getAxis("bottom").enableAutoSIPrefix(False)
         self.sweep: Sweep | None = None
         self.covers = "cache"  # the memory each point stands at: its caches' or the process's (`frontier.memory`)
+        self.names: list[tuple[pg.TextItem, float, float]] = []  # beside the points named, at (x, y)
+        self.defaults: dict | None = None  # the strategies' option defaults: names leave them out (None: not known)
+        self.plot.vb.sigRangeChanged.connect(self._place_names)  # zoomed, panned, resized: placed again
+        self.plot.vb.sigResized.connect(self._place_names)
 
     def memory(self, config: Configuration) -> int | None:
         return frontier.memory(config, self.covers)
@@ -86,6 +90,58 @@ class ConfigurationsPlot(PlotPanel):
     def placed_points(self) -> list[tuple[int, float, float]]:
         """(configuration index, x, y) of every point drawn, in view coordinates."""
         raise NotImplementedError
+
+    def kept_clear(self) -> list[tuple[float, float]]:
+        """Places in view coordinates that names should not cover, beside the points."""
+        return []
+
+    def name_points(self, named: list[tuple[Configuration, float, float]]) -> None:
+        """A short name beside each of these points, (configuration, x, y) (what a picture without hover needs): the
+        strategy and the options it sets away from their defaults."""
+        for label, _, _ in self.names:
+            self.plot.removeItem(label)
+        self.names = []
+        for config, x, y in named:
+            label = pg.TextItem(strategy_label(config.run.strategy, self.defaults), color=self.palette_.foreground)
+            label.setPos(x, y)
+            self.plot.addItem(label, ignoreBounds=True)
+            self.names.append((label, x, y))
+        self._place_names()
+
+    def _place_names(self, *_) -> None:
+        """Each name on the first side of its point (NAME_SIDES) where it covers no name placed before it, no point,
+        nothing the plot keeps clear (`kept_clear`: the frontier's line) and nothing outside the plot; where every
+        side covers something, the side that covers least."""
+        vb = self.plot.vb
+        area = vb.sceneBoundingRect()
+        if area.width() <= 0 or not self.names:
+            return
+
+        def around(x: float, y: float, radius: float) -> QRectF:
+            point = vb.mapViewToScene(QPointF(x, y))
+            return QRectF(point.x() - radius, point.y() - radius, 2 * radius, 2 * radius)
+
+        taken = [around(x, y, POINT_SIZE / 2 + 1) for _, x, y in self.placed_points()]
+        taken += [around(x, y, 1.5) for x, y in self.kept_clear()]
+        for label, x, y in self.names:
+            point = vb.mapViewToScene(QPointF(x, y))
+            box = label.textItem.boundingRect()
+            width, height = box.width(), box.height()
+            best = None
+            for sx, sy, out in NAME_SIDES:
+                left = point.x() + (NAME_GAP if sx > 0 else -NAME_GAP - width)
+                top = point.y() + (NAME_GAP / 2 if sy > 0 else -NAME_GAP / 2 - height) + sy * out * height
+                rect = QRectF(left, top, width, height)
+                inside = rect.intersected(area)
+                cost = width * height - inside.width() * inside.height()
+                cost += sum(_overlap(rect, other) for other in taken)
+                if best is None or cost < best[0]:
+                    best = (cost, rect)
+                if cost == 0:
+                    break
+            rect = best[1]
+            label.setAnchor(((point.x() - rect.left()) / width, (point.y() - rect.top()) / height))
+            taken.append(rect)
 
     def nearest(self, x: float, y: float) -> int | None:
         """The index of the point drawn nearest to view position (x, y), within PICK_PX pixels; None if none."""
@@ -132,11 +188,7 @@ class FrontierPlot(ConfigurationsPlot):
         self.plot.addItem(self.tolerance_line, ignoreBounds=True)
         self.plot.addItem(self.budget_line, ignoreBounds=True)
         self._placed: list[tuple[int, float, float]] = []  # (index, log10 bytes, loss) of each point drawn
-        self.names: list[tuple[pg.TextItem, float, float]] = []  # beside the frontier's points, at (x, y)
-        self.defaults: dict | None = None  # the strategies' option defaults: names leave them out (None: not known)
         self.set_labels("perplexity change (%)", self.memory_axis())
-        self.plot.vb.sigRangeChanged.connect(self._place_names)  # zoomed, panned, resized: placed again
-        self.plot.vb.sigResized.connect(self._place_names)
 
     # -- what is drawn -------------------------------------------------------------------------------------
 
@@ -167,7 +219,7 @@ class FrontierPlot(ConfigurationsPlot):
             for item in (self.points, self.ring):
                 item.setData([])
             self.frontier_line.setData([], [])
-            self._name_frontier(sweep, [])
+            self.name_points([])
             self.tolerance_line.setVisible(False)
             self.budget_line.setVisible(False)
             self.update_legend()
@@ -190,7 +242,7 @@ class FrontierPlot(ConfigurationsPlot):
         self.points.setData(spots)
         self.frontier_line.setData([math.log10(max(1, self.memory(c))) for c in line],
                                    [self.loss_in_units(sweep, c) for c in line])
-        self._name_frontier(sweep, line)
+        self.name_points([(c, math.log10(max(1, self.memory(c))), self.loss_in_units(sweep, c)) for c in line])
         ringed = [(x, y) for i, x, y in self._placed if i == selected]
         self.ring.setData([{"pos": p} for p in ringed])
         self.tolerance_line.setPos(tolerance)
@@ -202,57 +254,14 @@ class FrontierPlot(ConfigurationsPlot):
         self._fit()
         self.update_legend()
 
-    def _name_frontier(self, sweep: Sweep, line: list[Configuration]) -> None:
-        """A short name beside each point of the frontier (what a picture without hover needs): the strategy and
-        the options it sets away from their defaults."""
-        for label, _, _ in self.names:
-            self.plot.removeItem(label)
-        self.names = []
-        for config in line:
-            label = pg.TextItem(strategy_label(config.run.strategy, self.defaults), color=self.palette_.foreground)
-            x, y = math.log10(max(1, self.memory(config))), self.loss_in_units(sweep, config)
-            label.setPos(x, y)
-            self.plot.addItem(label, ignoreBounds=True)
-            self.names.append((label, x, y))
-        self._place_names()
-
-    def _place_names(self, *_) -> None:
-        """Each name on the first side of its point (NAME_SIDES) where it covers no name placed before it, no point,
-        no stretch of the frontier's line and nothing outside the plot; where every side covers something, the side
-        that covers least."""
-        vb = self.plot.vb
-        area = vb.sceneBoundingRect()
-        if area.width() <= 0 or not self.names:
-            return
-
-        def around(x: float, y: float, radius: float) -> QRectF:
-            point = vb.mapViewToScene(QPointF(x, y))
-            return QRectF(point.x() - radius, point.y() - radius, 2 * radius, 2 * radius)
-
-        taken = [around(x, y, POINT_SIZE / 2 + 1) for _, x, y in self._placed]
+    def kept_clear(self) -> list[tuple[float, float]]:
+        """Places along each stretch of the frontier's line."""
         xs, ys = self.frontier_line.getData()
-        for x0, y0, x1, y1 in zip(xs[:-1], ys[:-1], xs[1:], ys[1:], strict=True) if xs is not None else ():
-            taken += [around(x0 + (x1 - x0) * t / LINE_SAMPLES, y0 + (y1 - y0) * t / LINE_SAMPLES, 1.5)
-                      for t in range(1, LINE_SAMPLES)]
-        for label, x, y in self.names:
-            point = vb.mapViewToScene(QPointF(x, y))
-            box = label.textItem.boundingRect()
-            width, height = box.width(), box.height()
-            best = None
-            for sx, sy, out in NAME_SIDES:
-                left = point.x() + (NAME_GAP if sx > 0 else -NAME_GAP - width)
-                top = point.y() + (NAME_GAP / 2 if sy > 0 else -NAME_GAP / 2 - height) + sy * out * height
-                rect = QRectF(left, top, width, height)
-                inside = rect.intersected(area)
-                cost = width * height - inside.width() * inside.height()
-                cost += sum(_overlap(rect, other) for other in taken)
-                if best is None or cost < best[0]:
-                    best = (cost, rect)
-                if cost == 0:
-                    break
-            rect = best[1]
-            label.setAnchor(((point.x() - rect.left()) / width, (point.y() - rect.top()) / height))
-            taken.append(rect)
+        if xs is None:
+            return []
+        return [(x0 + (x1 - x0) * t / LINE_SAMPLES, y0 + (y1 - y0) * t / LINE_SAMPLES)
+                for x0, y0, x1, y1 in zip(xs[:-1], ys[:-1], xs[1:], ys[1:], strict=True)
+                for t in range(1, LINE_SAMPLES)]
 
     def budget(self) -> int | None:
         """The budget's bytes where it bounds the memory the points stand at (None: no budget, or it bounds the

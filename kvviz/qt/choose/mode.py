@@ -124,7 +124,7 @@ class ChooseMode(Mode):
 
     def _on_strategies(self, listing) -> None:
         """The engine's strategies: their defaults name the configurations shortly on the frontier."""
-        self.view.frontier_plot.defaults = self.host.model.defaults()
+        self.view.frontier_plot.defaults = self.view.accuracy_plot.defaults = self.host.model.defaults()
         self._changed()
 
     def _on_grid(self, tokens: int, budgets_of, entries: list, skipped: list) -> None:
@@ -293,7 +293,13 @@ class ChooseMode(Mode):
         self.sweep, self.opened, self.selected, self.notice = sweep, True, None, sweep.document.get("cut") or ""
         self.done = set(range(len(sweep.configurations)))
         self.document_panel.show_record(sweep.document, "the opened sweep")
-        self.request_grid()  # the default grid for its token count, for a sweep to run next
+        # what it asked, in the Controls: Choose asks it again (the tokens changed bring the default grid back)
+        self.question_panel.show_question(sweep.question)
+        self.asked_panel.blockSignals(True)  # its toggle would ask for the default grid in place of the sweep's
+        self.asked_panel.show_asked(sweep.asked)
+        self.asked_panel.blockSignals(False)
+        self.config_panel.show_configurations([(c.run.strategy["name"], dict(c.run.strategy.get("options") or {}))
+                                               for c in sweep.configurations])
         self._changed()
         return sweep
 

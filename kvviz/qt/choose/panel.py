@@ -27,7 +27,8 @@ from PySide6.QtWidgets import (
 
 from kvviz.errors import OptionError
 from kvviz.files.frontier import BUDGET_FORMS, TOLERANCE_FORMS, parse_budget, parse_tolerance
-from kvviz.present import strategy_label
+from kvviz.files.sweep import Question
+from kvviz.present import size, strategy_label
 
 DEFAULT_TOKENS = 2000
 COVERS = (("cache", "the caches"), ("process", "the whole process"))  # what a budget bounds, as the panel says it
@@ -79,6 +80,16 @@ class QuestionPanel(QGroupBox):
             return str(exc)
         return None
 
+    def show_question(self, question: Question) -> None:
+        """An opened sweep's question, as it was asked (its budget as its bytes, or "free" where it had none)."""
+        self.context.setValue(question.context)
+        self.sequences.setValue(question.sequences)
+        self.budget.setText("free" if question.budget_bytes is None else size(question.budget_bytes).replace(" ", ""))
+        self.covers.setCurrentIndex(self.covers.findData(question.budget_covers))
+        tolerance = question.tolerance
+        self.tolerance.setText(f"{100 * tolerance.value:g}%" if tolerance.kind == "perplexity" else
+                               f"kl={tolerance.value:g}")
+
     def question(self) -> dict[str, Any]:
         """The runner's request fields: context (None: the model's maximum), sequences, budget, what it covers,
         tolerance."""
@@ -101,6 +112,7 @@ class ConfigurationsPanel(QGroupBox):
         self.list.setMaximumHeight(LIST_ROWS * row + 6)
         self.list.setToolTip("The default grid for this model: untick what you do not want to try")
         self.list.itemChanged.connect(lambda *_: self.sigChanged.emit())
+        self.opened = False  # the list shows an opened sweep's configurations, not the default grid
         self.about = QLabel("Load a model: its default grid is listed here.")
         self.about.setObjectName("muted")
         self.about.setWordWrap(True)
@@ -112,9 +124,11 @@ class ConfigurationsPanel(QGroupBox):
         layout.addWidget(self.about)
         layout.addWidget(self.all_button)
 
-    def set_grid(self, entries: list[tuple[str, dict[str, Any]]], skipped: list[str]) -> None:
-        """The default grid (ticked as before where an entry was listed already, else ticked)."""
-        unticked = {_label(*e) for e in self._entries(Qt.CheckState.Unchecked)}
+    def set_grid(self, entries: list[tuple[str, dict[str, Any]]], skipped: list[str], opened: bool = False) -> None:
+        """The default grid (ticked as before where an entry was listed already, else ticked), or with `opened` an
+        opened sweep's configurations (all ticked)."""
+        unticked = {_label(*e) for e in self._entries(Qt.CheckState.Unchecked)} if not self.opened else set()
+        self.opened = opened
         self.list.blockSignals(True)
         self.list.clear()
         for name, options in entries:
@@ -133,6 +147,13 @@ class ConfigurationsPanel(QGroupBox):
         self.about.setText(f"{len(entries)} configurations in the default grid{left_out}")
         self.about.setToolTip("\n".join(skipped))
         self.sigChanged.emit()
+
+    def show_configurations(self, entries: list[tuple[str, dict[str, Any]]]) -> None:
+        """An opened sweep's configurations, ticked (Choose tries them again; the tokens changed, or a model loaded,
+        bring the default grid back)."""
+        self.opened = True  # every one ticked
+        self.set_grid(entries, [], opened=True)
+        self.about.setText(f"the opened sweep's {len(entries)} configurations; change the tokens for the default grid")
 
     def tick_all(self) -> None:
         for i in range(self.list.count()):

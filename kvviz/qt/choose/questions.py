@@ -29,6 +29,7 @@ from PySide6.QtWidgets import (
 
 from kvviz.engine.tasks import TASKS
 from kvviz.files import qa
+from kvviz.files.sweep import Asked
 
 ITEMS, LENGTH = 5, 1000  # as `kvviz choose --items/--length`
 
@@ -132,6 +133,28 @@ class QuestionsPanel(QGroupBox):
                                 f"{self.path.name}: {len(self.questions)} item(s), the tasks are not asked")
         self.file_label.setToolTip("" if tasks else str(self.path))
         self.sigChanged.emit()
+
+    def show_asked(self, asked: Asked | None) -> None:
+        """An opened sweep's questions as asked: its regimes, and its tasks with their items, length and seed (or its
+        question file's items, named by the file's name)."""
+        self.setChecked(asked is not None)
+        if asked is None:
+            return
+        for name, box in self.regimes.items():
+            box.setChecked(name in asked.regimes)
+        self.raw.setChecked(asked.raw)
+        tasks = [item.task for item in asked.items]
+        if asked.seed is not None and tasks and all(task in TASKS for task in tasks):
+            for i in range(self.tasks.count()):
+                item = self.tasks.item(i)
+                item.setCheckState(Qt.CheckState.Checked if item.text() in tasks else Qt.CheckState.Unchecked)
+            self.items.setValue(max(tasks.count(task) for task in set(tasks)))
+            self.length.setValue(asked.length or self.length.value())
+            self.seed.setValue(asked.seed)
+            self.use_tasks()
+        else:
+            self.path, self.questions = Path(asked.source), list(asked.items)
+            self._show_source()
 
     def task_names(self) -> list[str]:
         rows = (self.tasks.item(i) for i in range(self.tasks.count()))
