@@ -20,7 +20,7 @@ NEEDED = {
     "manager": ("warmup", "start", "stop", "add_request", "get_result", "is_running", "batch_processor"),
     "batch processor": ("prepare_next_batch", "update_batch", "cache", "scheduler", "offloading_manager",
                         "inputs_and_outputs"),
-    "cache": ("cache_tensor", "num_sectors", "cache_allocators", "pool", "search_prefix_match"),
+    "cache": ("cache_tensor", "num_sectors", "num_blocks", "cache_allocators", "pool", "search_prefix_match"),
     "allocator": ("block_table", "tokens_per_page", "layer_indices", "ledger", "cache_tensor", "num_blocks",
                   "blocks_per_sector"),
     "ledger": ("shared_ref_counts", "cached_blocks"),
@@ -73,6 +73,12 @@ def pool_state(manager) -> PoolState:
                 for name, a in allocators.items()},
         cached={name: sorted(a.ledger.cached_blocks) for name, a in allocators.items()},
     )
+
+
+def pool_blocks(manager) -> int:
+    """The pool's size in blocks of every layer (what `num_blocks` asks for): a group whose layers are half the model's
+    has twice as many blocks of its own."""
+    return manager.batch_processor.cache.num_blocks
 
 
 def pool_bytes(manager) -> int:

@@ -53,13 +53,21 @@ def sdpa_for_the_run(model):
 def _serve(loaded, prompts, settings: ServeSettings, on_start, on_step, stop) -> ServeRun:
     model = loaded.model
     generation, batching = serving_configs(model, settings)
-    manager = model.init_continuous_batching(generation_config=generation, continuous_batching_config=batching)
+    attention = model.config._attn_implementation
+    try:
+        manager = model.init_continuous_batching(generation_config=generation, continuous_batching_config=batching)
+        manager.warmup()  # builds the batch processor, its cache and scheduler, which the hooks go on
+    except (ValueError, NotImplementedError, TypeError, AttributeError) as exc:
+        if model.config._attn_implementation != attention:  # switched for batching, never started: back as it was
+            model.set_attn_implementation(attention)
+        raise OptionError(f"transformers' continuous batching cannot serve {loaded.card.get('name') or 'this model'} "
+                          f"({type(model).__name__}): {exc}") from None
     run = None
     try:
-        manager.warmup()  # builds the batch processor, its cache and scheduler, which the hooks go on
         paged_pool.probe(manager)
         arrivals = settings.arrivals(len(prompts))
-        run = ServeRun(loaded.card, settings, paged_pool.groups(manager), paged_pool.pool_bytes(manager),
+        run = ServeRun(loaded.card, settings, paged_pool.groups(manager), paged_pool.pool_blocks(manager),
+                       paged_pool.pool_bytes(manager),
                        manager.batch_processor.cache.max_batch_tokens,
                        [ServedRequest(f"r{i}", text, len(ids), at)
                         for i, ((text, ids), at) in enumerate(zip(prompts, arrivals, strict=True))],

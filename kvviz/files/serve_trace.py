@@ -4,7 +4,8 @@ Plain data (stdlib): `kvviz.engine.serve` fills these records as it serves; `kvv
 the window read them. A serve trace is JSON:
 
     {"format": "kvviz-serve", "version": 1, "model": {...}, "settings": {...},
-     "pool": {"pool_bytes", "max_batch_tokens", "sized_from_memory", "groups": [{name, layers, page, bytes_per_block,
+     "pool": {"blocks", "pool_bytes", "max_batch_tokens", "sized_from_memory", "groups": [{name, layers, page,
+              bytes_per_block,
               blocks}]},
      "requests": [{id, prompt, prompt_tokens, arrival, submitted, token_times, tokens, text, preempted_at,
                    peak_blocks, prefix_tokens, finished}],
@@ -172,6 +173,7 @@ class ServeRun:
     model: dict[str, Any]
     settings: ServeSettings
     groups: list[Group]
+    pool_blocks: int  # the pool's size in blocks of every layer (each group's blocks hold its layers alone)
     pool_bytes: int
     max_batch_tokens: int
     requests: list[ServedRequest]
@@ -186,7 +188,7 @@ class ServeRun:
 
     @property
     def blocks(self) -> int:
-        return self.groups[0].blocks
+        return self.pool_blocks
 
     @property
     def bytes_per_block(self) -> int:
@@ -242,7 +244,7 @@ class ServeRun:
         }
 
     def _pool_dict(self) -> dict[str, Any]:
-        return {"pool_bytes": self.pool_bytes, "max_batch_tokens": self.max_batch_tokens,
+        return {"blocks": self.pool_blocks, "pool_bytes": self.pool_bytes, "max_batch_tokens": self.max_batch_tokens,
                 "sized_from_memory": self.sized_from_memory, "groups": [asdict(g) for g in self.groups]}
 
     def save(self, path: str | os.PathLike) -> Path:
@@ -367,8 +369,9 @@ _GROUP = Record({"name": Text(nonempty=True), "layers": Int(1, MAX_POSITIONS), "
                  "bytes_per_block": Int(1, MAX_BYTES), "blocks": _BLOCKS, "first_block": optional(_BLOCKS, 0)},
                 what="a group of layers (an object)")
 
-_POOL = Record({"pool_bytes": Int(0, MAX_BYTES, what="a byte count"), "max_batch_tokens": Int(1, MAX_POSITIONS),
-                "sized_from_memory": Flag(), "groups": ListOf(_GROUP)}, what="the pool (an object)")
+_POOL = Record({"blocks": _BLOCKS, "pool_bytes": Int(0, MAX_BYTES, what="a byte count"),
+                "max_batch_tokens": Int(1, MAX_POSITIONS), "sized_from_memory": Flag(), "groups": ListOf(_GROUP)},
+               what="the pool (an object)")
 
 
 def _times_in_order(request: dict, where) -> None:
@@ -431,7 +434,7 @@ def _build(data: dict) -> ServeRun:
     pool = data["pool"]
     return ServeRun(
         model=data["model"], settings=ServeSettings(**data["settings"]), groups=[Group(**g) for g in pool["groups"]],
-        pool_bytes=pool["pool_bytes"], max_batch_tokens=pool["max_batch_tokens"],
+        pool_blocks=pool["blocks"], pool_bytes=pool["pool_bytes"], max_batch_tokens=pool["max_batch_tokens"],
         requests=[ServedRequest(**r) for r in data["requests"]],
         steps=[ServeStep(s["started"], s["ended"], [(b["request"], b["tokens"], b["decoding"]) for b in s["batch"]],
                          PoolState(s["tables"], s["shared"], s["cached"]), s["waiting"]) for s in data["steps"]],

@@ -8,7 +8,7 @@ import torch
 
 from kvviz.engine import paged_pool
 from kvviz.engine.decode import encode_prompt
-from kvviz.engine.serve import serve
+from kvviz.engine.serve import encoded, serve
 from kvviz.errors import OptionError
 from kvviz.files.serve_trace import ServeSettings
 
@@ -124,3 +124,40 @@ def test_kvviz_s_own_attention_gives_way_to_sdpa_for_the_run_and_comes_back(defa
         assert model.config._attn_implementation == attention_scores.NAME
     finally:
         model.set_attn_implementation("sdpa")
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from kvviz.engine.model_cache import default_tokenizer
+
+    return default_tokenizer()
+
+
+def test_sliding_layers_are_counted_per_group(tokenizer):
+    """Gemma 2 alternates sliding and full attention: a group of blocks each, its blocks holding its layers alone."""
+    from tests.engine.families import tiny_family
+
+    loaded = tiny_family("gemma2", tokenizer)
+    loaded.model.generation_config.eos_token_id = None  # random weights: every answer its full length
+    prompts = encoded(tokenizer, ["Hello there, how are you today?", "Count to ten please."], raw=True)
+    run = serve(loaded, prompts, ServeSettings(max_new_tokens=20, page_size=4, blocks=64, max_batch_tokens=64))
+    config = loaded.model.config
+    sliding = sum(t == "sliding_attention" for t in config.layer_types)
+    per_layer = 4 * 2 * config.num_key_value_heads * config.head_dim * 4  # page x keys and values x heads x dim x 4 B
+    assert {g.name: (g.layers, g.bytes_per_block) for g in run.groups} == {
+        "sliding_attention": (sliding, sliding * per_layer),
+        "full_attention": (config.num_hidden_layers - sliding, (config.num_hidden_layers - sliding) * per_layer)}
+    assert run.blocks == 64 and run.peak_bytes == max(run.step_bytes(step) for step in run.steps) > 0
+    for (_, ids), request in zip(prompts, run.requests, strict=True):
+        with torch.inference_mode():
+            expected = loaded.model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=20)
+        assert request.tokens == expected[0, len(ids):].tolist()
+
+
+def test_a_model_continuous_batching_cannot_serve_is_refused_by_name(tokenizer):
+    from tests.engine.families import tiny_architecture
+
+    loaded = tiny_architecture("mamba", tokenizer)
+    with pytest.raises(OptionError, match=r"continuous batching cannot serve .*MambaForCausalLM.*linear_attention"):
+        serve(loaded, encoded(tokenizer, ["Hello."], raw=True), ServeSettings(max_new_tokens=2, page_size=4, blocks=8))
+    assert loaded.model.config._attn_implementation != "paged|eager"
