@@ -21,7 +21,7 @@ import torch
 
 from kvviz.engine import models
 from kvviz.engine.decode import encode_prompt
-from kvviz.engine.serve import builtin_prompts, serve, serving_configs
+from kvviz.engine.serve import builtin_prompts, sdpa_for_the_run, serve, serving_configs
 from kvviz.files.serve_trace import ServeSettings
 
 WARM_UP_TOKENS = 4
@@ -33,8 +33,9 @@ def kvviz_answers(loaded, prompts, settings: ServeSettings) -> list[list[int]]:
 
 def batch_answers(loaded, prompts, settings: ServeSettings) -> list[list[int]]:
     generation, batching = serving_configs(loaded.model, settings)
-    outputs = loaded.model.generate_batch([ids for _, ids in prompts], generation_config=generation,
-                                          continuous_batching_config=batching, progress_bar=False)
+    with sdpa_for_the_run(loaded.model):
+        outputs = loaded.model.generate_batch([ids for _, ids in prompts], generation_config=generation,
+                                              continuous_batching_config=batching, progress_bar=False)
     return [list(outputs[f"req_{i}"].generated_tokens) for i in range(len(prompts))]
 
 
