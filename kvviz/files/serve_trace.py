@@ -311,7 +311,7 @@ class ServeJournal:
         self._written = 0
         self._updated = 0.0
 
-    def step(self, run: ServeRun | None = None) -> None:
+    def step(self) -> None:
         """After a step (on the manager's thread): a line, unless one was written less than JOURNAL_S ago."""
         if time.monotonic() - self._updated >= JOURNAL_S:
             self.update()
